@@ -1,0 +1,34 @@
+# Two set-up commands matter: `make demo` and `make test`. Both create .venv
+# and install the project into it when needed, so a fresh clone with only
+# Python 3.11 and make works.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff format --check trio_failover tests scripts examples
+	$(BIN)/ruff check trio_failover tests scripts examples
+	$(BIN)/mypy --strict trio_failover
+
+test: lint
+	$(BIN)/pytest
+
+demo: install
+	$(BIN)/trio-failover demo
+
+bench: install
+	$(BIN)/python scripts/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

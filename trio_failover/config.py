@@ -1,0 +1,261 @@
+"""Configuration: frozen attrs classes, validated on construction.
+
+A ``Config`` never changes while the proxy serves; derive a changed copy with
+``attrs.evolve``. Durations are float seconds (``0`` disables the optional
+deadlines), sizes are bytes. Turning strings from flags, environment or TOML
+into these values is the job of ``settings.py``; this module only says what
+a valid configuration is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import attrs
+
+from .errors import ConfigError
+
+ClientClose = Literal["abort", "rst-only", "ignore"]
+Affinity = Literal["off", "prefix"]
+LogFormat = Literal["text", "json"]
+
+CLIENT_CLOSE_CHOICES: tuple[str, ...] = ("abort", "rst-only", "ignore")
+AFFINITY_CHOICES: tuple[str, ...] = ("off", "prefix")
+LOG_FORMAT_CHOICES: tuple[str, ...] = ("text", "json")
+LOG_LEVEL_CHOICES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
+
+# RFC 9110 token characters; a node name goes into a header (X-Failover-Node).
+_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~:-]{1,128}$")
+WILDCARD_MODEL = "*"
+
+
+def split_host_port(value: str, option: str = "listen") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[::1]:8080`` for IPv6) into its parts.
+
+    Raises:
+        ConfigError: the value is not ``HOST:PORT`` with a port in 0..65535.
+    """
+    host, sep, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(option, value, "expected HOST:PORT with a port from 0 to 65535")
+    return host, int(port_text)
+
+
+def _models_converter(value: Any) -> Mapping[str, str] | None:
+    # A list means "serves exactly these names, under the same names"; a table
+    # maps the client's name to the node's own name for that model.
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return {value: value}
+    return {str(name): str(name) for name in value}
+
+
+def _headers_converter(value: Any) -> Mapping[str, str]:
+    if value is None:
+        return {}
+    return {str(k): str(v) for k, v in dict(value).items()}
+
+
+def _check_name(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
+    if not _NAME_RE.match(value):
+        raise ConfigError("upstream", value, "a node name is 1-128 token characters, no spaces")
+
+
+def _check_url(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError("upstream", value, "expected an http:// or https:// URL with a host")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ConfigError("upstream", value, "the URL's port is not a number 0-65535") from None
+    if parts.query or parts.fragment:
+        raise ConfigError("upstream", value, "a node URL takes no query or fragment")
+
+
+@attrs.frozen
+class Upstream:
+    """One node: a name and a base URL, plus optional model routing and headers.
+
+    ``Upstream("gpu-a", "http://10.0.0.5:8000")``. A URL with a path prefix
+    (``http://host/ollama``) has it prepended to every request path.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    url: str = attrs.field(validator=_check_url)
+    models: Mapping[str, str] | None = attrs.field(
+        default=None, kw_only=True, converter=_models_converter, eq=False
+    )
+    headers: Mapping[str, str] = attrs.field(
+        factory=dict, kw_only=True, converter=_headers_converter, eq=False
+    )
+    ca_file: str | None = attrs.field(default=None, kw_only=True)
+    insecure_skip_verify: bool = attrs.field(default=False, kw_only=True)
+
+    @property
+    def scheme(self) -> str:
+        """``http`` or ``https``."""
+        return urlsplit(self.url).scheme
+
+    @property
+    def host(self) -> str:
+        """The host name or address, without IPv6 brackets."""
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        """The port, defaulting to 80 or 443 by scheme."""
+        return urlsplit(self.url).port or (443 if self.scheme == "https" else 80)
+
+    @property
+    def base_path(self) -> str:
+        """The URL's path without its trailing slash ("" for none)."""
+        return urlsplit(self.url).path.rstrip("/")
+
+    @property
+    def host_header(self) -> str:
+        """The ``Host`` header value for requests to this node."""
+        parts = urlsplit(self.url)
+        return parts.netloc.rpartition("@")[2]
+
+    def serves(self, model: str | None) -> bool:
+        """Whether this node takes a request for ``model`` (None: no model named)."""
+        if model is None or self.models is None:
+            return True
+        return model in self.models or WILDCARD_MODEL in self.models
+
+    def model_name_for(self, model: str) -> str:
+        """The node's own name for the client's ``model``."""
+        if self.models is None:
+            return model
+        if model in self.models:
+            return self.models[model]
+        return self.models.get(WILDCARD_MODEL, model)
+
+    @classmethod
+    def parse(cls, spec: str) -> Upstream:
+        """Build a node from the ``[NAME=]URL`` form of ``--upstream``.
+
+        The name defaults to ``host:port`` of the URL.
+        """
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            url, name = spec, ""
+        url = url.strip()
+        if not name:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigError("upstream", spec, "expected [NAME=]http://HOST:PORT")
+            try:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+            except ValueError:
+                raise ConfigError("upstream", spec, "the URL's port is not a number") from None
+            name = f"{parts.hostname}:{port}"
+        return cls(name.strip(), url)
+
+
+def _non_negative(instance: Config, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value < 0:
+        raise ConfigError(attribute.name, value, "must not be negative")
+
+
+def _positive(instance: Config, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ConfigError(attribute.name, value, "must be greater than zero")
+
+
+def _choice(choices: tuple[str, ...]) -> Any:
+    def check(instance: Config, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in choices:
+            raise ConfigError(attribute.name, value, "one of " + ", ".join(choices))
+
+    return check
+
+
+def _check_upstreams(
+    instance: Config, attribute: attrs.Attribute[tuple[Upstream, ...]], value: tuple[Upstream, ...]
+) -> None:
+    if not value:
+        raise ConfigError("upstream", "", "at least one upstream node is required")
+    seen: set[str] = set()
+    for node in value:
+        if node.name in seen:
+            raise ConfigError("upstream", node.name, "node names must be unique")
+        seen.add(node.name)
+
+
+def _check_listen(instance: Config, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        split_host_port(value, attribute.name)
+
+
+def _statuses(value: Iterable[int]) -> frozenset[int]:
+    return frozenset(int(v) for v in value)
+
+
+def _check_statuses(
+    instance: Config, attribute: attrs.Attribute[frozenset[int]], value: frozenset[int]
+) -> None:
+    for status in value:
+        if not 100 <= status <= 599:
+            raise ConfigError(attribute.name, status, "HTTP status codes are 100-599")
+
+
+MiB = 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything the proxy needs to serve; see docs/configuration.md."""
+
+    upstreams: tuple[Upstream, ...] = attrs.field(converter=tuple, validator=_check_upstreams)
+    listen: str = attrs.field(default="127.0.0.1:8080", validator=_check_listen)
+    admin_listen: str | None = attrs.field(default="127.0.0.1:8081", validator=_check_listen)
+
+    connect_timeout: float = attrs.field(default=10.0, validator=_positive)
+    response_header_timeout: float = attrs.field(default=120.0, validator=_positive)
+    first_body_timeout: float = attrs.field(default=0.0, validator=_non_negative)
+    stream_idle_timeout: float = attrs.field(default=300.0, validator=_non_negative)
+    dead_peer_timeout: float = attrs.field(default=30.0, validator=_non_negative)
+
+    client_close: ClientClose = attrs.field(
+        default="abort", validator=_choice(CLIENT_CLOSE_CHOICES)
+    )
+    max_attempts: int = attrs.field(default=0, validator=_non_negative)
+    affinity: Affinity = attrs.field(default="off", validator=_choice(AFFINITY_CHOICES))
+    retry_status: frozenset[int] = attrs.field(
+        default=frozenset({429, 500, 502, 503, 504}), converter=_statuses, validator=_check_statuses
+    )
+    retry_error_codes: frozenset[str] = attrs.field(
+        default=frozenset({"context_length_exceeded"}), converter=frozenset
+    )
+
+    max_request_body: int = attrs.field(default=32 * MiB, validator=_non_negative)
+    max_request_head: int = attrs.field(default=64 * 1024, validator=_positive)
+    client_header_timeout: float = attrs.field(default=30.0, validator=_positive)
+    keepalive_timeout: float = attrs.field(default=75.0, validator=_non_negative)
+    max_connections: int = attrs.field(default=1024, validator=_positive)
+    shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)
+
+    pool_idle_timeout: float = attrs.field(default=4.0, validator=_non_negative)
+    pool_max_idle: int = attrs.field(default=32, validator=_non_negative)
+
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    log_format: LogFormat = attrs.field(default="text", validator=_choice(LOG_FORMAT_CHOICES))
+    log_level: str = attrs.field(default="info", validator=_choice(LOG_LEVEL_CHOICES))
+
+    def upstream(self, name: str) -> Upstream | None:
+        """The node called ``name``, if any."""
+        for node in self.upstreams:
+            if node.name == name:
+                return node
+        return None

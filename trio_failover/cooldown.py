@@ -1,0 +1,74 @@
+"""Pure: which nodes are demoted, why, and until when.
+
+Two rules hold for the whole table:
+
+1. A cooldown *demotes* a node behind its ready peers; it never excludes it
+   (that is ``ranking.py``'s business, this table only answers "cooling?").
+2. A cooldown ends by expiry or by a successful response from the node,
+   whichever comes first. Expiry is computed from ``now`` when asked: there
+   is no timer task per node, so the table works the same under a mock clock.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Cooldown:
+    """One node's demotion: from ``since`` until ``until`` (Trio clock seconds)."""
+
+    node: str
+    reason: str
+    since: float
+    until: float
+
+    def remaining(self, now: float) -> float:
+        """Seconds left at ``now`` (0 once expired)."""
+        return max(0.0, self.until - now)
+
+
+class CooldownTable:
+    """The demoted nodes of one proxy. Process-local by design."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Cooldown] = {}
+
+    def demote(self, node: str, *, now: float, duration: float, reason: str) -> Cooldown:
+        """Demote ``node`` for ``duration`` seconds from ``now``.
+
+        A node already cooling keeps the later of its two end times, so a
+        short ``Retry-After`` never shortens a stall's cooldown.
+        """
+        entry = Cooldown(node=node, reason=reason, since=now, until=now + duration)
+        current = self._entries.get(node)
+        if current is not None and current.until > entry.until:
+            entry = attrs.evolve(current, reason=reason)
+        self._entries[node] = entry
+        return entry
+
+    def restore(self, node: str) -> Cooldown | None:
+        """End ``node``'s cooldown early (it served a response); returns what ended."""
+        return self._entries.pop(node, None)
+
+    def get(self, node: str, now: float) -> Cooldown | None:
+        """The node's cooldown if it is still running at ``now``."""
+        entry = self._entries.get(node)
+        if entry is None or entry.until <= now:
+            return None
+        return entry
+
+    def is_cooling(self, node: str, now: float) -> bool:
+        """Whether ``node`` is demoted at ``now``."""
+        return self.get(node, now) is not None
+
+    def expire(self, now: float) -> list[Cooldown]:
+        """Drop and return the cooldowns that have run out by ``now``."""
+        ended = [entry for entry in self._entries.values() if entry.until <= now]
+        for entry in ended:
+            del self._entries[entry.node]
+        return ended
+
+    def active(self, now: float) -> list[Cooldown]:
+        """The cooldowns still running at ``now``."""
+        return [entry for entry in self._entries.values() if entry.until > now]

@@ -1,0 +1,119 @@
+"""The exception tree of trio-failover.
+
+Every class carries its context in attributes, not only in its message, so
+callers (the CLI, the proxy's error responses, embedders) can act on it.
+Trio and OS errors are mapped into this tree once, at the I/O boundary, in
+``upstream.py``; whether an error means "try the next node" is decided in
+``outcome.py``, not here.
+"""
+
+from __future__ import annotations
+
+from .outcome import AttemptRecord, Outcome, SavedResponse
+
+
+class FailoverError(Exception):
+    """Base class of every error raised by trio-failover."""
+
+
+class ConfigError(FailoverError, ValueError):
+    """A setting is invalid; names the option, where it came from and the value."""
+
+    def __init__(self, option: str, value: object, expected: str, source: str = "") -> None:
+        self.option = option
+        self.value = value
+        self.expected = expected
+        self.source = source or option
+        super().__init__(f"{self.source}: invalid value {value!r} for {option}: {expected}")
+
+
+class ClientError(FailoverError):
+    """The client's request is unacceptable; ``status`` is the HTTP answer to give."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        self.status = status
+        self.code = code
+        super().__init__(message)
+
+
+class UpstreamError(FailoverError):
+    """One attempt at one node failed before the response was committed."""
+
+    outcome: Outcome
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        super().__init__(f"{node}: {message}")
+
+
+class ConnectFailed(UpstreamError):
+    """The TCP (or TLS) connection to the node could not be established."""
+
+    outcome = Outcome.CONNECT_FAILED
+
+
+class ConnectTimeout(UpstreamError):
+    """The connection was not established within the connect timeout."""
+
+    outcome = Outcome.CONNECT_TIMEOUT
+
+
+class TLSError(UpstreamError):
+    """The TLS handshake with the node failed (untrusted certificate, bad name...)."""
+
+    outcome = Outcome.TLS_ERROR
+
+
+class HeaderTimeout(UpstreamError):
+    """The request was written but no complete response head came in time."""
+
+    outcome = Outcome.HEADER_TIMEOUT
+
+
+class FirstBodyTimeout(UpstreamError):
+    """The head came but the first body byte did not, within the opt-in deadline."""
+
+    outcome = Outcome.FIRST_BODY_TIMEOUT
+
+
+class UpstreamReset(UpstreamError):
+    """The node reset the connection before the response was committed."""
+
+    outcome = Outcome.RESET
+
+
+class UpstreamClosedEarly(UpstreamError):
+    """The node closed the connection before the response was committed."""
+
+    outcome = Outcome.CLOSED_EARLY
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The node sent something that is not valid HTTP/1.1."""
+
+    outcome = Outcome.PROTOCOL_ERROR
+
+
+class DeadPeer(UpstreamError):
+    """The kernel declared the node dead (keepalive probes or sent data unacknowledged)."""
+
+    outcome = Outcome.DEAD_PEER
+
+
+class RetryableResponse(UpstreamError):
+    """The node answered with a status or error code that the proxy fails over on."""
+
+    outcome = Outcome.RETRYABLE_RESPONSE
+
+    def __init__(self, node: str, message: str, saved: SavedResponse) -> None:
+        self.saved = saved
+        self.status = saved.status
+        super().__init__(node, message)
+
+
+class AllAttemptsFailed(FailoverError):
+    """Every candidate was tried and none produced a committable response."""
+
+    def __init__(self, attempts: tuple[AttemptRecord, ...]) -> None:
+        self.attempts = attempts
+        super().__init__(f"all {len(attempts)} attempts failed")

@@ -1,0 +1,139 @@
+"""Pure: which headers cross the proxy, and which the proxy adds.
+
+Headers are h11's form: a list of ``(name, value)`` byte pairs with lower-case
+names. Hop-by-hop headers (RFC 9110 section 7.6.1) describe one connection
+and never cross the proxy in either direction, nor do the headers a message
+names in its own ``Connection`` header. Framing (``Content-Length``,
+``Transfer-Encoding``) is dropped too: h11 frames each side itself.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+
+Headers = list[tuple[bytes, bytes]]
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+# Headers the proxy itself sets on the way up or down; a client's copy of
+# these is replaced, never doubled.
+PROXY_OWNED_UP = frozenset(
+    {b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-request-id", b"x-failover-node"}
+)
+PROXY_OWNED_DOWN = frozenset({b"x-request-id", b"x-failover-node", b"x-failover-attempts"})
+
+_REQUEST_ID_RE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Header names listed in ``Connection`` (they are hop-by-hop for this message)."""
+    names: set[bytes] = set()
+    for name, value in headers:
+        if name == b"connection":
+            names.update(token.strip().lower() for token in value.split(b","))
+    return frozenset(names)
+
+
+def end_to_end(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
+    """The headers that may be forwarded: no hop-by-hop, framing or ``drop`` names."""
+    listed = connection_tokens(headers)
+    return [
+        (name, value)
+        for name, value in headers
+        if name not in HOP_BY_HOP
+        and name not in FRAMING
+        and name not in drop
+        and name not in listed
+    ]
+
+
+def get(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), if present."""
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+def workload_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The client's ``X-Request-Id`` when it is 1-128 of ``[A-Za-z0-9._:-]``, else a new one."""
+    value = get(headers, b"x-request-id")
+    if value is not None and _REQUEST_ID_RE.match(value):
+        return value.decode("ascii")
+    return secrets.token_hex(12)
+
+
+def upstream_request_headers(
+    client_headers: Sequence[tuple[bytes, bytes]],
+    *,
+    host: str,
+    request_id: str,
+    client_address: str | None,
+    client_scheme: str,
+    node_headers: Mapping[str, str],
+    content_length: int | None,
+) -> Headers:
+    """The headers of the request one node receives.
+
+    The node's configured headers replace the client's headers of the same
+    name (a node key replaces the client's ``Authorization``, never doubles
+    it). ``X-Forwarded-For`` extends the client's chain.
+    """
+    overridden = frozenset(name.lower().encode("latin-1") for name in node_headers)
+    forwarded_for = get(client_headers, b"x-forwarded-for")
+    headers: Headers = [(b"host", host.encode("ascii"))]
+    headers += end_to_end(client_headers, PROXY_OWNED_UP | overridden)
+    headers += [
+        (name.lower().encode("latin-1"), value.encode("latin-1"))
+        for name, value in node_headers.items()
+    ]
+    if client_address is not None:
+        chain = client_address.encode("ascii")
+        if forwarded_for:
+            chain = forwarded_for + b", " + chain
+        headers.append((b"x-forwarded-for", chain))
+    headers.append((b"x-forwarded-proto", client_scheme.encode("ascii")))
+    headers.append((b"x-request-id", request_id.encode("ascii")))
+    if content_length is not None:
+        headers.append((b"content-length", str(content_length).encode("ascii")))
+    return headers
+
+
+def client_response_headers(
+    upstream_headers: Sequence[tuple[bytes, bytes]],
+    *,
+    request_id: str,
+    node: str,
+    attempts: int,
+    keep_length: bool,
+) -> Headers:
+    """The headers the client receives with a node's response.
+
+    ``keep_length`` keeps the node's ``Content-Length`` (the whole body will
+    be relayed); otherwise h11 frames the body (chunked for HTTP/1.1).
+    """
+    headers = end_to_end(upstream_headers, PROXY_OWNED_DOWN)
+    if keep_length:
+        length = get(upstream_headers, b"content-length")
+        if length is not None:
+            headers.append((b"content-length", length))
+    headers += [
+        (b"x-request-id", request_id.encode("ascii")),
+        (b"x-failover-node", node.encode("ascii")),
+        (b"x-failover-attempts", str(attempts).encode("ascii")),
+    ]
+    return headers

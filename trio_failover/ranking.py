@@ -1,0 +1,100 @@
+"""Pure: the candidates for one request, best first.
+
+The ranking from configuration is immutable. For each request it is
+resolved in four steps, each a plain function of data:
+
+1. model filter: a node with ``models`` only takes requests naming one of
+   them (a request that names no model goes to every node);
+2. prefix affinity (``--affinity prefix``): rendezvous hashing of the model
+   and the start of the prompt moves one node to the front;
+3. manual selection (``X-Failover-Node``) moves the named node to the front;
+4. a *stable* partition: ready nodes first, cooling nodes after, each group in
+   the order the first three steps left it.
+
+Because the partition comes last, neither affinity nor a manual selection
+can lift a cooling node above a ready one. A sole candidate, or a fleet where
+every node cools, stays usable: demotion never excludes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .config import Upstream
+
+# How much of the prompt identifies a conversation for KV-cache affinity.
+# System prompt and first turns fit in it; a growing chat keeps its prefix.
+AFFINITY_PREFIX_BYTES = 4096
+
+
+def resolve_candidates(
+    ranking: Sequence[Upstream],
+    *,
+    model: str | None,
+    is_cooling: Callable[[str], bool],
+    selected: str | None = None,
+    affinity_key: bytes | None = None,
+) -> list[Upstream]:
+    """The nodes to try for one request, in order.
+
+    Args:
+        ranking: all nodes in configuration order.
+        model: the ``"model"`` of the request body, if any.
+        is_cooling: whether a node (by name) is demoted now.
+        selected: the node named by ``X-Failover-Node``, if any.
+        affinity_key: from ``affinity_key()``, when prefix affinity is on.
+
+    Returns:
+        The candidates: ready first, cooling after. Empty only when no node
+        serves ``model``.
+    """
+    nodes = [node for node in ranking if node.serves(model)]
+    if affinity_key is not None and nodes:
+        nodes = _to_front(nodes, rendezvous_choice([n.name for n in nodes], affinity_key))
+    if selected is not None:
+        nodes = _to_front(nodes, selected)
+    ready = [node for node in nodes if not is_cooling(node.name)]
+    cooling = [node for node in nodes if is_cooling(node.name)]
+    return ready + cooling
+
+
+def _to_front(nodes: list[Upstream], name: str) -> list[Upstream]:
+    chosen = [node for node in nodes if node.name == name]
+    return chosen + [node for node in nodes if node.name != name]
+
+
+def rendezvous_choice(names: Iterable[str], key: bytes) -> str:
+    """Highest-random-weight choice of one name for ``key``.
+
+    Adding or removing a node moves only the keys whose winner changes,
+    about 1/N of them, unlike ``hash(key) % N`` which moves almost all.
+    """
+    return max(names, key=lambda name: _weight(name, key))
+
+
+def _weight(name: str, key: bytes) -> int:
+    digest = hashlib.blake2b(key, digest_size=8, person=b"trio-fo", key=name.encode()[:64])
+    return int.from_bytes(digest.digest(), "big")
+
+
+def affinity_key(document: Any) -> bytes | None:
+    """A stable key from a request's model and the start of its prompt.
+
+    Understands the OpenAI chat (``messages``) and completion (``prompt``)
+    shapes, which Ollama, vLLM, llama-server and LM Studio all accept.
+    Returns None when the body has no prompt to key on.
+    """
+    if not isinstance(document, dict):
+        return None
+    model = document.get("model")
+    prompt: Any = document.get("messages")
+    if prompt is None:
+        prompt = document.get("prompt")
+    if prompt is None:
+        return None
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+    prefix = text.encode("utf-8", "surrogatepass")[:AFFINITY_PREFIX_BYTES]
+    return f"{model}\0".encode() + prefix

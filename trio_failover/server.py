@@ -1,0 +1,207 @@
+"""Listeners and the server's lifetime: ``serve()`` for embedders and tests,
+``run_server()`` for the command line.
+
+The server nursery holds the long-lived tasks only: accept loops, the admin
+listener and the connections they start. Graceful shutdown (hypercorn's
+shape): stop accepting, close idle keep-alive connections, then give the
+in-flight workloads ``shutdown_timeout`` by moving the connection nursery's
+deadline; whatever still runs then is cancelled, which closes its sockets.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import signal
+import ssl
+from typing import Any
+
+import attrs
+import trio
+
+from . import sockopts
+from .admin import serve_admin
+from .config import Config, split_host_port
+from .logs import configure_logging, logger
+from .proxy import Proxy
+from .upstream import Connector
+
+# Errors of accept() that mean "out of resources, try again later" rather
+# than "this listener is broken" (as trio.serve_listeners treats them).
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+ACCEPT_RETRY_PAUSE = 0.1
+
+
+@attrs.frozen
+class BoundAddresses:
+    """Where the server listens (the real ports, also when port 0 was asked)."""
+
+    client: tuple[str, int]
+    admin: tuple[str, int] | None
+    scheme: str = "http"
+
+    @property
+    def client_url(self) -> str:
+        return f"{self.scheme}://{_url_host(self.client[0])}:{self.client[1]}"
+
+    @property
+    def admin_url(self) -> str | None:
+        if self.admin is None:
+            return None
+        return f"http://{_url_host(self.admin[0])}:{self.admin[1]}"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def server_ssl_context(config: Config) -> ssl.SSLContext | None:
+    """The TLS context of the client listener, if ``tls_cert``/``tls_key`` are set."""
+    if not config.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+async def serve(
+    config: Config,
+    *,
+    connector: Connector | None = None,
+    proxy: Proxy | None = None,
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the proxy until cancelled (or until ``shutdown`` is set, then drain).
+
+    Args:
+        config: the settings.
+        connector: how to reach nodes (default: TCP/TLS).
+        proxy: an existing ``Proxy`` to serve (for its events and status).
+        shutdown: when set, stop accepting and drain for ``shutdown_timeout``.
+        task_status: receives the ``BoundAddresses`` once listening.
+    """
+    proxy = proxy or Proxy(config, connector=connector)
+    host, port = split_host_port(config.listen)
+    listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
+    context = server_ssl_context(config)
+    scheme = "https" if context else "http"
+    bound = listeners[0].socket.getsockname()
+    limiter = trio.CapacityLimiter(config.max_connections)
+    async with trio.open_nursery() as services:
+        admin = None
+        if config.admin_listen is not None:
+            admin = await services.start(serve_admin, proxy, config.admin_listen)
+        addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as acceptors:
+                for listener in listeners:
+                    acceptors.start_soon(
+                        _accept_loop, listener, connections, proxy, limiter, context, scheme
+                    )
+                task_status.started(addresses)
+                if shutdown is None:
+                    await trio.sleep_forever()
+                await shutdown.wait()
+                acceptors.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            logger.info("draining", extra={"fields": {"timeout_s": config.shutdown_timeout}})
+            proxy.begin_drain()
+            connections.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
+        services.cancel_scope.cancel()
+
+
+async def _accept_loop(
+    listener: trio.SocketListener,
+    connections: trio.Nursery,
+    proxy: Proxy,
+    limiter: trio.CapacityLimiter,
+    context: ssl.SSLContext | None,
+    scheme: str,
+) -> None:
+    # Accept only while below max_connections: further clients wait in the
+    # kernel's backlog instead of being accepted and dropped.
+    while True:
+        token = object()
+        await limiter.acquire_on_behalf_of(token)
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            limiter.release_on_behalf_of(token)
+            if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                raise
+            logger.error("accept failed, retrying", extra={"fields": {"error": str(exc)}})
+            await trio.sleep(ACCEPT_RETRY_PAUSE)
+            continue
+        except BaseException:
+            limiter.release_on_behalf_of(token)
+            raise
+        connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
+
+
+async def _handle(
+    stream: trio.SocketStream,
+    proxy: Proxy,
+    limiter: trio.CapacityLimiter,
+    token: object,
+    context: ssl.SSLContext | None,
+    scheme: str,
+) -> None:
+    try:
+        sockopts.apply_client_options(stream.socket)
+        peer: Any = stream.socket.getpeername()
+        address = str(peer[0]) if isinstance(peer, tuple) else None
+        client: trio.abc.Stream = stream
+        if context is not None:
+            client = trio.SSLStream(stream, context, server_side=True, https_compatible=True)
+        await proxy.handle_connection(client, client_address=address, scheme=scheme)
+    except (trio.BrokenResourceError, OSError) as exc:
+        logger.debug("connection ended", extra={"fields": {"error": str(exc)}})
+    finally:
+        await trio.aclose_forcefully(stream)
+        limiter.release_on_behalf_of(token)
+
+
+def run_server(config: Config) -> int:
+    """Run the proxy in the foreground until SIGINT/SIGTERM; returns the exit code.
+
+    The first signal drains (``shutdown_timeout``) and exits 0; a second one
+    cancels what still runs and exits 1.
+    """
+    configure_logging(config.log_format, config.log_level)
+    try:
+        return trio.run(_main, config)
+    except OSError as exc:
+        logger.error("cannot listen", extra={"fields": {"error": str(exc)}})
+        return 1
+
+
+async def _main(config: Config) -> int:
+    shutdown = trio.Event()
+    forced = False
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_signals() -> None:
+                nonlocal forced
+                async for signum in signals:
+                    if shutdown.is_set():
+                        logger.warning("second signal: stopping now")
+                        forced = True
+                        nursery.cancel_scope.cancel()
+                        return
+                    logger.info(f"{signal.Signals(signum).name}: shutting down")
+                    shutdown.set()
+
+            nursery.start_soon(watch_signals)
+            async with trio.open_nursery() as server:
+                addresses: BoundAddresses = await server.start(
+                    functools.partial(serve, config, shutdown=shutdown)
+                )
+                logger.info(f"listening on {addresses.client_url}")
+                if addresses.admin_url:
+                    logger.info(f"admin on {addresses.admin_url}")
+            nursery.cancel_scope.cancel()
+    return 1 if forced else 0
