@@ -186,7 +186,7 @@ class Proxy:
     ) -> bool:
         """Serve one request: attempts, failover, relay. Returns keep-alive."""
         now = trio.current_time()
-        self._expire_cooldowns(now)
+        self.expire_cooldowns(now)
         work = Workload(
             id=workload_id(request.headers),
             method=request.method.decode("ascii", "replace"),
@@ -491,7 +491,10 @@ class Proxy:
             {"type": "node", "node": node, "state": "cooling", "reason": reason, "until_s": until}
         )
 
-    def _expire_cooldowns(self, now: float) -> None:
+    def expire_cooldowns(self, now: float | None = None) -> None:
+        """Notice cooldowns that ran out (publishing ``ready`` node events)."""
+        if now is None:
+            now = trio.current_time()
         for entry in self.cooldowns.expire(now):
             self._node_ready(entry.node, "expired")
         self.metrics.cooling.set(len(self.cooldowns.active(now)))
@@ -589,7 +592,7 @@ class Proxy:
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
         now = trio.current_time()
-        self._expire_cooldowns(now)
+        self.expire_cooldowns(now)
         nodes = []
         for node in self.config.upstreams:
             entry = self.cooldowns.get(node.name, now)
