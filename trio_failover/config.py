@@ -197,6 +197,10 @@ def _check_listen(instance: Config, attribute: attrs.Attribute[Any], value: Any)
         split_host_port(value, attribute.name)
 
 
+def _upstreams_converter(value: Iterable[Upstream]) -> tuple[Upstream, ...]:
+    return tuple(value)
+
+
 def _statuses(value: Iterable[int]) -> frozenset[int]:
     return frozenset(int(v) for v in value)
 
@@ -216,7 +220,9 @@ MiB = 1024 * 1024
 class Config:
     """Everything the proxy needs to serve; see docs/configuration.md."""
 
-    upstreams: tuple[Upstream, ...] = attrs.field(converter=tuple, validator=_check_upstreams)
+    upstreams: tuple[Upstream, ...] = attrs.field(
+        converter=_upstreams_converter, validator=_check_upstreams
+    )
     listen: str = attrs.field(default="127.0.0.1:8080", validator=_check_listen)
     admin_listen: str | None = attrs.field(default="127.0.0.1:8081", validator=_check_listen)
 
