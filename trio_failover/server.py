@@ -22,6 +22,7 @@ import trio
 from . import sockopts
 from .admin import serve_admin
 from .config import Config, split_host_port
+from .errors import ConfigError
 from .logs import configure_logging, logger
 from .proxy import Proxy
 from .upstream import Connector
@@ -56,13 +57,56 @@ def _url_host(host: str) -> str:
 
 
 def server_ssl_context(config: Config) -> ssl.SSLContext | None:
-    """The TLS context of the client listener, if ``tls_cert``/``tls_key`` are set."""
+    """The TLS context of the client listener, if ``tls_cert``/``tls_key`` are set.
+
+    ``tls_key`` may name the same file as ``tls_cert`` when that file holds
+    both. The context takes TLS 1.2 or newer and offers ALPN ``http/1.1``
+    only (a client that asks for ``h2`` alone gets no ALPN answer and speaks
+    HTTP/1.1 anyway, or leaves).
+
+    Raises:
+        ConfigError: a key without a certificate, or files that cannot be
+            loaded as a matching certificate chain and key.
+    """
     if not config.tls_cert:
+        if config.tls_key:
+            raise ConfigError("tls-key", config.tls_key, "TLS needs --tls-cert as well")
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ConfigError(
+            "tls-cert", config.tls_cert, f"cannot load the certificate and key ({exc})"
+        ) from exc
     context.set_alpn_protocols(["http/1.1"])
+    # Renegotiation buys an HTTP/1.1 proxy nothing and costs a handshake's
+    # CPU per request of a hostile client; OpenSSL 3 already refuses
+    # client-initiated ones, older versions do not.
+    context.options |= ssl.OP_NO_RENEGOTIATION
     return context
+
+
+def log_tls_warnings(config: Config) -> None:
+    """Warn, once at startup, about nodes whose TLS settings weaken or do nothing.
+
+    ``insecure_skip_verify`` accepts any certificate (anyone on the path can
+    read the node's traffic, credentials included); ``ca_file`` and
+    ``insecure_skip_verify`` on an http:// node are ignored, which usually
+    means the URL was meant to be https://.
+    """
+    for node in config.upstreams:
+        fields = {"node": node.name}
+        if node.scheme == "https" and node.insecure_skip_verify:
+            logger.warning(
+                "TLS certificate verification is off for this node (insecure_skip_verify)",
+                extra={"fields": fields},
+            )
+        elif node.scheme != "https" and (node.ca_file or node.insecure_skip_verify):
+            logger.warning(
+                "ca_file/insecure_skip_verify are ignored for an http:// node",
+                extra={"fields": fields},
+            )
 
 
 async def serve(
@@ -82,6 +126,7 @@ async def serve(
         shutdown: when set, stop accepting and drain for ``shutdown_timeout``.
         task_status: receives the ``BoundAddresses`` once listening.
     """
+    log_tls_warnings(config)
     proxy = proxy or Proxy(config, connector=connector)
     host, port = split_host_port(config.listen)
     listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
@@ -89,28 +134,33 @@ async def serve(
     scheme = "https" if context else "http"
     bound = listeners[0].socket.getsockname()
     limiter = trio.CapacityLimiter(config.max_connections)
-    async with trio.open_nursery() as services:
-        admin = None
-        if config.admin_listen is not None:
-            admin = await services.start(serve_admin, proxy, config.admin_listen)
-        addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
-        async with trio.open_nursery() as connections:
-            async with trio.open_nursery() as acceptors:
+    try:
+        async with trio.open_nursery() as services:
+            admin = None
+            if config.admin_listen is not None:
+                admin = await services.start(serve_admin, proxy, config.admin_listen)
+            addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as acceptors:
+                    for listener in listeners:
+                        acceptors.start_soon(
+                            _accept_loop, listener, connections, proxy, limiter, context, scheme
+                        )
+                    task_status.started(addresses)
+                    if shutdown is None:
+                        await trio.sleep_forever()
+                    await shutdown.wait()
+                    acceptors.cancel_scope.cancel()
                 for listener in listeners:
-                    acceptors.start_soon(
-                        _accept_loop, listener, connections, proxy, limiter, context, scheme
-                    )
-                task_status.started(addresses)
-                if shutdown is None:
-                    await trio.sleep_forever()
-                await shutdown.wait()
-                acceptors.cancel_scope.cancel()
-            for listener in listeners:
-                await listener.aclose()
-            logger.info("draining", extra={"fields": {"timeout_s": config.shutdown_timeout}})
-            proxy.begin_drain()
-            connections.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
-        services.cancel_scope.cancel()
+                    await trio.aclose_forcefully(listener)
+                logger.info("draining", extra={"fields": {"timeout_s": config.shutdown_timeout}})
+                proxy.begin_drain()
+                connections.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
+            services.cancel_scope.cancel()
+    finally:
+        # Cancelled from outside (an embedder's scope, a test): still no leak.
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
 
 
 async def _accept_loop(
