@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+from http import HTTPStatus
 
 import attrs
 import h11
@@ -64,6 +65,8 @@ class ClientConnection:
         self.stream = stream
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
         self._max_body = max_body
+        self._max_head = max_head
+        self._fed = 0  # bytes moved into h11 since the current head began
         self._header_timeout = client_header_timeout
         self._pending = bytearray()
         self.closed: Closed | None = None
@@ -106,6 +109,7 @@ class ClientConnection:
     def _feed(self) -> None:
         """Move pending bytes into h11 (and EOF once everything is in)."""
         if self._pending:
+            self._fed += len(self._pending)
             self.conn.receive_data(bytes(self._pending))
             self._pending.clear()
             self._room.set()
@@ -153,6 +157,8 @@ class ClientConnection:
             ClientError: 400 malformed, 408 too slow, 413 body too large,
                 431 head too large.
         """
+        already_buffered = len(self.conn.trailing_data[0])
+        self._fed = 0
         with trio.move_on_after(self._header_timeout) as head_scope:
             try:
                 event = await self._next_event()
@@ -164,6 +170,16 @@ class ClientConnection:
             return None
         if not isinstance(event, h11.Request):
             raise ClientError(400, "malformed request", "bad_request")
+        # h11 enforces its size limit only while a head is incomplete: a head
+        # that crosses the limit and ends in the same read would pass. Count.
+        head_size = already_buffered + self._fed - len(self.conn.trailing_data[0])
+        if head_size > self._max_head:
+            raise ClientError(431, "request header fields too large", "headers_too_large")
+        names = {name for name, _ in event.headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            # RFC 9112 section 6.3: a proxy that forwarded such a message
+            # could be made to disagree with the node about where it ends.
+            raise ClientError(400, "Content-Length together with Transfer-Encoding", "bad_request")
         self.requests_read += 1
         body = await self._read_body(event)
         return ClientRequest(
@@ -231,7 +247,7 @@ class ClientConnection:
         if close:
             head.append((b"connection", b"close"))
         await self.send(
-            h11.Response(status_code=status, headers=head),
+            h11.Response(status_code=status, reason=_phrase(status), headers=head),
             h11.Data(data=body),
             h11.EndOfMessage(),
         )
@@ -254,6 +270,13 @@ class ClientConnection:
     async def aclose(self) -> None:
         """Close the connection (abortive, never blocks)."""
         await trio.aclose_forcefully(self.stream)
+
+
+def _phrase(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 def _client_error(exc: h11.RemoteProtocolError) -> ClientError:
