@@ -1,0 +1,945 @@
+"""Tests of settings.py: the option table, precedence, the config file, errors."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from trio_failover.config import Config
+from trio_failover.errors import ConfigError
+from trio_failover.settings import (
+    OPTIONS,
+    ConfigFile,
+    Option,
+    Source,
+    _key_lines,
+    describe,
+    expand_env,
+    option,
+    resolve,
+)
+
+NODE = {"upstream": ["http://127.0.0.1:9001"]}
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def toml(text: str, name: str = "config.toml") -> ConfigFile:
+    return ConfigFile.parse(textwrap.dedent(text).lstrip("\n"), name)
+
+
+# --- Precedence -----------------------------------------------------------------------------------
+
+FILE_FIRST_BODY = """
+[[upstream]]
+url = "http://127.0.0.1:9001"
+
+[timeouts]
+first_body = "3s"
+"""
+
+# (flag, env, file?) -> (value, source). One option across all four sources.
+PRECEDENCE: list[tuple[str | None, str | None, bool, float, str]] = [
+    (None, None, False, 0.0, "default"),
+    (None, None, True, 3.0, "file config.toml:5"),
+    (None, "2s", False, 2.0, "env TRIO_FAILOVER_FIRST_BODY_TIMEOUT"),
+    (None, "2s", True, 2.0, "env TRIO_FAILOVER_FIRST_BODY_TIMEOUT"),
+    ("1s", None, False, 1.0, "flag --first-body-timeout"),
+    ("1s", None, True, 1.0, "flag --first-body-timeout"),
+    ("1s", "2s", False, 1.0, "flag --first-body-timeout"),
+    ("1s", "2s", True, 1.0, "flag --first-body-timeout"),
+]
+
+
+@pytest.mark.parametrize(("flag", "env", "use_file", "seconds", "source"), PRECEDENCE)
+def test_precedence(
+    flag: str | None, env: str | None, use_file: bool, seconds: float, source: str
+) -> None:
+    flags: dict[str, object] = {"first_body_timeout": flag}
+    environ = {"TRIO_FAILOVER_FIRST_BODY_TIMEOUT": env} if env is not None else {}
+    file = toml(FILE_FIRST_BODY)
+    if not use_file:
+        flags.update(NODE)
+    config, sources = resolve(flags, environ, file if use_file else None)
+    assert config.first_body_timeout == seconds
+    assert str(sources["first_body_timeout"]) == source
+
+
+# An explicit 0 is a value like any other: it wins over a lower-precedence opt-in.
+ZERO_OVERRIDES: list[tuple[str, dict[str, object], dict[str, str], str, str]] = [
+    (
+        "first_body_timeout",
+        {"first_body_timeout": "0"},
+        {"TRIO_FAILOVER_FIRST_BODY_TIMEOUT": "5s"},
+        'first_body = "7s"',
+        "flag --first-body-timeout",
+    ),
+    (
+        "first_body_timeout",
+        {},
+        {"TRIO_FAILOVER_FIRST_BODY_TIMEOUT": "0"},
+        'first_body = "7s"',
+        "env TRIO_FAILOVER_FIRST_BODY_TIMEOUT",
+    ),
+    (
+        "dead_peer_timeout",
+        {"dead_peer_timeout": "0"},
+        {"TRIO_FAILOVER_DEAD_PEER_TIMEOUT": "10s"},
+        'dead_peer = "7s"',
+        "flag --dead-peer-timeout",
+    ),
+    (
+        "dead_peer_timeout",
+        {},
+        {"TRIO_FAILOVER_DEAD_PEER_TIMEOUT": "0"},
+        'dead_peer = "7s"',
+        "env TRIO_FAILOVER_DEAD_PEER_TIMEOUT",
+    ),
+    ("dead_peer_timeout", {}, {}, "dead_peer = 0", "file config.toml:5"),
+]
+
+
+@pytest.mark.parametrize(("field", "flags", "environ", "line", "source"), ZERO_OVERRIDES)
+def test_explicit_zero_disables(
+    field: str, flags: dict[str, object], environ: dict[str, str], line: str, source: str
+) -> None:
+    file = toml(f'[[upstream]]\nurl = "http://127.0.0.1:9001"\n\n[timeouts]\n{line}\n')
+    config, sources = resolve(flags, environ, file)
+    assert getattr(config, field) == 0.0
+    assert str(sources[field]) == source
+
+
+def test_defaults_match_config() -> None:
+    config, sources = resolve(NODE, {})
+    assert config == Config(upstreams=config.upstreams)
+    assert all(str(sources[opt.field]) == "default" for opt in OPTIONS if opt.field is not None)
+    assert str(sources["upstreams"]) == "flag --upstream"
+
+
+# Every option parsed from text (flag and env take the same text).
+TEXT_VALUES: list[tuple[str, str, object]] = [
+    ("listen", "0.0.0.0:0", "0.0.0.0:0"),
+    ("listen", "[::1]:8080", "[::1]:8080"),
+    ("admin_listen", "off", None),
+    ("admin_listen", "OFF", None),
+    ("admin_listen", "127.0.0.1:9", "127.0.0.1:9"),
+    ("connect_timeout", "300ms", 0.3),
+    ("response_header_timeout", "1h30m", 5400.0),
+    ("stream_idle_timeout", "0", 0.0),
+    ("client_close", "rst-only", "rst-only"),
+    ("max_attempts", "3", 3),
+    ("affinity", "prefix", "prefix"),
+    ("retry_status", "503, 429", frozenset({429, 503})),
+    ("retry_status", "", frozenset()),
+    ("retry_error_codes", "a,b", frozenset({"a", "b"})),
+    ("retry_error_codes", "", frozenset()),
+    ("max_request_body", "1MiB", 1024 * 1024),
+    ("max_request_body", "1000", 1000),
+    ("max_request_head", "8KiB", 8192),
+    ("client_header_timeout", "5s", 5.0),
+    ("keepalive_timeout", "0", 0.0),
+    ("max_connections", "10", 10),
+    ("shutdown_timeout", "1m", 60.0),
+    ("pool_idle_timeout", "500ms", 0.5),
+    ("log_format", "json", "json"),
+    ("log_level", "DEBUG", "debug"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "value"), TEXT_VALUES)
+def test_text_values(name: str, text: str, value: object) -> None:
+    config, _ = resolve({**NODE, name: text}, {})
+    assert getattr(config, name) == value
+    config, _ = resolve(NODE, {option(name).env: text})
+    assert getattr(config, name) == value
+
+
+def test_every_config_field_has_an_option() -> None:
+    fields = {field.name for field in attrs.fields(Config)}
+    # pool_max_idle has no option yet (not in the issue); upstreams is --upstream.
+    assert fields - {"upstreams", "pool_max_idle"} == {
+        opt.field for opt in OPTIONS if opt.field is not None
+    }
+
+
+def test_every_option_follows_the_naming_rule() -> None:
+    for opt in OPTIONS:
+        assert opt.flag == "--" + opt.name.replace("_", "-")
+        if opt.name != "upstream":
+            assert opt.env == "TRIO_FAILOVER_" + opt.flag[2:].upper().replace("-", "_")
+    assert option("upstream").env == "TRIO_FAILOVER_UPSTREAMS"
+
+
+# --- The config file ------------------------------------------------------------------------------
+
+FULL_FILE = """
+listen = "127.0.0.1:9080"
+admin_listen = "off"
+client_close = "ignore"
+max_attempts = 2
+affinity = "prefix"
+retry_status = [503]
+retry_error_codes = []
+max_request_body = "1MiB"
+max_request_head = 4096
+max_connections = 5
+log_format = "json"
+log_level = "warning"
+
+[timeouts]
+connect = "1s"
+response_header = "2s"
+first_body = "3s"
+stream_idle = 0
+dead_peer = "4s"
+client_header = "5s"
+keepalive = "6s"
+shutdown = "7s"
+pool_idle = "8s"
+
+[[upstream]]
+name = "a"
+url = "https://10.0.0.5:8443"
+models = ["m1", "m2"]
+headers = { Authorization = "Bearer ${KEY_A}", X-Plain = "p$" }
+insecure_skip_verify = true
+
+[[upstream]]
+url = "http://10.0.0.6:8000/ollama"
+models = { "m1" = "node-m1", "*" = "other" }
+
+[upstream.headers]
+X-Key = "${KEY_B}"
+"""
+
+
+def test_full_file() -> None:
+    config, sources = resolve({}, {"KEY_A": "secret-a", "KEY_B": "secret-b"}, toml(FULL_FILE))
+    assert config == Config(
+        listen="127.0.0.1:9080",
+        admin_listen=None,
+        client_close="ignore",
+        max_attempts=2,
+        affinity="prefix",
+        retry_status=frozenset({503}),
+        retry_error_codes=frozenset(),
+        max_request_body=1024 * 1024,
+        max_request_head=4096,
+        max_connections=5,
+        log_format="json",
+        log_level="warning",
+        connect_timeout=1.0,
+        response_header_timeout=2.0,
+        first_body_timeout=3.0,
+        stream_idle_timeout=0.0,
+        dead_peer_timeout=4.0,
+        client_header_timeout=5.0,
+        keepalive_timeout=6.0,
+        shutdown_timeout=7.0,
+        pool_idle_timeout=8.0,
+        upstreams=config.upstreams,
+    )
+    a, b = config.upstreams
+    assert (a.name, a.url, a.insecure_skip_verify) == ("a", "https://10.0.0.5:8443", True)
+    assert a.models == {"m1": "m1", "m2": "m2"}
+    assert a.headers == {"Authorization": "Bearer secret-a", "X-Plain": "p$"}
+    assert (b.name, b.base_path) == ("10.0.0.6:8000", "/ollama")
+    assert b.models == {"m1": "node-m1", "*": "other"}
+    assert b.model_name_for("m1") == "node-m1"
+    assert b.model_name_for("anything") == "other"
+    assert b.headers == {"X-Key": "secret-b"}
+    assert str(sources["upstream:a"]) == "file config.toml:25"
+    assert str(sources["upstream:10.0.0.6:8000"]) == "file config.toml:32"
+    assert str(sources["keepalive_timeout"]) == "file config.toml:21"
+    assert str(sources["log_level"]) == "file config.toml:12"
+
+
+def test_docs_example_resolves(tmp_path: Path) -> None:
+    """The complete example file of docs/configuration.md is valid and complete."""
+    blocks = re.findall(r"```toml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    assert blocks, "docs/configuration.md has no ```toml block"
+    example = max(blocks, key=len)
+    pem = tmp_path / "file.pem"
+    pem.write_text("")
+    # The example's paths are illustrations; any existing file will do here.
+    text = re.sub(r'"/[^"]+\.pem"', f'"{pem}"', example)
+    environ = {"GPU_A_KEY": "k", "REMOTE_KEY": "r"}
+    config, sources = resolve({}, environ, ConfigFile.parse(text))
+    assert len(config.upstreams) >= 2
+    assert any(node.headers for node in config.upstreams)
+    assert any(node.models for node in config.upstreams)
+    for opt in OPTIONS:
+        if opt.field and opt.toml:
+            shown = sources[opt.field].kind == "file" or f"# {opt.toml[-1]} = " in example
+            assert shown, f"the complete example lacks {opt.toml_key}"
+
+
+def _docs_table() -> dict[str, list[str]]:
+    """The options table of the docs: flag -> its cells, backticks removed."""
+    rows: dict[str, list[str]] = {}
+    for line in DOCS.read_text().splitlines():
+        match = re.match(r"\| `(--[a-z-]+)", line)
+        if match:
+            cells = [c.strip().strip("`") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            rows[match.group(1)] = cells
+    return rows
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=[opt.name for opt in OPTIONS])
+def test_docs_describe_every_option(opt: Option) -> None:
+    rows = _docs_table()
+    assert opt.flag in rows, f"{opt.flag} missing from the docs' option table"
+    _, env, key, default, meaning = rows[opt.flag]
+    assert env == opt.env
+    assert key == ("[[upstream]]" if opt.name == "upstream" else opt.toml_key)
+    assert meaning
+    if opt.default is None:
+        assert default == "none"
+    else:
+        assert opt.kind.from_text(default) == opt.default
+
+
+# Which line wrote which key: tomllib keeps no positions, settings finds them.
+KEY_LINES: list[tuple[str, tuple[str | int, ...], str]] = [
+    ('listen = "x"\n', ("listen",), "c.toml:1"),
+    ('# c\n\n  listen   =  "x"\n', ("listen",), "c.toml:3"),
+    ('timeouts.connect = "1s"\n', ("timeouts", "connect"), "c.toml:1"),
+    ('"listen" = "x"\n', ("listen",), "c.toml:1"),
+    ("[timeouts]\nconnect = '1s'\n", ("timeouts", "connect"), "c.toml:2"),
+    ("[timeouts]\nconnect = '1s'\n", ("timeouts", "first_body"), "c.toml:1"),
+    ("[ timeouts ]\n\nconnect = '1s'\n", ("timeouts", "connect"), "c.toml:3"),
+    ('[[upstream]]\nurl = "a"\n[[upstream]]\nurl = "b"\n', ("upstream", 1, "url"), "c.toml:4"),
+    ('[[upstream]]\nurl = "a"\n[[upstream]]\nurl = "b"\n', ("upstream", 1), "c.toml:3"),
+    ('[[upstream]]\nurl = "a"\n[[upstream]]\nurl = "b"\n', ("upstream", 0, "name"), "c.toml:1"),
+    (
+        '[[upstream]]\nurl = "a"\n[upstream.headers]\nX = "1"\n',
+        ("upstream", 0, "headers", "X"),
+        "c.toml:4",
+    ),
+    (
+        '[[upstream]]\nheaders = { X = "1" }\n',
+        ("upstream", 0, "headers", "X"),
+        "c.toml:2",
+    ),
+    ('a = """\nlisten = "x"\n"""\nlisten = "y"\n', ("listen",), "c.toml:4"),
+    ("a = '''\nlisten = 'x'\n'''\nlisten = 'y'\n", ("listen",), "c.toml:4"),
+    ('a = """one line"""\nlisten = "y"\n', ("listen",), "c.toml:2"),
+    ('listen = "x"\n', ("nothing",), "c.toml"),
+]
+
+
+@pytest.mark.parametrize(("text", "path", "where"), KEY_LINES)
+def test_key_lines(text: str, path: tuple[str | int, ...], where: str) -> None:
+    file = ConfigFile("c.toml", {}, _key_lines(text))
+    assert file.where(*path) == where
+
+
+def test_config_file_read(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text('[[upstream]]\nurl = "http://127.0.0.1:1"\n\n[timeouts]\nconnect = "x"\n')
+    with pytest.raises(ConfigError) as info:
+        resolve({"config": str(path)}, {})
+    assert info.value.source == f"{path}:5"
+    assert info.value.option == "timeouts.connect"
+    path.write_text('[[upstream]]\nurl = "http://127.0.0.1:1"\n')
+    _, sources = resolve({}, {"TRIO_FAILOVER_CONFIG": str(path)})
+    assert sources["config"] == Source("env", "TRIO_FAILOVER_CONFIG", str(path))
+    assert str(sources["upstream:127.0.0.1:1"]) == f"file {path}:1"
+
+
+# --- ${VAR} in header values ----------------------------------------------------------------------
+
+EXPANSIONS: list[tuple[str, str]] = [
+    ("plain", "plain"),
+    ("Bearer ${KEY}", "Bearer k1"),
+    ("${KEY}${OTHER}", "k1o2"),
+    ("${EMPTY}", ""),
+    ("$KEY", "$KEY"),
+    ("cost $5", "cost $5"),
+    ("$", "$"),
+]
+
+
+@pytest.mark.parametrize(("template", "value"), EXPANSIONS)
+def test_expand_env(template: str, value: str) -> None:
+    assert expand_env(template, {"KEY": "k1", "OTHER": "o2", "EMPTY": ""}) == value
+
+
+EXPANSION_REJECTS: list[tuple[str, str]] = [
+    ("${MISSING}", "environment variable MISSING is not set"),
+    ("Bearer ${KEY} ${MISSING}", "MISSING is not set"),
+    ("${}", "not a valid variable reference"),
+    ("${1X}", "not a valid variable reference"),
+    ("${KEY", "not closed"),
+    ("${KEY} ${", "not closed"),
+]
+
+
+@pytest.mark.parametrize(("template", "message"), EXPANSION_REJECTS)
+def test_expand_env_rejects(template: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        expand_env(template, {"KEY": "k1"})
+
+
+# --- Bad values -----------------------------------------------------------------------------------
+
+N = '[[upstream]]\nurl = "http://127.0.0.1:9001"\n'
+
+# flags, environ, file text (None: no file) -> source, option, value, expected (substring)
+BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, object, str]] = [
+    (
+        "duration without unit, flag",
+        {**NODE, "first_body_timeout": "5"},
+        {},
+        None,
+        "--first-body-timeout",
+        "first-body-timeout",
+        "5",
+        "needs a unit",
+    ),
+    (
+        "duration without unit, env",
+        NODE,
+        {"TRIO_FAILOVER_FIRST_BODY_TIMEOUT": "5"},
+        None,
+        "TRIO_FAILOVER_FIRST_BODY_TIMEOUT",
+        "first-body-timeout",
+        "5",
+        "needs a unit",
+    ),
+    (
+        "duration without unit, file",
+        {},
+        {},
+        N + '[timeouts]\nconnect = "10s"\nfirst_body = "5"\n',
+        "config.toml:5",
+        "timeouts.first_body",
+        "5",
+        "needs a unit",
+    ),
+    (
+        "duration as a bare TOML number",
+        {},
+        {},
+        N + "[timeouts]\nfirst_body = 5\n",
+        "config.toml:4",
+        "timeouts.first_body",
+        5,
+        "only 0 may be a bare number",
+    ),
+    (
+        "negative duration, flag",
+        {**NODE, "stream_idle_timeout": "-1s"},
+        {},
+        None,
+        "--stream-idle-timeout",
+        "stream-idle-timeout",
+        "-1s",
+        "must not be negative",
+    ),
+    (
+        "negative duration, file",
+        {},
+        {},
+        N + '[timeouts]\ndead_peer = "-30s"\n',
+        "config.toml:4",
+        "timeouts.dead_peer",
+        "-30s",
+        "must not be negative",
+    ),
+    (
+        "zero where a positive duration is needed (Config's validator, relabelled)",
+        NODE,
+        {"TRIO_FAILOVER_CONNECT_TIMEOUT": "0"},
+        None,
+        "TRIO_FAILOVER_CONNECT_TIMEOUT",
+        "connect-timeout",
+        "0",
+        "greater than zero",
+    ),
+    (
+        "zero connections in the file (Config's validator, relabelled)",
+        {},
+        {},
+        "max_connections = 0\n" + N,
+        "config.toml:1",
+        "max_connections",
+        0,
+        "greater than zero",
+    ),
+    (
+        "negative attempts",
+        {**NODE, "max_attempts": "-1"},
+        {},
+        None,
+        "--max-attempts",
+        "max-attempts",
+        "-1",
+        "must not be negative",
+    ),
+    (
+        "not a number",
+        {**NODE, "max_connections": "many"},
+        {},
+        None,
+        "--max-connections",
+        "max-connections",
+        "many",
+        "whole number",
+    ),
+    (
+        "unknown choice, flag",
+        {**NODE, "client_close": "close"},
+        {},
+        None,
+        "--client-close",
+        "client-close",
+        "close",
+        "one of abort, rst-only, ignore",
+    ),
+    (
+        "unknown choice, env",
+        NODE,
+        {"TRIO_FAILOVER_AFFINITY": "sticky"},
+        None,
+        "TRIO_FAILOVER_AFFINITY",
+        "affinity",
+        "sticky",
+        "one of off, prefix",
+    ),
+    (
+        "unknown choice, file",
+        {},
+        {},
+        'log_format = "xml"\n' + N,
+        "config.toml:1",
+        "log_format",
+        "xml",
+        "one of text, json",
+    ),
+    (
+        "bad size",
+        {**NODE, "max_request_body": "32M"},
+        {},
+        None,
+        "--max-request-body",
+        "max-request-body",
+        "32M",
+        "unknown size unit",
+    ),
+    (
+        "bad status",
+        NODE,
+        {"TRIO_FAILOVER_RETRY_STATUS": "429,5xx"},
+        None,
+        "TRIO_FAILOVER_RETRY_STATUS",
+        "retry-status",
+        "429,5xx",
+        "'5xx' is not an HTTP status code",
+    ),
+    (
+        "status out of range, file",
+        {},
+        {},
+        "retry_status = [429, 600]\n" + N,
+        "config.toml:1",
+        "retry_status",
+        [429, 600],
+        "600 is not an HTTP status code",
+    ),
+    (
+        "bad listen address",
+        {**NODE, "listen": "8080"},
+        {},
+        None,
+        "--listen",
+        "listen",
+        "8080",
+        "HOST:PORT",
+    ),
+    (
+        "wrong TOML type",
+        {},
+        {},
+        "listen = 8080\n" + N,
+        "config.toml:1",
+        "listen",
+        8080,
+        "expected a string",
+    ),
+    (
+        "bad URL, flag",
+        {"upstream": ["a=ftp://10.0.0.5"]},
+        {},
+        None,
+        "--upstream",
+        "upstream",
+        "a=ftp://10.0.0.5",
+        "http:// or https://",
+    ),
+    (
+        "bad URL, env",
+        {},
+        {"TRIO_FAILOVER_UPSTREAMS": "http://127.0.0.1:1,10.0.0.5:8000"},
+        None,
+        "TRIO_FAILOVER_UPSTREAMS",
+        "upstream",
+        "10.0.0.5:8000",
+        "http://",
+    ),
+    (
+        "bad URL, file",
+        {},
+        {},
+        N + '[[upstream]]\nname = "b"\nurl = "http://10.0.0.6:port"\n',
+        "config.toml:5",
+        "upstream.url",
+        "http://10.0.0.6:port",
+        "port",
+    ),
+    (
+        "URL missing, file",
+        {},
+        {},
+        N + '[[upstream]]\nname = "b"\n',
+        "config.toml:3",
+        "upstream.url",
+        "",
+        "needs a url",
+    ),
+    (
+        "bad node name",
+        {},
+        {},
+        '[[upstream]]\nname = "gpu a"\nurl = "http://10.0.0.6:1"\n',
+        "config.toml:2",
+        "upstream.name",
+        "gpu a",
+        "token characters",
+    ),
+    (
+        "duplicate node names, flag",
+        {"upstream": ["a=http://10.0.0.5:1", "a=http://10.0.0.6:1"]},
+        {},
+        None,
+        "--upstream",
+        "upstream",
+        "a",
+        "unique",
+    ),
+    (
+        "duplicate node names, file",
+        {},
+        {},
+        '[[upstream]]\nname = "a"\nurl = "http://h:1"\n\n'
+        '[[upstream]]\nname = "a"\nurl = "http://h:2"\n',
+        "config.toml:5",
+        "upstream.name",
+        "a",
+        "also at config.toml:1",
+    ),
+    (
+        "duplicate default names",
+        {},
+        {"TRIO_FAILOVER_UPSTREAMS": "http://h:1, http://h:1/v1"},
+        None,
+        "TRIO_FAILOVER_UPSTREAMS",
+        "upstream",
+        "h:1",
+        "unique",
+    ),
+    (
+        "no upstream at all",
+        {},
+        {},
+        None,
+        "--upstream",
+        "upstream",
+        "",
+        "at least one node",
+    ),
+    (
+        "no upstream in the file",
+        {},
+        {},
+        'listen = "127.0.0.1:1"\n',
+        "config.toml",
+        "upstream",
+        "",
+        "at least one node",
+    ),
+    (
+        "empty upstream list in env",
+        {},
+        {"TRIO_FAILOVER_UPSTREAMS": " , "},
+        N,
+        "TRIO_FAILOVER_UPSTREAMS",
+        "upstream",
+        " , ",
+        "at least one node",
+    ),
+    (
+        "unknown top-level key",
+        {},
+        {},
+        'listne = "127.0.0.1:1"\n' + N,
+        "config.toml:1",
+        "listne",
+        "listne",
+        "unknown key at the top level (did you mean listen?",
+    ),
+    (
+        "unknown key in [timeouts]",
+        {},
+        {},
+        N + '\n[timeouts]\nconnect = "1s"\nfirst_byte = "1s"\n',
+        "config.toml:6",
+        "timeouts.first_byte",
+        "first_byte",
+        "unknown key in [timeouts] (did you mean first_body?",
+    ),
+    (
+        "unknown key in [[upstream]]",
+        {},
+        {},
+        N + '[[upstream]]\nurl = "http://h:2"\nheader = { A = "secret" }\n',
+        "config.toml:5",
+        "upstream.header",
+        "header",
+        "unknown key in [[upstream]] (did you mean headers?",
+    ),
+    (
+        "unknown subtable",
+        {},
+        {},
+        N + "[limits]\nmax = 1\n",
+        "config.toml:3",
+        "limits",
+        "limits",
+        "unknown key at the top level",
+    ),
+    (
+        "timeouts is not a table",
+        {},
+        {},
+        'timeouts = "1s"\n' + N,
+        "config.toml:1",
+        "timeouts",
+        "1s",
+        "[timeouts] table",
+    ),
+    (
+        "TOML syntax error",
+        {},
+        {},
+        N + "\n[timeouts]\nconnect = 10s\n",
+        "config.toml:5",
+        "config",
+        "config.toml",
+        "not valid TOML",
+    ),
+    (
+        "TOML error at the end",
+        {},
+        {},
+        N + "retry_status = [429,\n",
+        "config.toml:3",
+        "config",
+        "config.toml",
+        "not valid TOML",
+    ),
+    (
+        "duplicate TOML key",
+        {},
+        {},
+        N + 'listen = "a:1"\nlisten = "b:1"\n',
+        "config.toml:4",
+        "config",
+        "config.toml",
+        "not valid TOML",
+    ),
+    (
+        "undefined variable in a header",
+        {},
+        {},
+        '[[upstream]]\nurl = "http://h:1"\nheaders = { Authorization = "Bearer ${GPU_KEY}" }\n',
+        "config.toml:3",
+        "upstream.headers.Authorization",
+        "${GPU_KEY}",
+        "environment variable GPU_KEY is not set",
+    ),
+    (
+        "bad header name",
+        {},
+        {},
+        '[[upstream]]\nurl = "http://h:1"\n[upstream.headers]\n"X Key" = "v"\n',
+        "config.toml:4",
+        "upstream.headers.X Key",
+        "X Key",
+        "not a valid header name",
+    ),
+    (
+        "header value with a newline",
+        {},
+        {"V": "a\r\nInjected: 1"},
+        '[[upstream]]\nurl = "http://h:1"\nheaders = { X = "${V}" }\n',
+        "config.toml:3",
+        "upstream.headers.X",
+        "X",
+        "must not contain CR, LF or NUL",
+    ),
+    (
+        "empty models list",
+        {},
+        {},
+        '[[upstream]]\nurl = "http://h:1"\nmodels = []\n',
+        "config.toml:3",
+        "upstream.models",
+        [],
+        "non-empty list",
+    ),
+    (
+        "models of the wrong type",
+        {},
+        {},
+        '[[upstream]]\nurl = "http://h:1"\nmodels = 3\n',
+        "config.toml:3",
+        "upstream.models",
+        3,
+        "a list or a table",
+    ),
+    (
+        "insecure_skip_verify not a bool",
+        {},
+        {},
+        '[[upstream]]\nurl = "https://h:1"\ninsecure_skip_verify = "yes"\n',
+        "config.toml:3",
+        "upstream.insecure_skip_verify",
+        "yes",
+        "true or false",
+    ),
+    (
+        "ca_file missing",
+        {},
+        {},
+        '[[upstream]]\nurl = "https://h:1"\nca_file = "/nonexistent/ca.pem"\n',
+        "config.toml:3",
+        "upstream.ca_file",
+        "/nonexistent/ca.pem",
+        "no such file",
+    ),
+    (
+        "TLS certificate file missing",
+        {**NODE, "tls_cert": "/nonexistent/cert.pem"},
+        {},
+        None,
+        "--tls-cert",
+        "tls-cert",
+        "/nonexistent/cert.pem",
+        "no such file",
+    ),
+    (
+        "a bad value is an error even when a flag overrides it",
+        {**NODE, "first_body_timeout": "1s"},
+        {"TRIO_FAILOVER_FIRST_BODY_TIMEOUT": "1"},
+        None,
+        "TRIO_FAILOVER_FIRST_BODY_TIMEOUT",
+        "first-body-timeout",
+        "1",
+        "needs a unit",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "text", "source", "option_", "value", "expected"),
+    [pytest.param(*case[1:], id=case[0]) for case in BAD],
+)
+def test_bad_values(
+    flags: dict[str, Any],
+    environ: dict[str, str],
+    text: str | None,
+    source: str,
+    option_: str,
+    value: object,
+    expected: str,
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(flags, environ, None if text is None else ConfigFile.parse(text, "config.toml"))
+    error = info.value
+    assert (error.source, error.option, error.value) == (source, option_, value)
+    assert expected in error.expected
+    message = str(error)
+    assert "\n" not in message
+    assert message.startswith(f"{source}: ")
+    assert repr(value) in message
+
+
+def test_unknown_flag_names_are_a_bug() -> None:
+    with pytest.raises(TypeError, match="first_body"):
+        resolve({**NODE, "first_body": "1s"}, {})
+
+
+def test_tls_needs_both(tmp_path: Path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not checked here")
+    with pytest.raises(ConfigError, match="give --tls-key as well") as info:
+        resolve({**NODE, "tls_cert": str(cert)}, {})
+    assert info.value.source == "--tls-cert"
+    config, _ = resolve({**NODE, "tls_cert": str(cert)}, {"TRIO_FAILOVER_TLS_KEY": str(cert)})
+    assert (config.tls_cert, config.tls_key) == (str(cert), str(cert))
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="cannot read it") as info:
+        resolve({}, {"TRIO_FAILOVER_CONFIG": missing})
+    assert (info.value.source, info.value.value) == ("TRIO_FAILOVER_CONFIG", missing)
+
+
+def test_secrets_never_in_errors() -> None:
+    text = '[[upstream]]\nurl = "http://h:1"\nheaders = { A = "sk-123 ${NOPE}" }\n'
+    with pytest.raises(ConfigError) as info:
+        resolve({}, {}, ConfigFile.parse(text))
+    assert "sk-123" not in str(info.value)
+
+
+# --- describe(): what `check` prints --------------------------------------------------------------
+
+
+def test_describe_masks_secrets_and_names_sources() -> None:
+    file = toml(
+        """
+        [[upstream]]
+        name = "a"
+        url = "http://user:pw@10.0.0.5:8000"
+        models = { "m" = "node-m", "*" = "x" }
+        headers = { Authorization = "Bearer ${KEY}", X-Other = "plain-secret" }
+        """
+    )
+    config, sources = resolve(
+        {"listen": "127.0.0.1:1"}, {"KEY": "sk-live", "TRIO_FAILOVER_LOG_LEVEL": "debug"}, file
+    )
+    rows = {row[0]: row[1:] for row in describe(config, sources)}
+    text = repr(rows)
+    for secret in ("sk-live", "plain-secret", "pw"):
+        assert secret not in text
+    assert rows["upstream a"] == (
+        "http://***@10.0.0.5:8000 models=m->node-m,*->x headers=Authorization:***,X-Other:***",
+        "file config.toml:1",
+    )
+    assert rows["listen"] == ("127.0.0.1:1", "flag --listen")
+    assert rows["log-level"] == ("debug", "env TRIO_FAILOVER_LOG_LEVEL")
+    assert rows["connect-timeout"] == ("10s", "default")
+    assert rows["config"] == ("config.toml", "file config.toml")
+    assert list(rows) == [
+        "config",
+        "listen",
+        "admin-listen",
+        "upstream a",
+        *(opt.label for opt in OPTIONS[4:]),
+    ]

@@ -1,0 +1,131 @@
+"""The command line: ``trio-failover serve | check | demo | --version``.
+
+Thin on purpose: the options are generated from ``settings.OPTIONS``, every
+value reaches ``settings.resolve`` as the text the user typed (typer does no
+conversion, so that errors name the source the same way for flags,
+environment and file), and the commands only hand the resulting ``Config``
+to the server or print it. Modules that import trio are imported inside the
+commands, so ``check`` and bad-value errors stay fast.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import typer
+
+from . import __version__
+from .config import Config
+from .errors import ConfigError
+from .settings import OPTIONS, Source, describe, resolve
+
+__all__ = ["app", "main"]
+
+EXIT_CONFIG_ERROR = 2
+
+app = typer.Typer(
+    name="trio-failover",
+    help="HTTP/1.1 failover reverse proxy for self-hosted LLM inference fleets.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
+    """Give ``func`` one keyword parameter per row of ``OPTIONS``, for typer to turn into flags.
+
+    Every flag is a plain string (a list for ``--upstream``) defaulting to
+    None, meaning "not given": the default belongs to lower-precedence sources.
+    """
+    params = []
+    for opt in OPTIONS:
+        annotation: Any = list[str] | None if opt.name == "upstream" else str | None
+        default = typer.Option(
+            None,
+            opt.flag,
+            metavar=opt.metavar,
+            help=f"{opt.help} [env: {opt.env}; default: {opt.default_text}]",
+            show_default=False,
+        )
+        params.append(
+            inspect.Parameter(
+                opt.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+    func.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    return func
+
+
+def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
+    """Resolve the settings, or print the one-line error and exit with status 2."""
+    given = {name: value for name, value in flags.items() if value is not None and value != []}
+    try:
+        return resolve(given, os.environ)
+    except ConfigError as exc:
+        # One line, whatever the value held: scripts grep it, humans read it.
+        message = " ".join(str(exc).splitlines())
+        typer.echo(f"trio-failover: error: {message}", err=True)
+        raise typer.Exit(EXIT_CONFIG_ERROR) from None
+
+
+def format_table(rows: list[tuple[str, str, str]]) -> str:
+    """Align ``(option, value, source)`` rows under a header, two spaces apart."""
+    table = [("option", "value", "source"), *rows]
+    widths = [max(len(row[column]) for row in table) for column in range(2)]
+    return "\n".join(
+        f"{option:<{widths[0]}}  {value:<{widths[1]}}  {source}".rstrip()
+        for option, value, source in table
+    )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"trio-failover {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """HTTP/1.1 failover reverse proxy for self-hosted LLM inference fleets."""
+
+
+@app.command()
+@_setting_options
+def serve(**flags: Any) -> None:
+    """Run the proxy in the foreground; Ctrl-C or SIGTERM drains it."""
+    config, _ = _settings(flags)
+    from .server import run_server
+
+    raise typer.Exit(run_server(config))
+
+
+@app.command()
+@_setting_options
+def check(**flags: Any) -> None:
+    """Validate the settings and print each with its source."""
+    config, sources = _settings(flags)
+    typer.echo(format_table(describe(config, sources)))
+
+
+@app.command()
+def demo(
+    once: bool = typer.Option(False, "--once", help="Run the scripted traffic once, then exit."),
+) -> None:
+    """Run a self-contained fleet, the proxy and scripted traffic."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(once=once))
+
+
+def main() -> None:
+    """Entry point of the ``trio-failover`` console script and ``python -m trio_failover``."""
+    app(prog_name="trio-failover")
