@@ -60,6 +60,7 @@ class Workload:
     started: float
     attempts: list[AttemptRecord] = attrs.Factory(list)
     node: str | None = None  # the node of the current (or serving) attempt
+    attempt: int = 0  # the number of the current attempt, from 1
     attempt_started: float = 0.0
     committed_at: float | None = None
     state: str = "queued"
@@ -259,7 +260,8 @@ class Proxy:
         last_answer: SavedResponse | None = None
         for number, node in enumerate(candidates, start=1):
             work.node, work.attempt_started, work.state = node.name, trio.current_time(), "running"
-            self._publish_workload(work, attempt=number)
+            work.attempt = number
+            self._publish_workload(work)
             outgoing = self._request_for(node, request, work, document, client_address, scheme)
             stats = self.stats[node.name]
             stats.in_flight += 1
@@ -557,7 +559,7 @@ class Proxy:
             "id": work.id,
             "state": work.state,
             "node": work.node,
-            "attempt": len(work.attempts) + (1 if work.state == "running" else 0),
+            "attempt": work.attempt,
         }
         event.update(extra)
         self.events.publish(event)
@@ -569,7 +571,7 @@ class Proxy:
         self.metrics.workloads.labels(work.state).inc()
         if work.node is not None:
             self.metrics.duration.labels(work.node).observe(now - work.started)
-        self.events.publish({"type": "workload", **summary, "attempt": len(work.attempts)})
+        self.events.publish({"type": "workload", **summary, "attempt": work.attempt})
         access_logger.info(
             "request",
             extra={
