@@ -37,13 +37,17 @@ class CooldownTable:
     def demote(self, node: str, *, now: float, duration: float, reason: str) -> Cooldown:
         """Demote ``node`` for ``duration`` seconds from ``now``.
 
-        A node already cooling keeps the later of its two end times, so a
-        short ``Retry-After`` never shortens a stall's cooldown.
+        A node already cooling keeps the longer of the two demotions, so a
+        short ``Retry-After`` never shortens a stall's cooldown. The kept
+        entry stays whole: its reason is the one that explains its end time.
+
+        Returns:
+            The node's cooldown after this call (possibly the earlier one).
         """
-        entry = Cooldown(node=node, reason=reason, since=now, until=now + duration)
         current = self._entries.get(node)
-        if current is not None and current.until > entry.until:
-            entry = attrs.evolve(current, reason=reason)
+        if current is not None and current.until > now + duration:
+            return current
+        entry = Cooldown(node=node, reason=reason, since=now, until=now + duration)
         self._entries[node] = entry
         return entry
 

@@ -35,8 +35,11 @@ PROXY_OWNED_UP = frozenset(
     {b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-request-id", b"x-failover-node"}
 )
 PROXY_OWNED_DOWN = frozenset({b"x-request-id", b"x-failover-node", b"x-failover-attempts"})
+# Headers a node's configuration may not set: they describe one connection
+# or the framing of one message, or carry the workload id.
+NODE_RESERVED = HOP_BY_HOP | FRAMING | frozenset({b"x-request-id"})
 
-_REQUEST_ID_RE = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
 def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -50,6 +53,7 @@ def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
 
 def end_to_end(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
     """The headers that may be forwarded: no hop-by-hop, framing or ``drop`` names."""
+    headers = list(headers)  # read twice below; a generator would be empty the second time
     listed = connection_tokens(headers)
     return [
         (name, value)
@@ -72,7 +76,8 @@ def get(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 def workload_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
     """The client's ``X-Request-Id`` when it is 1-128 of ``[A-Za-z0-9._:-]``, else a new one."""
     value = get(headers, b"x-request-id")
-    if value is not None and _REQUEST_ID_RE.match(value):
+    # fullmatch: with match(), "$" would also accept a trailing newline.
+    if value is not None and _REQUEST_ID_RE.fullmatch(value):
         return value.decode("ascii")
     return secrets.token_hex(12)
 
@@ -89,24 +94,33 @@ def upstream_request_headers(
 ) -> Headers:
     """The headers of the request one node receives.
 
-    The node's configured headers replace the client's headers of the same
-    name (a node key replaces the client's ``Authorization``, never doubles
-    it). ``X-Forwarded-For`` extends the client's chain.
+    The node's configured headers replace headers of the same name, matched
+    case-insensitively: the client's (a node key replaces the client's
+    ``Authorization``, never doubles it) and the proxy's own ``Host`` and
+    ``X-Forwarded-*``. Configured hop-by-hop, framing and ``X-Request-Id``
+    headers are ignored: the connection, h11 and SPEC 5.3 own those.
+    ``X-Forwarded-For`` extends the client's chain (all its field lines).
     """
-    overridden = frozenset(name.lower().encode("latin-1") for name in node_headers)
-    forwarded_for = get(client_headers, b"x-forwarded-for")
-    headers: Headers = [(b"host", host.encode("ascii"))]
-    headers += end_to_end(client_headers, PROXY_OWNED_UP | overridden)
-    headers += [
+    configured = [
         (name.lower().encode("latin-1"), value.encode("latin-1"))
         for name, value in node_headers.items()
     ]
-    if client_address is not None:
-        chain = client_address.encode("ascii")
-        if forwarded_for:
-            chain = forwarded_for + b", " + chain
-        headers.append((b"x-forwarded-for", chain))
-    headers.append((b"x-forwarded-proto", client_scheme.encode("ascii")))
+    configured = [(name, value) for name, value in configured if name not in NODE_RESERVED]
+    overridden = frozenset(name for name, _ in configured)
+    # Host first (RFC 9112 section 3.2), and only once: two Host fields make
+    # a server answer 400.
+    headers: Headers = [(b"host", get(configured, b"host") or host.encode("ascii"))]
+    headers += end_to_end(client_headers, PROXY_OWNED_UP | overridden)
+    headers += [(name, value) for name, value in configured if name != b"host"]
+    if b"x-forwarded-for" not in overridden:
+        chain = b", ".join(value for name, value in client_headers if name == b"x-forwarded-for")
+        if client_address is not None:
+            address = client_address.encode("ascii")
+            chain = chain + b", " + address if chain else address
+        if chain:
+            headers.append((b"x-forwarded-for", chain))
+    if b"x-forwarded-proto" not in overridden:
+        headers.append((b"x-forwarded-proto", client_scheme.encode("ascii")))
     headers.append((b"x-request-id", request_id.encode("ascii")))
     if content_length is not None:
         headers.append((b"content-length", str(content_length).encode("ascii")))

@@ -13,6 +13,7 @@ blocks. Nothing here reads a clock: times come in as arguments.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import json
 from collections.abc import Iterable
@@ -128,7 +129,9 @@ def error_code(body: bytes) -> str | None:
     """The ``error.code`` of an OpenAI-style JSON error body, if it has one."""
     try:
         document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
+        # ValueError covers bad JSON and bad UTF-8; RecursionError a node's
+        # body of thousands of nested brackets, which is garbage all the same.
         return None
     if not isinstance(document, dict):
         return None
@@ -145,14 +148,20 @@ def parse_retry_after(value: str, *, wall_now: float | None = None) -> float | N
     seconds) to be turned into a delay. Anything unparsable gives None.
     """
     value = value.strip()
-    if value.isdigit():
+    # ASCII only: str.isdigit() also accepts "²" (a Latin-1 byte), which
+    # float() then refuses.
+    if value.isascii() and value.isdigit():
         return float(value)
     if wall_now is None:
         return None
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
+    if when.tzinfo is None:
+        # The asctime form and "-0000" carry no zone; HTTP dates are always
+        # GMT (RFC 9110 section 5.6.7), never the proxy host's local time.
+        when = when.replace(tzinfo=datetime.UTC)
     return max(0.0, when.timestamp() - wall_now)
 
 

@@ -56,8 +56,12 @@ def resolve_candidates(
         nodes = _to_front(nodes, rendezvous_choice([n.name for n in nodes], affinity_key))
     if selected is not None:
         nodes = _to_front(nodes, selected)
-    ready = [node for node in nodes if not is_cooling(node.name)]
-    cooling = [node for node in nodes if is_cooling(node.name)]
+    # One question per node: two separate passes could disagree if the
+    # answer changed in between, and the node would be doubled or lost.
+    ready: list[Upstream] = []
+    cooling: list[Upstream] = []
+    for node in nodes:
+        (cooling if is_cooling(node.name) else ready).append(node)
     return ready + cooling
 
 
@@ -76,7 +80,14 @@ def rendezvous_choice(names: Iterable[str], key: bytes) -> str:
 
 
 def _weight(name: str, key: bytes) -> int:
-    digest = hashlib.blake2b(key, digest_size=8, person=b"trio-fo", key=name.encode()[:64])
+    # The name is hashed as data, length-prefixed, not passed as blake2b's
+    # key: that key holds only 64 bytes, so two names sharing their first 64
+    # bytes would always tie and the later one could never win.
+    encoded = name.encode()
+    digest = hashlib.blake2b(digest_size=8, person=b"trio-fo")
+    digest.update(len(encoded).to_bytes(4, "big"))
+    digest.update(encoded)
+    digest.update(key)
     return int.from_bytes(digest.digest(), "big")
 
 
@@ -84,17 +95,32 @@ def affinity_key(document: Any) -> bytes | None:
     """A stable key from a request's model and the start of its prompt.
 
     Understands the OpenAI chat (``messages``) and completion (``prompt``)
-    shapes, which Ollama, vLLM, llama-server and LM Studio all accept.
+    shapes, which Ollama, vLLM, llama-server and LM Studio all accept. For a
+    chat, only its opening (up to the first user message) counts, so every
+    turn of one conversation gets the same key.
     Returns None when the body has no prompt to key on.
     """
     if not isinstance(document, dict):
         return None
     model = document.get("model")
     prompt: Any = document.get("messages")
-    if prompt is None:
+    if isinstance(prompt, list):
+        prompt = _opening(prompt)
+    elif prompt is None:
         prompt = document.get("prompt")
     if prompt is None:
         return None
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
     prefix = text.encode("utf-8", "surrogatepass")[:AFFINITY_PREFIX_BYTES]
     return f"{model}\0".encode() + prefix
+
+
+def _opening(messages: list[Any]) -> list[Any]:
+    # Each turn of a chat resends the whole history, longer every time. A key
+    # from the whole (short) history would change with every turn and send
+    # the next turn away from the node that holds its KV cache; the messages
+    # up to the first user message never change within one conversation.
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return messages[: index + 1]
+    return messages
