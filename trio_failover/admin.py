@@ -1,62 +1,394 @@
-"""The admin listener: health, status, metrics (events and dashboard: see issue 7)."""
+"""The admin listener: ``/healthz``, ``/status``, ``/metrics``, ``/events``, ``/``.
+
+It listens on its own address (``--admin-listen``), apart from the client
+listener, so exposing the proxy never exposes the admin API. Requests are
+read with h11 (keep-alive, GET and HEAD only). ``GET /events`` with
+``Upgrade: websocket`` hands the connection to trio-websocket, which
+streams one JSON text message per event (SPEC 6).
+
+The event stream never slows the proxy: the proxy publishes into a bounded
+per-subscriber buffer (``events.EventBus``), and a subscriber that falls
+behind is dropped. Its WebSocket then gets ``CLOSE_GRACE`` seconds to take
+the close frame (code 1008, the reason as text) before the TCP connection
+is cut.
+
+Cooldown expiries are noticed lazily by the proxy (on the next request or
+``/status``); so that ``ready`` node events and the cooling gauge follow the
+clock even on an idle proxy, ``serve_admin`` also runs one small ticker
+that calls ``proxy.expire_cooldowns()`` every ``EXPIRY_TICK`` seconds.
+"""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import functools
+import hashlib
+import importlib.resources
 import json
+import re
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
+import attrs
 import h11
 import trio
+import trio_websocket
 
 from .config import split_host_port
+from .events import SUBSCRIBER_BUFFER, Subscription
+from .logs import logger
 from .proxy import Proxy
+
+# A request head must arrive (and a keep-alive connection must show a next
+# request) within this long; the admin API has no slow clients worth waiting for.
+ADMIN_HEAD_TIMEOUT = 30.0
+ADMIN_MAX_HEAD = 16 * 1024
+EXPIRY_TICK = 1.0
+# How long a dropped or closing subscriber gets for the WebSocket close
+# handshake before the connection is simply closed.
+CLOSE_GRACE = 5.0
+# RFC 6455 7.4.1: 1008 "policy violation", the policy being "keep up".
+CLOSE_FELL_BEHIND = 1008
+# Clients have nothing to say on /events; anything bigger is a misuse.
+WS_MAX_MESSAGE = 4096
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@attrs.frozen
+class Reply:
+    """One plain HTTP answer of the admin API."""
+
+    status: int
+    body: bytes
+    content_type: bytes = b"application/json"
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 async def serve_admin(
     proxy: Proxy,
     listen: str,
     *,
+    event_buffer: int = SUBSCRIBER_BUFFER,
+    expiry_tick: float = EXPIRY_TICK,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on ``listen`` (HOST:PORT); reports the bound address."""
+    """Serve the admin API on ``listen`` until cancelled.
+
+    Args:
+        proxy: the proxy to report on.
+        listen: ``HOST:PORT`` (port 0: any free port).
+        event_buffer: events held for each ``/events`` subscriber before it
+            counts as fallen behind and is dropped.
+        expiry_tick: seconds between checks for expired cooldowns (0: none,
+            expiries are then only noticed by traffic and ``/status``).
+        task_status: receives the bound ``(host, port)``.
+    """
     host, port = split_host_port(listen, "admin-listen")
     listeners = await trio.open_tcp_listeners(port, host=host)
     sockname = listeners[0].socket.getsockname()
+    handler = functools.partial(serve_admin_connection, proxy, event_buffer=event_buffer)
     async with trio.open_nursery() as nursery:
+        if expiry_tick > 0:
+            nursery.start_soon(expire_cooldowns_every, proxy, expiry_tick)
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
         task_status.started((sockname[0], sockname[1]))
-        await trio.serve_listeners(functools.partial(_handle, proxy), listeners)
-        nursery.cancel_scope.cancel()
 
 
-async def _handle(proxy: Proxy, stream: trio.SocketStream) -> None:
-    conn = h11.Connection(h11.SERVER)
+async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
+    """Let ``proxy`` notice expired cooldowns every ``interval`` seconds, forever.
+
+    The cooldown table computes expiry from ``now`` when asked (no timer per
+    node); this one task asks, so an idle proxy still publishes its
+    ``ready`` node events and keeps the cooling gauge current.
+    """
+    while True:
+        await trio.sleep(interval)
+        proxy.expire_cooldowns()
+
+
+async def serve_admin_connection(
+    proxy: Proxy, stream: trio.abc.Stream, *, event_buffer: int = SUBSCRIBER_BUFFER
+) -> None:
+    """Serve one admin connection on any stream until it closes; closes ``stream``.
+
+    Tests drive this on in-memory streams; ``serve_admin`` on accepted sockets.
+    """
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=ADMIN_MAX_HEAD)
     try:
         while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                with trio.move_on_after(30):
-                    conn.receive_data(bytes(await stream.receive_some(65536)))
-                    continue
+            request = await _read_request(conn, stream)
+            if request is None:
                 return
-            if not isinstance(event, h11.Request):
+            path = request.target.split(b"?", 1)[0]
+            if path == b"/events" and _wants_websocket(request):
+                refusal = _check_websocket(request)
+                if refusal is None:
+                    await _serve_events(proxy, conn, stream, request, event_buffer)
+                    return
+                reply = refusal
+            else:
+                reply = _route(proxy, request, path)
+            await _send_reply(conn, stream, request, reply)
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return
-            status, content_type, body = _route(proxy, event.target.split(b"?")[0])
-            headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
-            data = conn.send(h11.Response(status_code=status, headers=headers))
-            data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
-            await stream.send_all(data)
-            return
-    except (h11.RemoteProtocolError, trio.BrokenResourceError):
-        return
+            conn.start_next_cycle()
+    except h11.RemoteProtocolError as exc:
+        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            reply = _error(exc.error_status_hint, "bad_request", str(exc))
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await _send_reply(conn, stream, None, reply)
+    except Exception as exc:
+        # The boundary of one admin connection: trio.serve_listeners would
+        # take the whole admin listener down with an escaping error.
+        if _is_disconnect(exc):
+            logger.debug("admin connection ended", extra={"fields": {"error": repr(exc)}})
+        else:
+            logger.exception("admin connection failed")
     finally:
         await trio.aclose_forcefully(stream)
 
 
-def _route(proxy: Proxy, path: bytes) -> tuple[int, bytes, bytes]:
-    if path == b"/healthz":
-        return 200, b"text/plain", b"ok"
-    if path == b"/status":
-        return 200, b"application/json", json.dumps(proxy.status()).encode()
-    if path == b"/metrics":
-        return 200, b"text/plain; version=0.0.4", proxy.metrics.exposition()
-    return 404, b"application/json", b'{"error": {"message": "not found", "code": "not_found"}}'
+def _is_disconnect(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_disconnect(inner) for inner in exc.exceptions)
+    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError)
+
+
+async def _read_request(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
+    """The next request, its body read and discarded; None: the client left.
+
+    A body larger than ``ADMIN_MAX_HEAD`` is left unread (the reply then
+    closes the connection): no admin route takes one.
+    """
+    request: h11.Request | None = None
+    discarded = 0
+    with trio.move_on_after(ADMIN_HEAD_TIMEOUT):
+        while discarded <= ADMIN_MAX_HEAD:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(bytes(await stream.receive_some(65536)))
+            elif isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                discarded += len(event.data)
+            else:
+                break  # EndOfMessage, or the client closed
+        return request
+    return None
+
+
+async def _send_reply(
+    conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request | None, reply: Reply
+) -> None:
+    headers: Headers = [
+        (b"content-type", reply.content_type),
+        (b"content-length", b"%d" % len(reply.body)),
+        (b"cache-control", b"no-store"),
+        (b"x-content-type-options", b"nosniff"),
+        *reply.headers,
+    ]
+    # A request with a body we did not read cannot be followed by another.
+    if request is None or conn.their_state is not h11.DONE:
+        headers.append((b"connection", b"close"))
+    data = conn.send(h11.Response(status_code=reply.status, headers=headers)) or b""
+    if request is None or request.method != b"HEAD":
+        data += conn.send(h11.Data(data=reply.body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    try:
+        await stream.send_all(data)
+    except BaseException:
+        conn.send_failed()
+        raise
+
+
+def _error(status: int, code: str, message: str) -> Reply:
+    body = json.dumps({"error": {"message": message, "type": "admin_error", "code": code}})
+    return Reply(status, body.encode())
+
+
+def _route(proxy: Proxy, request: h11.Request, path: bytes) -> Reply:
+    routes: dict[bytes, Callable[[Proxy, h11.Request], Reply]] = {
+        b"/healthz": lambda _, __: Reply(200, b"ok", b"text/plain; charset=utf-8"),
+        b"/status": lambda p, _: Reply(200, json.dumps(p.status()).encode()),
+        b"/metrics": _metrics_reply,
+        b"/": lambda _, __: _dashboard_reply(),
+        b"/events": lambda _, __: Reply(
+            426,
+            _error(426, "upgrade_required", "/events is a WebSocket").body,
+            headers=((b"upgrade", b"websocket"), (b"sec-websocket-version", b"13")),
+        ),
+    }
+    answer = routes.get(path)
+    if answer is None:
+        return _error(404, "not_found", "not found")
+    if request.method not in (b"GET", b"HEAD"):
+        reply = _error(405, "method_not_allowed", "the admin API is read-only")
+        return attrs.evolve(reply, headers=((b"allow", b"GET, HEAD"),))
+    return answer(proxy, request)
+
+
+def _metrics_reply(proxy: Proxy, request: h11.Request) -> Reply:
+    # Prometheus asks for OpenMetrics in Accept; curl and older scrapers
+    # get the classic text format.
+    accept = b", ".join(value for name, value in request.headers if name == b"accept")
+    body, content_type = proxy.metrics.render(accept.decode("latin-1"))
+    return Reply(200, body, content_type.encode())
+
+
+# -- the dashboard ---------------------------------------------------------------
+
+
+@functools.cache
+def _dashboard_reply() -> Reply:
+    page = importlib.resources.files("trio_failover").joinpath("dashboard.html").read_bytes()
+    # The page's one script and one style are allowed by hash and nothing else
+    # is: no inline handler, no other origin, no framing (clickjacking).
+    scripts = " ".join(_csp_hashes(page, b"script"))
+    styles = " ".join(_csp_hashes(page, b"style"))
+    policy = (
+        f"default-src 'none'; script-src {scripts}; style-src {styles}; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+        "form-action 'none'; frame-ancestors 'none'"
+    )
+    headers = ((b"content-security-policy", policy.encode()), (b"x-frame-options", b"DENY"))
+    return Reply(200, page, b"text/html; charset=utf-8", headers)
+
+
+def _csp_hashes(page: bytes, tag: bytes) -> list[str]:
+    pattern = re.compile(rb"<" + tag + rb">(.*?)</" + tag + rb">", re.DOTALL)
+    return [
+        "'sha256-" + base64.b64encode(hashlib.sha256(body).digest()).decode() + "'"
+        for body in pattern.findall(page)
+    ]
+
+
+# -- /events ---------------------------------------------------------------------
+
+
+def _header(request: h11.Request, name: bytes) -> bytes | None:
+    return next((value for key, value in request.headers if key == name), None)
+
+
+def _wants_websocket(request: h11.Request) -> bool:
+    upgrade = _header(request, b"upgrade") or b""
+    return b"websocket" in upgrade.lower()
+
+
+def _check_websocket(request: h11.Request) -> Reply | None:
+    """Why the upgrade is refused, or None to accept it."""
+    if request.method != b"GET":
+        return _error(405, "method_not_allowed", "a WebSocket opens with GET")
+    if _header(request, b"sec-websocket-version") != b"13":
+        reply = _error(426, "upgrade_required", "WebSocket version 13 is required")
+        return attrs.evolve(reply, headers=((b"sec-websocket-version", b"13"),))
+    if not _header(request, b"sec-websocket-key"):
+        return _error(400, "bad_request", "missing Sec-WebSocket-Key")
+    # Browsers let any web page open a WebSocket to any address, loopback
+    # included, and send their Origin. Only the dashboard's own origin (or a
+    # non-browser client, which sends none) may read the events.
+    origin = _header(request, b"origin")
+    host = _header(request, b"host") or b""
+    if origin is not None and urlsplit(origin.decode("latin-1")).netloc.lower() != (
+        host.decode("latin-1").lower()
+    ):
+        return _error(403, "forbidden_origin", "cross-origin WebSocket refused")
+    return None
+
+
+class _ReplayStream(trio.abc.Stream):
+    """A stream that first returns bytes already read from it.
+
+    h11 consumed the upgrade request; trio-websocket (wsproto) wants to read
+    the handshake itself, so it is given the head again, then the real stream.
+    """
+
+    def __init__(self, replay: bytes, stream: trio.abc.Stream) -> None:
+        self._replay = replay
+        self._stream = stream
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._replay:
+            await trio.lowlevel.checkpoint()
+            size = len(self._replay) if max_bytes is None else max_bytes
+            data, self._replay = self._replay[:size], self._replay[size:]
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def _request_head(request: h11.Request) -> bytes:
+    lines = [b"%s %s HTTP/1.1" % (request.method, request.target)]
+    lines += [name + b": " + value for name, value in request.headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+async def _serve_events(
+    proxy: Proxy,
+    conn: h11.Connection,
+    stream: trio.abc.Stream,
+    request: h11.Request,
+    event_buffer: int,
+) -> None:
+    # Subscribe before the handshake so nothing published from the moment
+    # the client is told "101" is missed.
+    with proxy.events.subscribe(event_buffer) as subscription:
+        replay = _ReplayStream(_request_head(request) + conn.trailing_data[0], stream)
+        async with trio.open_nursery() as nursery:
+            ws = None
+            # Only the handshake has a deadline; a subscriber may listen for days.
+            with trio.move_on_after(ADMIN_HEAD_TIMEOUT):
+                ws_request = await trio_websocket.wrap_server_stream(
+                    nursery, replay, max_message_size=WS_MAX_MESSAGE
+                )
+                ws = await ws_request.accept()
+            if ws is not None:
+                await _pump_events(ws, subscription)
+            nursery.cancel_scope.cancel()
+
+
+async def _pump_events(ws: trio_websocket.WebSocketConnection, sub: Subscription) -> None:
+    """Send each event as a JSON text message until the client leaves or falls behind."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_wait_client_gone, ws, nursery.cancel_scope)
+        nursery.start_soon(_cut_when_dropped, sub, nursery.cancel_scope)
+        try:
+            async for event in sub:
+                if sub.fell_behind:
+                    break  # what is still buffered is stale: stop at once
+                await ws.send_message(json.dumps(event))
+        except trio_websocket.ConnectionClosed:
+            nursery.cancel_scope.cancel()
+            return
+        # Only a drop ends the iteration while the client is still there.
+        logger.warning("events subscriber dropped", extra={"fields": {"reason": sub.dropped}})
+        await ws.aclose(CLOSE_FELL_BEHIND, (sub.dropped or "")[:120])
+        nursery.cancel_scope.cancel()
+
+
+async def _wait_client_gone(
+    ws: trio_websocket.WebSocketConnection, scope: trio.CancelScope
+) -> None:
+    # Reading also keeps trio-websocket answering pings and the close handshake.
+    try:
+        while True:
+            await ws.get_message()
+    except trio_websocket.ConnectionClosed:
+        scope.cancel()
+
+
+async def _cut_when_dropped(sub: Subscription, scope: trio.CancelScope) -> None:
+    # A dropped subscriber may be blocked in send_message because its client
+    # stopped reading; it gets CLOSE_GRACE seconds to take the close frame.
+    await sub.wait_ended()
+    await trio.sleep(CLOSE_GRACE)
+    scope.cancel()

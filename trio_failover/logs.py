@@ -1,19 +1,40 @@
 """Logging set-up: text or JSON lines on stderr, and the one wall clock.
 
 Log calls pass structured fields as ``extra={"fields": {...}}``; the text
-format prints them as ``key=value``, the JSON format as object members.
+format prints them as ``key=value``, the JSON format as object members:
+
+    2026-11-29T20:00:00.123Z INFO request id=abc method=POST status=200 ...
+    {"time": "2026-11-29T20:00:00.123Z", "level": "info", "logger":
+     "trio_failover.access", "message": "request", "id": "abc", ...}
+
+The proxy never logs request or response headers. As a second line of
+defence both formats scrub what looks like a credential (``Bearer ...``,
+``Basic ...``, ``user:password@`` in URLs) and any value registered as a
+secret (the per-node header values from the configuration) from every line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import IO, Any
 
 logger = logging.getLogger("trio_failover")
 access_logger = logging.getLogger("trio_failover.access")
+
+REDACTED = "***"
+
+# Authorization schemes whose parameter is the secret itself (RFC 9110 11.4).
+_SCHEME_RE = re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+")
+# The userinfo part of a URL (RFC 3986 3.2.1): scheme://user:password@host.
+_USERINFO_RE = re.compile(r"(://)[^/@\s\"']+@")
+# Shorter values are too likely to occur by chance ("1", "yes") to be scrubbed.
+_MIN_SECRET_LENGTH = 6
+_secrets: set[str] = set()
 
 
 def wall_time() -> float:
@@ -21,22 +42,50 @@ def wall_time() -> float:
     return time.time()
 
 
+def add_secrets(values: Iterable[str]) -> None:
+    """Scrub these exact values (e.g. per-node API keys) from every log line."""
+    _secrets.update(value for value in values if len(value) >= _MIN_SECRET_LENGTH)
+
+
+def redact(text: str) -> str:
+    """``text`` with credentials replaced by ``***``."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    text = _SCHEME_RE.sub(rf"\1\2{REDACTED}", text)
+    return _USERINFO_RE.sub(rf"\1{REDACTED}@", text)
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: _redact_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact_value(item) for item in value]
+    return value
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
     fields = getattr(record, "fields", None)
     return dict(fields) if isinstance(fields, dict) else {}
 
 
+def _stamp(record: logging.LogRecord) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{seconds}.{int(record.msecs):03d}Z"
+
+
 class TextFormatter(logging.Formatter):
-    """``2026-11-29T20:00:00Z INFO message key=value ...``"""
+    """``2026-11-29T20:00:00.123Z INFO message key=value ...``"""
 
     def format(self, record: logging.LogRecord) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
-        parts = [stamp, record.levelname, record.getMessage()]
+        parts = [_stamp(record), record.levelname, record.getMessage()]
         parts += [f"{key}={_text(value)}" for key, value in _fields(record).items()]
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact(line)
 
 
 def _text(value: object) -> str:
@@ -45,11 +94,15 @@ def _text(value: object) -> str:
 
 
 class JSONFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and the fields."""
+    """One JSON object per line: time, level, logger, message and the fields.
+
+    A field named like one of the four fixed keys would overwrite it; the
+    proxy's fields never do.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         document: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
+            "time": _stamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -57,13 +110,36 @@ class JSONFormatter(logging.Formatter):
         document.update(_fields(record))
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
-        return json.dumps(document, default=str)
+        # Scrub before serialising: JSON escaping could hide a secret that
+        # contains a quote or a backslash from a scrub of the finished line.
+        document = _redact_value(json.loads(json.dumps(document, default=str)))
+        return json.dumps(document, ensure_ascii=False)
 
 
-def configure_logging(log_format: str = "text", level: str = "info") -> None:
-    """Send trio_failover's logs to stderr in ``log_format`` at ``level``."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(
+    log_format: str = "text",
+    level: str = "info",
+    *,
+    stream: IO[str] | None = None,
+    secrets: Iterable[str] = (),
+) -> logging.Handler:
+    """Send trio_failover's logs to ``stream`` (stderr) in ``log_format`` at ``level``.
+
+    Args:
+        log_format: ``text`` or ``json``.
+        level: ``debug``, ``info``, ``warning``, ``error`` or ``critical``.
+        stream: where to write (default: ``sys.stderr`` at the time of the call).
+        secrets: values to scrub from every line (see ``add_secrets``); they
+            replace those of an earlier call.
+
+    Returns:
+        The installed handler (it replaces any earlier one).
+    """
+    _secrets.clear()
+    add_secrets(secrets)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JSONFormatter() if log_format == "json" else TextFormatter())
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
+    return handler

@@ -1,8 +1,26 @@
-"""Prometheus metrics, one registry per proxy (tests and embedders may run several)."""
+"""Prometheus metrics, one registry per proxy (tests and embedders may run several).
+
+The text exposition is prometheus-client's own ``generate_latest``: no
+formatter of ours to get wrong. Counter names gain the ``_total`` suffix in
+the exposition (``trio_failover_attempts_total``). docs/observability.md
+lists every series with example queries.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+from prometheus_client.exposition import choose_encoder
+
+from . import __version__
 
 # Seconds; spans fast local nodes to long cold prefills.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -11,9 +29,11 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class Metrics:
     """The proxy's counters, gauges and histograms."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.build = Info("trio_failover_build", "Version of the proxy", registry=r)
+        self.build.info({"version": __version__})
         self.attempts = Counter(
             "trio_failover_attempts",
             "Attempts by node and outcome",
@@ -64,6 +84,33 @@ class Metrics:
             registry=r,
         )
 
+        self.declare_nodes(nodes)
+
+    def declare_nodes(self, nodes: Iterable[str]) -> None:
+        """Export the per-node series at zero before any traffic.
+
+        Without this a node's series appear only with its first event, and
+        ``rate()`` or ``increase()`` over a window that spans that moment
+        under-counts it. Series labelled by outcome or reason still appear
+        on first use: their label sets are open-ended.
+        """
+        for node in nodes:
+            self.commits.labels(node)
+            self.in_flight.labels(node)
+            self.time_to_head.labels(node)
+            self.time_to_commit.labels(node)
+            self.duration.labels(node)
+
     def exposition(self) -> bytes:
-        """The text exposition format of all metrics."""
+        """The text exposition format (0.0.4) of all metrics."""
         return generate_latest(self.registry)
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """All metrics in the format the scraper's ``Accept`` header asks for.
+
+        Returns:
+            The body and its content type: OpenMetrics when asked for
+            (Prometheus does by default), else the classic text format.
+        """
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type

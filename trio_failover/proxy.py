@@ -100,7 +100,7 @@ class Proxy:
         self.connector: Connector = connector or TCPConnector(config)
         self.cooldowns = CooldownTable()
         self.events = EventBus()
-        self.metrics = Metrics()
+        self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_WORKLOADS)
         self.draining = False
@@ -560,7 +560,11 @@ class Proxy:
             "state": work.state,
             "node": work.node,
             "attempt": work.attempt,
+            "method": work.method,
+            "path": work.path,
         }
+        if work.status is not None:
+            event["status"] = work.status
         event.update(extra)
         self.events.publish(event)
 

@@ -1,0 +1,254 @@
+"""The dashboard in a real browser: headless Chromium driven over the DevTools protocol.
+
+A proxy with three real (127.0.0.1) fake nodes serves traffic while Chromium
+loads the dashboard from the admin listener; the test reads the rendered DOM
+until it shows the stalled node cooling and the served workloads, delivered
+by ``/status`` and the ``/events`` WebSocket under the page's own
+Content-Security-Policy.
+
+The driver is trio-websocket speaking the Chrome DevTools Protocol to
+``chromium --remote-debugging-port=0``: no extra dependency.
+
+Needs Debian's ``chromium`` (``apt-get install -y chromium``). Without it
+the test is skipped, unless ``TRIO_FAILOVER_REQUIRE_BROWSER=1`` is set (as
+in CI): then it fails, so CI cannot pass by skipping it.
+
+``TRIO_FAILOVER_SCREENSHOT=docs/dashboard.png`` also saves a screenshot of
+the page as the test saw it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import itertools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio_websocket
+
+from trio_failover import Config
+from trio_failover.server import BoundAddresses, serve
+from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+REQUIRE_BROWSER = os.environ.get("TRIO_FAILOVER_REQUIRE_BROWSER", "") not in ("", "0")
+SCREENSHOT = os.environ.get("TRIO_FAILOVER_SCREENSHOT")
+STALL = 5.0  # response-header timeout: the stall, and then the cooldown, last this long
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
+
+# What the test reads from the page: its own rendering, via data attributes.
+READ_PAGE = """JSON.stringify({
+  connection: document.getElementById("connection").textContent,
+  nodes: [...document.querySelectorAll("#nodes tr")].map(tr => ({
+    name: tr.dataset.node, state: tr.dataset.state, text: tr.innerText})),
+  workloads: [...document.querySelectorAll("#workloads tr")].map(tr => ({
+    id: tr.dataset.id, state: tr.dataset.state, text: tr.innerText})),
+})"""
+
+
+class DevTools:
+    """The smallest Chrome DevTools Protocol client: calls by id, events ignored."""
+
+    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
+        self.ws = ws
+        self.ids = itertools.count(1)
+        self.session: str | None = None
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        number = next(self.ids)
+        message: dict[str, Any] = {"id": number, "method": method, "params": params}
+        if self.session is not None:
+            message["sessionId"] = self.session
+        await self.ws.send_message(json.dumps(message))
+        while True:
+            answer = json.loads(await self.ws.get_message())
+            if answer.get("id") == number:
+                if "error" in answer:
+                    raise AssertionError(f"{method}: {answer['error']}")
+                result: dict[str, Any] = answer["result"]
+                return result
+
+    async def open_page(self, url: str) -> None:
+        target = await self.call("Target.createTarget", url="about:blank")
+        attached = await self.call(
+            "Target.attachToTarget", targetId=target["targetId"], flatten=True
+        )
+        self.session = attached["sessionId"]
+        await self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=800,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        await self.call("Page.navigate", url=url)
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+    async def read_page(self) -> dict[str, Any]:
+        text = await self.evaluate(READ_PAGE)
+        page: dict[str, Any] = json.loads(text) if text else {}
+        return page
+
+
+async def wait_for_page(devtools: DevTools, ready: Any, what: str) -> dict[str, Any]:
+    """Poll the rendered page until ``ready(page)``; fails with the last page seen."""
+    page: dict[str, Any] = {}
+    for _ in range(200):
+        try:
+            page = await devtools.read_page()
+        except AssertionError:
+            page = {}  # the page is between documents
+        if page and ready(page):
+            return page
+        await trio.sleep(0.1)
+    raise AssertionError(f"the dashboard never showed {what}; last seen: {page}")
+
+
+async def start_chromium(nursery: trio.Nursery, profile: Path) -> str:
+    """Start headless Chromium; returns its DevTools WebSocket URL."""
+    assert CHROMIUM is not None
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",  # CI runs as root, where the sandbox cannot start
+        "--disable-gpu",
+        "--no-first-run",
+        "--remote-debugging-address=127.0.0.1",
+        "--remote-debugging-port=0",
+        f"--user-data-dir={profile}",
+        "about:blank",
+    ]
+    # Cancelling run_process terminates Chromium (SIGTERM, then SIGKILL).
+    await nursery.start(
+        functools.partial(
+            trio.run_process,
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
+    )
+    port_file = trio.Path(profile / "DevToolsActivePort")
+    for _ in range(300):
+        if await port_file.exists():
+            lines = (await port_file.read_text()).split()
+            if len(lines) == 2:
+                return f"ws://127.0.0.1:{lines[0]}{lines[1]}"
+        await trio.sleep(0.05)
+    raise AssertionError("Chromium did not open its DevTools port")
+
+
+@pytest.fixture
+def chromium() -> str:
+    if CHROMIUM is None:
+        if REQUIRE_BROWSER:
+            pytest.fail("TRIO_FAILOVER_REQUIRE_BROWSER=1 but `chromium` is not installed")
+        pytest.skip("needs Debian's `chromium` (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+async def send_traffic(client_url: str, count: int, concurrency: int) -> None:
+    async with httpx.AsyncClient(base_url=client_url, timeout=30) as http:
+
+        async def one(number: int) -> None:
+            response = await http.post(
+                "/v1/chat/completions", content=BODY, headers={"x-request-id": f"chat-{number}"}
+            )
+            assert response.status_code == 200
+
+        for start in range(0, count, concurrency):
+            async with trio.open_nursery() as batch:
+                for number in range(start, min(start + concurrency, count)):
+                    batch.start_soon(one, number)
+            await trio.sleep(0.05)
+
+
+async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
+    chromium: str, tmp_path: Path
+) -> None:
+    nodes = {
+        "gpu-a": FakeNode(frozen()),
+        "gpu-b": FakeNode(openai(tokens=8, token_delay=0.02)),
+        "gpu-c": FakeNode(healthy(b'{"ok": true}')),
+    }
+    with trio.fail_after(50):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            upstreams = [await fleet.serve_tcp(name) for name in nodes]
+            config = Config(
+                upstreams=upstreams,
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                response_header_timeout=STALL,
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/")
+                page = await wait_for_page(
+                    devtools,
+                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 3,
+                    "a live event stream and three nodes",
+                )
+                assert [n["name"] for n in page["nodes"]] == ["gpu-a", "gpu-b", "gpu-c"]
+                assert {n["state"] for n in page["nodes"]} == {"ready"}
+
+                # One request stalls on gpu-a for STALL seconds and fails over;
+                # gpu-a then cools for STALL seconds while more traffic flows.
+                async with (
+                    httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http,
+                    trio.open_nursery() as stalled,
+                ):
+                    stalled.start_soon(
+                        lambda: http.post(
+                            "/v1/chat/completions",
+                            content=BODY,
+                            headers={"x-request-id": "stalled-1"},
+                        )
+                    )
+                    await wait_for_page(
+                        devtools,
+                        lambda p: any(
+                            w["id"] == "stalled-1" and "gpu-a" in w["text"] for w in p["workloads"]
+                        ),
+                        "the stalled workload running on gpu-a",
+                    )
+                nursery.start_soon(send_traffic, bound.client_url, 24, 3)
+
+                def cooling_and_served(p: dict[str, Any]) -> bool:
+                    states = {n["name"]: n["state"] for n in p["nodes"]}
+                    done = [w for w in p["workloads"] if w["state"] == "completed"]
+                    return states["gpu-a"] == "cooling" and len(done) >= 6
+
+                page = await wait_for_page(
+                    devtools, cooling_and_served, "gpu-a cooling and six served workloads"
+                )
+                [gpu_a] = [n for n in page["nodes"] if n["name"] == "gpu-a"]
+                assert "header_timeout" in gpu_a["text"]
+                [stalled_row] = [w for w in page["workloads"] if w["id"] == "stalled-1"]
+                assert stalled_row["state"] == "completed"
+                for expected in ("gpu-a", "header_timeout", "gpu-b", "200"):
+                    assert expected in stalled_row["text"]
+                served = [w for w in page["workloads"] if w["id"].startswith("chat-")]
+                assert all("gpu-b" in w["text"] for w in served)  # gpu-a is demoted
+
+                if SCREENSHOT:
+                    shot = await devtools.call("Page.captureScreenshot", format="png")
+                    await trio.Path(SCREENSHOT).write_bytes(base64.b64decode(shot["data"]))
+            nursery.cancel_scope.cancel()

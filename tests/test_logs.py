@@ -1,0 +1,168 @@
+"""Logs: the access line, failover and cooldown warnings, JSON lines, no credentials."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from trio_failover import Config, Upstream
+from trio_failover.logs import JSONFormatter, TextFormatter, configure_logging, logger, redact
+from trio_failover.proxy import Proxy
+from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Neither looks like a credential to the scrubber in logs.py (no "Bearer",
+# not registered as a secret), so only the proxy's care keeps them out.
+CLIENT_SECRET = "client-secret-4f1c9a"
+NODE_SECRET = "node-secret-77b2e0"
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    """Restore trio_failover's logger after a test that configures it."""
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield io.StringIO()
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+def make_proxy(fleet: Fleet, **settings: object) -> Proxy:
+    upstreams = [
+        Upstream(name, f"http://{name}.invalid:80", headers={"X-Api-Key": NODE_SECRET})
+        for name in fleet.nodes
+    ]
+    config = Config(upstreams=upstreams, admin_listen=None, **settings)  # type: ignore[arg-type]
+    return Proxy(config, connector=fleet.connector)
+
+
+async def send_failover_traffic(proxy: Proxy) -> list[dict[str, Any]]:
+    """One request that stalls on ``frozen``, fails over, and carries credentials."""
+    events = []
+    with proxy.events.subscribe(0) as subscription:
+        response = await request(
+            proxy,
+            body=BODY,
+            headers=[
+                ("authorization", f"Key {CLIENT_SECRET}"),
+                ("x-api-key", CLIENT_SECRET),
+                ("x-request-id", "req-1"),
+            ],
+        )
+        assert response is not None
+        assert response.status == 200
+        while True:
+            try:
+                events.append(subscription.receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+    return events
+
+
+async def test_json_lines_carry_the_access_log_and_warnings_and_no_credentials(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    configure_logging("json", "debug", stream=captured)
+    async with Fleet({"frozen": FakeNode(frozen()), "good": FakeNode(healthy(b"ok"))}) as fleet:
+        proxy = make_proxy(fleet, response_header_timeout=10.0)
+        events = await send_failover_traffic(proxy)
+        status = proxy.status()
+        # The credentials did travel: the node got both its own and the client's.
+        received = fleet["good"].received[0]
+        assert received.header("authorization") == f"Key {CLIENT_SECRET}".encode()
+        assert NODE_SECRET.encode() in [v for k, v in received.headers if k == b"x-api-key"]
+
+    text = captured.getvalue()
+    lines = [json.loads(line) for line in text.splitlines()]  # every line is JSON
+    assert lines
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= line.keys()
+        assert line["time"].endswith("Z")
+
+    [access] = [line for line in lines if line["logger"] == "trio_failover.access"]
+    assert access["level"] == "info"
+    assert access["message"] == "request"
+    assert access["id"] == "req-1"
+    assert (access["method"], access["path"], access["status"]) == (
+        "POST",
+        "/v1/chat/completions",
+        200,
+    )
+    assert access["nodes"] == ["frozen:header_timeout", "good:completed"]
+    assert access["commit_ms"] == 10000.0
+    assert access["duration_ms"] == 10000.0
+    assert access["bytes"] == 2
+
+    [failover] = [line for line in lines if line["message"] == "failover"]
+    assert failover["level"] == "warning"
+    assert (failover["id"], failover["node"], failover["outcome"]) == (
+        "req-1",
+        "frozen",
+        "header_timeout",
+    )
+    [cooldown] = [line for line in lines if line["message"] == "cooldown"]
+    assert cooldown["level"] == "warning"
+    assert (cooldown["node"], cooldown["reason"], cooldown["for_s"]) == (
+        "frozen",
+        "header_timeout",
+        10.0,
+    )
+
+    for where in (text, json.dumps(events), json.dumps(status)):
+        assert CLIENT_SECRET not in where
+        assert NODE_SECRET not in where
+    assert {event["state"] for event in events if event["type"] == "workload"} >= {"completed"}
+
+
+async def test_text_lines_and_the_log_level(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    configure_logging("text", "warning", stream=captured)
+    async with Fleet({"frozen": FakeNode(frozen()), "good": FakeNode(healthy(b"ok"))}) as fleet:
+        proxy = make_proxy(fleet, response_header_timeout=10.0)
+        await send_failover_traffic(proxy)
+    lines = captured.getvalue().splitlines()
+    assert [line.split(" ")[1:3] for line in lines] == [
+        ["WARNING", "failover"],
+        ["WARNING", "cooldown"],
+    ]  # the info-level access line is below the level
+    assert "node=frozen" in lines[0]
+    assert "outcome=header_timeout" in lines[0]
+    assert "reason=header_timeout" in lines[1]
+    assert CLIENT_SECRET not in captured.getvalue()
+
+
+def _record(message: str, **fields: object) -> logging.LogRecord:
+    record = logging.LogRecord("trio_failover", logging.INFO, __file__, 1, message, None, None)
+    record.fields = fields
+    return record
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Authorization: Bearer abc.DEF-123", "Authorization: Bearer ***"),
+        ("basic dXNlcjpwYXNz and more", "basic *** and more"),
+        ("http://user:pa55@gpu-a:8000/v1", "http://***@gpu-a:8000/v1"),
+        ("http://gpu-a:8000/v1 took 3 tokens", "http://gpu-a:8000/v1 took 3 tokens"),
+    ],
+)
+def test_redact_scrubs_what_looks_like_a_credential(text: str, expected: str) -> None:
+    assert redact(text) == expected
+
+
+def test_both_formats_scrub_registered_secrets(captured: io.StringIO) -> None:
+    configure_logging("json", "info", stream=captured, secrets=["sk-registered-xyz", "short"])
+    record = _record('failed: "sk-registered-xyz" rejected', url="http://u:p@h/", n=1)
+    document = json.loads(JSONFormatter().format(record))
+    assert document["message"] == 'failed: "***" rejected'
+    assert document["url"] == "http://***@h/"
+    assert document["n"] == 1
+    line = TextFormatter().format(record)
+    assert "sk-registered-xyz" not in line
+    assert "url=http://***@h/" in line
+    assert redact("short") == "short"  # too short to be scrubbed safely
