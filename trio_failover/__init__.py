@@ -1,7 +1,114 @@
-"""trio-failover: a failover reverse proxy for self-hosted LLM inference fleets."""
+"""trio-failover: a failover reverse proxy for self-hosted LLM inference fleets.
 
-from .config import Config, Upstream
+The library API (SPEC section 7; see docs/embedding.md):
 
+- ``Config`` and ``Upstream``: the settings, frozen and validated.
+- ``serve(config, ...)``: run the listeners in your nursery
+  (``await nursery.start(serve, config)`` gives the ``BoundAddresses``).
+- ``Proxy(config, connector=...)``: the proxy itself, serving any
+  ``trio.abc.Stream``; ``Connector`` is what it opens node connections with
+  (``TCPConnector`` by default, ``trio_failover.testing`` has an in-memory one).
+- ``proxy.events.subscribe()``: workload and node events (``EventBus``,
+  ``Subscription``).
+- The exception tree under ``FailoverError``; ``AttemptRecord`` and
+  ``Outcome`` describe one attempt.
+
+The names that need Trio are imported on first use, so ``import
+trio_failover`` (and with it ``trio-failover check``) stays fast.
+"""
+
+from __future__ import annotations
+
+# Set before anything else: modules imported lazily below read it back with
+# ``from . import __version__``.
 __version__ = "0.1.0"
 
-__all__ = ["Config", "Upstream", "__version__"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .config import Config, Upstream
+from .errors import (
+    AllAttemptsFailed,
+    ClientError,
+    ConfigError,
+    ConnectFailed,
+    ConnectTimeout,
+    DeadPeer,
+    FailoverError,
+    FirstBodyTimeout,
+    HeaderTimeout,
+    RetryableResponse,
+    TLSError,
+    UpstreamClosedEarly,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamReset,
+)
+from .outcome import AttemptRecord, Outcome
+
+if TYPE_CHECKING:
+    from .events import EventBus, Subscription
+    from .proxy import Proxy
+    from .server import BoundAddresses, run_server, serve
+    from .upstream import Connector, TCPConnector
+
+# Public name -> the module that defines it, imported when first asked for.
+_LAZY = {
+    "BoundAddresses": "server",
+    "Connector": "upstream",
+    "EventBus": "events",
+    "Proxy": "proxy",
+    "Subscription": "events",
+    "TCPConnector": "upstream",
+    "run_server": "server",
+    "serve": "server",
+}
+
+__all__ = [
+    "AllAttemptsFailed",
+    "AttemptRecord",
+    "BoundAddresses",
+    "ClientError",
+    "Config",
+    "ConfigError",
+    "ConnectFailed",
+    "ConnectTimeout",
+    "Connector",
+    "DeadPeer",
+    "EventBus",
+    "FailoverError",
+    "FirstBodyTimeout",
+    "HeaderTimeout",
+    "Outcome",
+    "Proxy",
+    "RetryableResponse",
+    "Subscription",
+    "TCPConnector",
+    "TLSError",
+    "Upstream",
+    "UpstreamClosedEarly",
+    "UpstreamError",
+    "UpstreamProtocolError",
+    "UpstreamReset",
+    "__version__",
+    "run_server",
+    "serve",
+]
+
+
+if not TYPE_CHECKING:
+    # Hidden from type checkers: they see the imports above instead, and a
+    # module ``__getattr__`` would make every misspelt name an ``Any``.
+
+    def __getattr__(name: str) -> Any:
+        # PEP 562: called only for names not found in the module's globals.
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

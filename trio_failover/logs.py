@@ -24,6 +24,9 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 logger = logging.getLogger("trio_failover")
+# An embedder that never configures logging should not get bare lines from
+# Python's last-resort handler on stderr.
+logger.addHandler(logging.NullHandler())
 access_logger = logging.getLogger("trio_failover.access")
 
 REDACTED = "***"

@@ -15,6 +15,7 @@ socket (``Fleet.serve_tcp``).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -64,6 +65,16 @@ class NodeIO:
 
     async def send_raw(self, data: bytes) -> None:
         await self.stream.send_all(data)
+
+    async def pause(self, seconds: float) -> None:
+        """Stay silent for ``seconds`` while noticing a close, as real servers do.
+
+        Raises:
+            trio.BrokenResourceError: the proxy closed the connection meanwhile.
+        """
+        with trio.move_on_after(seconds):
+            await self.wait_closed()
+            raise trio.BrokenResourceError("the proxy closed the connection")
 
     async def wait_closed(self) -> None:
         """Wait until the proxy closes the connection (EOF or error)."""
@@ -149,14 +160,14 @@ def healthy(
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
         if head_delay:
-            await trio.sleep(head_delay)
+            await io.pause(head_delay)
         head = [(k.encode(), v.encode()) for k, v in headers]
         if content_length and isinstance(body, bytes):
             head.append((b"content-length", b"%d" % len(body)))
         await io.send(h11.Response(status_code=status, headers=head))
         for index, chunk in enumerate(chunks):
             if index and chunk_delay:
-                await trio.sleep(chunk_delay)
+                await io.pause(chunk_delay)
             if chunk:
                 await io.send(h11.Data(data=chunk))
         await io.send(h11.EndOfMessage())
@@ -185,7 +196,7 @@ def headers_then_silence(silence: float, body: bytes = b"late body") -> Behaviou
         await io.send(
             h11.Response(status_code=200, headers=[(b"content-length", b"%d" % len(body))])
         )
-        await trio.sleep(silence)
+        await io.pause(silence)
         await io.send(h11.Data(data=body), h11.EndOfMessage())
 
     return behave
@@ -220,7 +231,7 @@ def die_mid_stream(chunks: int = 3, delay: float = 0.0) -> Behaviour:
         )
         for index in range(chunks):
             if delay:
-                await trio.sleep(delay)
+                await io.pause(delay)
             await io.send(h11.Data(data=b"data: %d\n\n" % index))
         await io.stream.aclose()
 
@@ -236,7 +247,7 @@ def stream_then_silence(chunks: int, silence: float) -> Behaviour:
         )
         for index in range(chunks):
             await io.send(h11.Data(data=b"data: %d\n\n" % index))
-        await trio.sleep(silence)
+        await io.pause(silence)
         await io.send(h11.Data(data=b"data: [DONE]\n\n"), h11.EndOfMessage())
 
     return behave
@@ -347,8 +358,13 @@ class Fleet:
     async def serve_tcp(self, name: str, host: str = "127.0.0.1", port: int = 0) -> Upstream:
         """Serve node ``name`` on a real socket; returns its ``Upstream``."""
         assert self._nursery is not None
+
+        async def handler(stream: trio.SocketStream) -> None:
+            # Looked up per connection, so a test may swap the node's behaviour.
+            await self.nodes[name].serve_connection(stream)
+
         listeners = await self._nursery.start(
-            trio.serve_tcp, self.nodes[name].serve_connection, port, host
+            functools.partial(trio.serve_tcp, handler, port, host=host)
         )
         bound = listeners[0].socket.getsockname()
         return Upstream(name, f"http://{bound[0]}:{bound[1]}")
@@ -472,3 +488,71 @@ def _response(
         complete=complete,
         at=trio.current_time(),
     )
+
+
+# -- a client for real sockets ------------------------------------------------
+
+
+class _ChunkReporter(h11.Connection):
+    """An h11 client connection that reports each body chunk as it is parsed.
+
+    Hooking ``next_event`` lets ``read_response`` stay the one reader of
+    responses, while a caller still sees a stream's chunks live.
+    """
+
+    def __init__(self, on_chunk: Callable[[bytes], None]) -> None:
+        super().__init__(h11.CLIENT)
+        self._on_chunk = on_chunk
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Data) and event.data:
+            self._on_chunk(bytes(event.data))
+        return event
+
+
+async def request_tcp(
+    address: tuple[str, int],
+    method: str = "POST",
+    target: str = "/v1/chat/completions",
+    *,
+    body: bytes = b"",
+    headers: Sequence[tuple[str, str]] = (),
+    leave_after: float | None = None,
+    on_chunk: Callable[[bytes], None] | None = None,
+) -> ClientResponse | None:
+    """Send one request over a real TCP connection to ``address`` (a proxy or a node).
+
+    The same as ``request`` but through a socket, for servers started with
+    ``trio_failover.serve`` or ``Fleet.serve_tcp``. It sets no deadline of
+    its own: wrap it in ``trio.fail_after``.
+
+    Args:
+        address: ``(host, port)``, e.g. ``BoundAddresses.client``.
+        method, target, body, headers: the request (``Content-Length`` is added).
+        leave_after: close the connection after that many seconds and return
+            None (a client that gives up).
+        on_chunk: called with each body chunk as it arrives (to show a stream live).
+
+    Returns:
+        The response (``complete=False`` if the connection ended early), or
+        None when ``leave_after`` was given.
+    """
+    host, port = address
+    stream = await trio.open_tcp_stream(host, port)
+    conn = _ChunkReporter(on_chunk) if on_chunk else h11.Connection(h11.CLIENT)
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    head = [(b"host", authority.encode())] + [(k.encode(), v.encode()) for k, v in headers]
+    if body or method in ("POST", "PUT", "PATCH"):
+        head.append((b"content-length", b"%d" % len(body)))
+    try:
+        data = conn.send(h11.Request(method=method, target=target, headers=head)) or b""
+        data += (conn.send(h11.Data(data=body)) or b"") if body else b""
+        data += conn.send(h11.EndOfMessage()) or b""
+        await stream.send_all(data)
+        if leave_after is not None:
+            await trio.sleep(leave_after)
+            return None
+        return await read_response(stream, conn)
+    finally:
+        await trio.aclose_forcefully(stream)

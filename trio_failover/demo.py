@@ -1,0 +1,688 @@
+"""``trio-failover demo``: a simulated fleet, the proxy in front, scripted traffic.
+
+Three fake OpenAI-compatible nodes listen on loopback sockets, in ranking
+order:
+
+    frozen     accepts the request and never answers
+    healthy    answers at once, streams tokens when asked
+    dropping   sends a response head, then closes before the body
+
+The proxy runs in front of them with a 2-second response-header timeout, so
+a stall costs 2 s and a cooldown lasts 2 s. Five scripted requests then show,
+with the proxy's own events printed as they happen:
+
+    1. failover off the frozen node (one stall, then healthy serves);
+    2. the cooldown: the next request goes straight to healthy (a stream);
+    3. a pre-commit drop: dropping fails, healthy serves, no cooldown;
+    4. the cooldown running out: frozen is ready again;
+    5. a client abort: the client leaves, the frozen node's connection is
+       closed and nothing fails over.
+
+Each step checks what it shows; ``--once`` exits 0 only if all held.
+Without ``--once`` the proxy keeps serving on 127.0.0.1:8080 (admin on
+8081) for ``curl`` and the dashboard until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+import attrs
+import trio
+
+from .config import Config, split_host_port
+from .logs import logger
+from .proxy import Proxy
+from .server import BoundAddresses, serve
+from .testing import ClientResponse, FakeNode, Fleet, drop_before_body, frozen, openai, request_tcp
+
+Event = dict[str, Any]
+
+HEADER_TIMEOUT = 2.0  # the stall's cost and the cooldown's length
+CLIENT_LEAVES_AFTER = 0.5
+STEP_LIMIT = 15.0  # no scripted step may take longer than this, whatever breaks
+TICK = 0.1  # how often cooldowns are checked, so "ready again" shows on time
+PREFERRED_LISTEN = "127.0.0.1:8080"
+PREFERRED_ADMIN = "127.0.0.1:8081"
+ANY_PORT = "127.0.0.1:0"
+MODEL = "demo"
+PATH = "/v1/chat/completions"
+TOKENS = 6
+TOKEN_DELAY = 0.08
+
+NODES: tuple[tuple[str, str], ...] = (
+    ("frozen", "accepts the request, never answers"),
+    ("healthy", "answers at once; streams tokens when asked"),
+    ("dropping", "sends a response head, then closes before the body"),
+)
+
+
+def run_demo(once: bool = False) -> int:
+    """Run the demo; the ``trio-failover demo [--once]`` command.
+
+    Args:
+        once: run the scripted requests, then exit instead of serving on.
+
+    Returns:
+        The exit status: 0 when every scripted behaviour was seen (or the
+        user stopped the demo with Ctrl-C), 1 when one was not.
+    """
+    screen = Screen(sys.stdout)
+    with _quiet_proxy_logs():
+        try:
+            return trio.run(Demo(screen, once=once).main)
+        except KeyboardInterrupt:  # Ctrl-C before the signal receiver was set up
+            screen.line("stopped")
+            return 0
+
+
+# -- output -------------------------------------------------------------------
+
+_ANSI = {"bold": "\x1b[1m", "green": "\x1b[32m", "red": "\x1b[31m", "dim": "\x1b[2m"}
+
+
+class Screen:
+    """Plain lines on a text stream, with a little colour on a terminal only."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        isatty = getattr(stream, "isatty", None)
+        self.colour = bool(
+            isatty is not None
+            and isatty()
+            and "NO_COLOR" not in os.environ
+            and os.environ.get("TERM") != "dumb"
+        )
+
+    def style(self, text: str, style: str) -> str:
+        if not self.colour:
+            return text
+        return f"{_ANSI[style]}{text}\x1b[0m"
+
+    def line(self, text: str = "") -> None:
+        # Flushed line by line: the demo is watched live, often through a pipe.
+        print(text, file=self.stream, flush=True)
+
+    def heading(self, text: str) -> None:
+        self.line()
+        self.line(self.style(text, "bold"))
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]], indent: int = 4) -> None:
+        """Columns two spaces apart; a column whose header starts with '>' is right-aligned."""
+        names = [name.lstrip(">") for name in header]
+        right = [name.startswith(">") for name in header]
+        cells = [names, *[list(row) for row in rows]]
+        widths = [max(len(row[column]) for row in cells) for column in range(len(names))]
+        for number, row in enumerate(cells):
+            text = "  ".join(
+                cell.rjust(width) if flush_right else cell.ljust(width)
+                for cell, width, flush_right in zip(row, widths, right, strict=True)
+            ).rstrip()
+            self.line(" " * indent + (self.style(text, "dim") if number == 0 else text))
+
+
+@contextmanager
+def _quiet_proxy_logs() -> Iterator[None]:
+    """Keep the proxy's own log lines (failover warnings...) out of the demo's view.
+
+    The demo prints the same facts from the proxy's events; errors still
+    reach stderr. The logger is restored afterwards, for callers in tests.
+    """
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("trio-failover: %(levelname)s %(message)s"))
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.ERROR)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.setLevel(saved[0])
+        logger.handlers[:] = saved[1]
+        logger.propagate = saved[2]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+# -- the live view --------------------------------------------------------------
+
+
+class Watcher:
+    """Prints the proxy's events as they come, and keeps what the script checks.
+
+    Workload lines are timed from the start of their request, node lines from
+    the latest mark (the script sets one at each step).
+    """
+
+    def __init__(self, screen: Screen, proxy: Proxy) -> None:
+        self.screen = screen
+        self.proxy = proxy
+        self.mark = trio.current_time()
+        self.started: dict[str, float] = {}
+        self.finished: dict[str, Event] = {}
+        self.node_events: list[Event] = []
+        self.announce = False  # print a line when a request arrives (once serving)
+        self._changed = trio.Event()
+
+    async def run(self) -> None:
+        with self.proxy.events.subscribe(buffer=0) as events:
+            async for event in events:
+                self.show(event)
+                # Wake whoever waits for a condition on what was seen so far.
+                self._changed.set()
+                self._changed = trio.Event()
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds after some event."""
+        while not condition():
+            await self._changed.wait()
+
+    async def wait_finished(self, workload: str) -> Event:
+        """The final event of ``workload`` (completed, failed or cancelled)."""
+        await self.wait_for(lambda: workload in self.finished)
+        return self.finished[workload]
+
+    def say(self, since: float, text: str) -> None:
+        offset = f"+{trio.current_time() - since:.3f} s"
+        self.screen.line(f"  {self.screen.style(offset.rjust(10), 'dim')}  {text}")
+
+    def show(self, event: Event) -> None:
+        if event.get("type") == "node":
+            self.node_events.append(event)
+            if event["state"] == "cooling":
+                text = (
+                    f"{event['node']} cools down for {event['until_s']:.1f} s ({event['reason']})"
+                )
+            else:
+                text = f"{event['node']} is ready again ({event['reason']})"
+            self.say(self.mark, text)
+            return
+        workload, state = event["id"], event["state"]
+        if state == "queued":
+            self.started[workload] = self.mark = trio.current_time()
+            if self.announce:
+                self.screen.line()
+                self.screen.line(f"  request {workload}")
+            return
+        since = self.started.get(workload, self.mark)
+        if state == "running":
+            self.say(since, f"attempt {event['attempt']} -> {event['node']}")
+        elif state == "committed":
+            self.say(since, f"commit: {event['node']}'s response starts reaching the client")
+        else:
+            self.finished[workload] = event
+            self.say(since, self._outcome_line(event))
+            self.attempts_table(event)
+            self.nodes_table()
+
+    def _outcome_line(self, event: Event) -> str:
+        state = event["state"]
+        if state == "completed":
+            return f"completed: {event['status']} from {event['node']}"
+        if state == "cancelled":
+            return "cancelled: the client left"
+        return f"failed: the client got {event['status']}"
+
+    def attempts_table(self, event: Event) -> None:
+        rows = [
+            (str(number), item["node"], item["outcome"], f"{item['elapsed_ms']:.0f} ms")
+            for number, item in enumerate(event["attempts"], start=1)
+        ]
+        self.screen.table(("attempt", "node", "outcome", ">elapsed"), rows)
+
+    def nodes_table(self) -> None:
+        rows = []
+        for node in self.proxy.status()["nodes"]:
+            cooling = node["state"] == "cooling"
+            rows.append(
+                (
+                    node["name"],
+                    node["state"],
+                    f"{node['cooldown_remaining_s']:.1f} s ({node['reason']})" if cooling else "-",
+                    str(node["served"]),
+                    str(node["failed"]),
+                )
+            )
+        self.screen.table(("node", "state", "cooldown", ">served", ">failed"), rows)
+
+
+# -- the scripted requests -------------------------------------------------------
+
+
+@attrs.frozen
+class Check:
+    """One behaviour the script set out to show, and whether it was seen."""
+
+    behaviour: str
+    passed: bool
+    detail: str
+
+
+def _attempts(event: Event) -> list[tuple[str, str]]:
+    return [(item["node"], item["outcome"]) for item in event["attempts"]]
+
+
+def _request_body(content: str, *, stream: bool = False) -> bytes:
+    document: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+    }
+    if stream:
+        document["stream"] = True
+    return json.dumps(document).encode()
+
+
+class Demo:
+    """The fleet, the proxy, the script and the serving afterwards."""
+
+    def __init__(self, screen: Screen, *, once: bool) -> None:
+        self.screen = screen
+        self.once = once
+        self.nodes = {
+            "frozen": FakeNode(frozen()),
+            "healthy": FakeNode(openai(MODEL, tokens=TOKENS, token_delay=TOKEN_DELAY)),
+            "dropping": FakeNode(drop_before_body()),
+        }
+        self.shutdown = trio.Event()
+        self.script_scope = trio.CancelScope()
+        self.interrupted = False
+        self.exit_status = 0
+        self.proxy: Proxy | None = None
+        self._requests = 0
+
+    async def main(self) -> int:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_signals, signals, nursery.cancel_scope)
+                await self._run()
+                nursery.cancel_scope.cancel()
+        return 0 if self.interrupted else self.exit_status
+
+    async def _watch_signals(
+        self, signals: AsyncIterator[int], everything: trio.CancelScope
+    ) -> None:
+        # First signal: stop the script and drain the proxy; second: stop now.
+        async for signum in signals:
+            if self.interrupted:
+                everything.cancel()
+                return
+            self.interrupted = True
+            self.screen.line()
+            self.screen.line(f"{signal.Signals(signum).name}: stopping")
+            self.script_scope.cancel()
+            self.shutdown.set()
+
+    async def _run(self) -> None:
+        async with Fleet(self.nodes) as fleet:
+            upstreams = [await fleet.serve_tcp(name) for name, _ in NODES]
+            listen, admin = self._listen_addresses()
+            config = Config(
+                upstreams=upstreams,
+                listen=listen,
+                admin_listen=admin,
+                connect_timeout=1.0,
+                response_header_timeout=HEADER_TIMEOUT,
+                stream_idle_timeout=10.0,
+                shutdown_timeout=1.0,
+            )
+            proxy = self.proxy = Proxy(config)
+            watcher = Watcher(self.screen, proxy)
+            async with trio.open_nursery() as helpers:
+                helpers.start_soon(watcher.run)
+                helpers.start_soon(_expire_cooldowns, proxy)
+                async with trio.open_nursery() as server:
+                    addresses = await self._start_proxy(server, config, proxy)
+                    self._introduce(config, addresses)
+                    with self.script_scope:
+                        checks = await self._script(addresses, watcher)
+                        self._summary(checks)
+                        if not all(check.passed for check in checks):
+                            self.exit_status = 1
+                        if not self.once:
+                            self._print_serving(addresses)
+                            watcher.announce = True
+                    if self.once:
+                        self.shutdown.set()
+                    # The server task ends once ``shutdown`` is set and it drained.
+                helpers.cancel_scope.cancel()
+
+    def _listen_addresses(self) -> tuple[str, str]:
+        if self.once:  # never collide with anything in CI
+            return ANY_PORT, ANY_PORT
+        return (
+            PREFERRED_LISTEN if _port_is_free(PREFERRED_LISTEN) else ANY_PORT,
+            PREFERRED_ADMIN if _port_is_free(PREFERRED_ADMIN) else ANY_PORT,
+        )
+
+    async def _start_proxy(
+        self, server: trio.Nursery, config: Config, proxy: Proxy
+    ) -> BoundAddresses:
+        start = functools.partial(serve, config, proxy=proxy, shutdown=self.shutdown)
+        try:
+            addresses: BoundAddresses = await server.start(start)
+        except OSError as exc:
+            # Taken between the probe and the bind: any free port will do.
+            self.screen.line(f"cannot listen on the usual ports ({exc}); using free ports")
+            config = attrs.evolve(config, listen=ANY_PORT, admin_listen=ANY_PORT)
+            start = functools.partial(serve, config, proxy=proxy, shutdown=self.shutdown)
+            addresses = await server.start(start)
+        return addresses
+
+    def _introduce(self, config: Config, addresses: BoundAddresses) -> None:
+        screen = self.screen
+        screen.line(screen.style("trio-failover demo", "bold"))
+        screen.line("Three simulated OpenAI-compatible nodes, in ranking order:")
+        screen.table(
+            ("node", "address", "behaviour"),
+            [
+                (up.name, up.url, text)
+                for up, (_, text) in zip(config.upstreams, NODES, strict=True)
+            ],
+        )
+        screen.line(f"The proxy listens on {addresses.client_url}, admin on {addresses.admin_url}.")
+        for asked, got, what in (
+            (PREFERRED_LISTEN, addresses.client, "client"),
+            (PREFERRED_ADMIN, addresses.admin, "admin"),
+        ):
+            if not self.once and got is not None and got[1] != split_host_port(asked)[1]:
+                screen.line(f"  ({asked} is taken, so the {what} listener uses port {got[1]})")
+        seconds = f"{HEADER_TIMEOUT:g} s"
+        screen.line(
+            f"Response-header timeout {seconds}: a stalled node costs {seconds},"
+            f" then cools down for {seconds}."
+        )
+
+    async def _send(
+        self,
+        addresses: BoundAddresses,
+        watcher: Watcher,
+        *,
+        body: bytes,
+        headers: Sequence[tuple[str, str]] = (),
+        leave_after: float | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
+    ) -> tuple[ClientResponse | None, Event]:
+        """One scripted request through the proxy, and its final event."""
+        self._requests += 1
+        workload = f"demo-{self._requests}"
+        shown = "".join(f"  {name}: {value}" for name, value in headers)
+        self.screen.line(f"  POST {PATH}  x-request-id: {workload}{shown}")
+        all_headers = [("content-type", "application/json"), ("x-request-id", workload)]
+        with trio.fail_after(STEP_LIMIT):
+            response = await request_tcp(
+                addresses.client,
+                "POST",
+                PATH,
+                body=body,
+                headers=[*all_headers, *headers],
+                leave_after=leave_after,
+                on_chunk=on_chunk,
+            )
+            final = await watcher.wait_finished(workload)
+        if response is not None:
+            self.screen.line(
+                f"  the client got {response.status}, served by"
+                f" {response.header('x-failover-node')} after"
+                f" {response.header('x-failover-attempts')} attempt(s): {_answer(response)}"
+            )
+        return response, final
+
+    async def _script(self, addresses: BoundAddresses, watcher: Watcher) -> list[Check]:
+        return [
+            await self._step_failover(addresses, watcher),
+            await self._step_cooldown(addresses, watcher),
+            await self._step_drop(addresses, watcher),
+            await self._step_expiry(watcher),
+            await self._step_abort(addresses, watcher),
+        ]
+
+    async def _step_failover(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
+        self.screen.heading("1. Failover off the frozen node")
+        self.screen.line(
+            f"  frozen is first in the ranking; it takes the request and says nothing for"
+            f" {HEADER_TIMEOUT:g} s."
+        )
+        response, final = await self._send(addresses, watcher, body=_request_body("Hello!"))
+        seen = _attempts(final)
+        stall = final["attempts"][0]["elapsed_ms"] / 1000 if seen else 0.0
+        passed = (
+            response is not None
+            and response.status == 200
+            and seen == [("frozen", "header_timeout"), ("healthy", "completed")]
+            and self._state("frozen") == "cooling"
+        )
+        return Check(
+            "failover off the frozen node",
+            passed,
+            f"frozen stalled for {stall:.1f} s and cooled down; healthy served",
+        )
+
+    async def _step_cooldown(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
+        self.screen.heading("2. The cooldown: the next request goes straight to healthy")
+        self.screen.line(
+            "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:"
+        )
+        frozen_before = len(self.nodes["frozen"].received)
+        started = trio.current_time()
+        tokens: list[str] = []
+
+        def show_tokens(chunk: bytes) -> None:
+            for token in _sse_tokens(chunk):
+                tokens.append(token)
+                watcher.say(started, f"token {token!r}")
+
+        response, final = await self._send(
+            addresses,
+            watcher,
+            body=_request_body("Count to six.", stream=True),
+            on_chunk=show_tokens,
+        )
+        passed = (
+            response is not None
+            and response.status == 200
+            and response.complete
+            and _attempts(final) == [("healthy", "completed")]
+            and len(self.nodes["frozen"].received) == frozen_before
+            and len(tokens) == TOKENS
+        )
+        took = final["duration_ms"] / 1000
+        return Check(
+            "cooldown: the next request went straight to healthy",
+            passed,
+            f"1 attempt, {len(tokens)} tokens streamed in {took:.2f} s, frozen not contacted",
+        )
+
+    async def _step_drop(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
+        self.screen.heading("3. A pre-commit drop fails over without a cooldown")
+        self.screen.line(
+            "  X-Failover-Node puts dropping first; it sends a head, then closes before the body."
+        )
+        response, final = await self._send(
+            addresses,
+            watcher,
+            body=_request_body("Hello again!"),
+            headers=[("x-failover-node", "dropping")],
+        )
+        seen = _attempts(final)
+        passed = (
+            response is not None
+            and response.status == 200
+            and len(seen) >= 2
+            and seen[0] == ("dropping", "closed_early")
+            and seen[-1] == ("healthy", "completed")
+            and self._state("dropping") == "ready"
+        )
+        return Check(
+            "pre-commit drop: failed over, no cooldown",
+            passed,
+            "dropping closed early, healthy served, dropping stays ready",
+        )
+
+    async def _step_expiry(self, watcher: Watcher) -> Check:
+        self.screen.heading("4. The cooldown runs out")
+        watcher.mark = trio.current_time()
+        remaining = self._node("frozen")["cooldown_remaining_s"]
+        self.screen.line(f"  waiting {remaining:.1f} s for frozen's cooldown to end...")
+
+        def frozen_ready() -> bool:
+            return any(
+                event["node"] == "frozen" and event["state"] == "ready"
+                for event in watcher.node_events
+            )
+
+        with trio.move_on_after(remaining + STEP_LIMIT):
+            await watcher.wait_for(frozen_ready)
+        watcher.nodes_table()
+        reasons = [e["reason"] for e in watcher.node_events if e["node"] == "frozen"]
+        passed = frozen_ready() and self._state("frozen") == "ready" and "expired" in reasons
+        return Check(
+            "cooldown expired: frozen is ready again",
+            passed,
+            f"after {HEADER_TIMEOUT:g} s, without any request to it",
+        )
+
+    async def _step_abort(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
+        self.screen.heading("5. A client abort cancels the upstream work")
+        self.screen.line(
+            f"  frozen is first again; the client gives up after {CLIENT_LEAVES_AFTER:g} s."
+        )
+        node = self.nodes["frozen"]
+        healthy_before = len(self.nodes["healthy"].received)
+        closed_before = len(node.closed_at)
+        sent = trio.current_time()
+        _, final = await self._send(
+            addresses,
+            watcher,
+            body=_request_body("Never mind."),
+            leave_after=CLIENT_LEAVES_AFTER,
+        )
+        with trio.move_on_after(STEP_LIMIT):
+            await _wait_until(lambda: len(node.closed_at) > closed_before)
+        closed = node.closed_at[-1] - sent if len(node.closed_at) > closed_before else None
+        if closed is not None:
+            self.screen.line(
+                f"  the client left at {CLIENT_LEAVES_AFTER:.2f} s; frozen saw its connection"
+                f" closed at {closed:.2f} s"
+            )
+        passed = (
+            closed is not None
+            and final["state"] == "cancelled"
+            and _attempts(final) == [("frozen", "client_abort")]
+            and len(self.nodes["healthy"].received) == healthy_before
+            and self._state("frozen") == "ready"
+        )
+        return Check(
+            "client abort: upstream work cancelled, no failover",
+            passed,
+            (
+                f"frozen's connection closed {closed:.2f} s after the request; healthy not tried"
+                if closed is not None
+                else "frozen's connection was not closed"
+            ),
+        )
+
+    def _node(self, name: str) -> dict[str, Any]:
+        assert self.proxy is not None
+        return next(node for node in self.proxy.status()["nodes"] if node["name"] == name)
+
+    def _state(self, name: str) -> str:
+        return str(self._node(name)["state"])
+
+    def _summary(self, checks: Sequence[Check]) -> None:
+        self.screen.heading("What the demo showed")
+        for check in checks:
+            mark = (
+                self.screen.style("[ok]    ", "green")
+                if check.passed
+                else self.screen.style("[FAILED]", "red")
+            )
+            self.screen.line(f"  {mark} {check.behaviour}")
+            self.screen.line(f"           {check.detail}")
+
+    def _print_serving(self, addresses: BoundAddresses) -> None:
+        screen = self.screen
+        url = addresses.client_url
+        chat = f"curl -si {url}{PATH} -H 'content-type: application/json' -d '{_CURL_BODY}'"
+        stream = f"curl -sN {url}{PATH} -H 'content-type: application/json' -d '{_CURL_STREAM}'"
+        screen.heading(f"The proxy keeps serving on {url} until Ctrl-C. Try:")
+        screen.line(f"  {chat}")
+        screen.line(f"  {stream}")
+        screen.line(f"  curl -si -H 'X-Failover-Node: dropping' {url}{PATH} -d '{_CURL_BODY}'")
+        if addresses.admin_url:
+            screen.line(f"  curl -s {addresses.admin_url}/status")
+            screen.line(f"  curl -s {addresses.admin_url}/metrics")
+            screen.line(f"Dashboard: {addresses.admin_url}/")
+        screen.line(f"OpenAI SDKs: OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=unused")
+        screen.line("Each request is shown below as it happens.")
+
+
+_CURL_BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+_CURL_STREAM = json.dumps(
+    {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+)
+
+
+def _answer(response: ClientResponse) -> str:
+    """The assistant's text of a chat completion (JSON or SSE), for one line."""
+    if not response.complete:
+        return "(incomplete)"
+    text = "".join(_sse_tokens(response.body))
+    if not text:
+        try:
+            text = response.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            text = response.body[:60].decode("utf-8", "replace")
+    return repr(text.strip())
+
+
+def _sse_tokens(data: bytes) -> list[str]:
+    """The content deltas in server-sent events of a chat completion stream."""
+    tokens = []
+    for line in data.splitlines():
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        try:
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+        if isinstance(delta, dict) and delta.get("content"):
+            tokens.append(str(delta["content"]))
+    return tokens
+
+
+async def _expire_cooldowns(proxy: Proxy) -> None:
+    # Cooldowns end lazily, when the proxy next looks; asking often makes the
+    # "ready again" event appear when it happens, for the live view.
+    while True:
+        proxy.expire_cooldowns()
+        await trio.sleep(TICK)
+
+
+async def _wait_until(condition: Callable[[], bool]) -> None:
+    # Only for a fact no event reports: a fake node noticing its connection
+    # closed. Polling keeps the fake nodes free of demo-only hooks.
+    while not condition():  # noqa: ASYNC110
+        await trio.sleep(0.01)
+
+
+def _port_is_free(address: str) -> bool:
+    """Whether ``HOST:PORT`` can be bound now (as Trio's listeners bind, with SO_REUSEADDR)."""
+    host, port = split_host_port(address)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
