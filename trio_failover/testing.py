@@ -180,6 +180,14 @@ def slow_head(delay: float, body: bytes = b'{"ok": true}') -> Behaviour:
     return healthy(body, head_delay=delay)
 
 
+def slow_prefill(delay: float, body: bytes = b'{"ok": true}') -> Behaviour:
+    """A node busy with a long prefill: silent for ``delay`` seconds, then a normal answer.
+
+    The name SPEC section 7 uses; the same node as ``slow_head``.
+    """
+    return slow_head(delay, body)
+
+
 def frozen() -> Behaviour:
     """Accepts and reads the request, never answers."""
 
