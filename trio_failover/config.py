@@ -59,9 +59,31 @@ def _models_converter(value: Any) -> Mapping[str, str] | None:
 
 
 def _headers_converter(value: Any) -> Mapping[str, str]:
+    # Surrounding blanks (a value pasted from a .env file) are not part of a
+    # field value (RFC 9110 section 5.5); h11 would refuse to send them.
     if value is None:
         return {}
-    return {str(k): str(v) for k, v in dict(value).items()}
+    return {str(k).strip(): str(v).strip(" \t") for k, v in dict(value).items()}
+
+
+_FIELD_VALUE_RE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
+
+
+def _check_headers(
+    instance: Upstream, attribute: attrs.Attribute[Any], value: Mapping[str, str]
+) -> None:
+    # The error names the header, never its value: values are credentials.
+    for name, text in value.items():
+        if not _NAME_RE.match(name) or ":" in name:
+            raise ConfigError("headers", name, "a header name is a token (letters, digits, -)")
+        if not _FIELD_VALUE_RE.match(text):
+            raise ConfigError(
+                "headers", f"{name}: ***", "a header value holds no control characters"
+            )
+
+
+def _hide_values(value: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{name!r}: '***'" for name in value) + "}"
 
 
 def _check_name(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
@@ -95,7 +117,12 @@ class Upstream:
         default=None, kw_only=True, converter=_models_converter, eq=False
     )
     headers: Mapping[str, str] = attrs.field(
-        factory=dict, kw_only=True, converter=_headers_converter, eq=False
+        factory=dict,
+        kw_only=True,
+        converter=_headers_converter,
+        validator=_check_headers,
+        eq=False,
+        repr=_hide_values,
     )
     ca_file: str | None = attrs.field(default=None, kw_only=True)
     insecure_skip_verify: bool = attrs.field(default=False, kw_only=True)
