@@ -283,11 +283,6 @@ def test_config_repr_hides_header_values() -> None:
     assert SECRET not in repr(config)
 
 
-@pytest.mark.xfail(
-    reason="a header line h11 rejects is quoted whole in the 'bad request' log line "
-    "(and in the 400 body), credentials included",
-    strict=True,
-)
 async def test_malformed_request_does_not_log_the_clients_key(
     autojump_clock: trio.abc.Clock, logs: tuple[RawRecords, io.StringIO]
 ) -> None:

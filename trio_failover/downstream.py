@@ -10,6 +10,14 @@ them, so a pipelined next request survives. The reader stops receiving once
 
 A single long-lived reader also means ``receive_some`` is never cancelled in
 the middle of a request, which matters for TLS streams.
+
+Each request head is screened as raw bytes before h11 parses it, for what
+h11 lets through but a proxy must not (RFC 9112 sections 2.2, 5.2 and 6.1;
+request smuggling lives on two parsers disagreeing): an obs-fold, a bare CR
+or LF, a head over the size limit even when it arrived whole. Each request
+cycle gets a fresh h11 connection so that every head, also a pipelined one,
+passes the screen: the bytes the previous connection received beyond its
+message go back to the pending buffer.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import re
+from collections.abc import Callable
 from http import HTTPStatus
 
 import attrs
@@ -27,6 +37,16 @@ from .errors import ClientError
 
 RECEIVE_SIZE = 65536
 PENDING_LIMIT = 65536
+# After an error answer the client may still be sending (a body over the
+# limit, say). Closing with its bytes unread makes the kernel reset the
+# connection, which can destroy the answer before the client reads it (RFC
+# 9112 section 9.6). So the proxy half-closes and discards what still comes,
+# for a bounded time: nginx's "lingering close".
+LINGER_TIMEOUT = 5.0  # in all
+LINGER_IDLE_TIMEOUT = 1.0  # without a byte from the client
+# Where a head ends, found the way h11 finds it, so that the screened bytes
+# are exactly the bytes h11 then parses as the head.
+_HEAD_END = re.compile(rb"\n\r?\n")
 
 
 class ClientGone(Exception):
@@ -61,19 +81,37 @@ class ClientConnection:
         max_head: int,
         max_body: int,
         client_header_timeout: float,
+        closing: Callable[[], bool] | None = None,
     ) -> None:
         self.stream = stream
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_head)
-        self._max_body = max_body
+        # Asked before each answer: when it says yes (the proxy is draining),
+        # the answer says "Connection: close", so that a keep-alive client
+        # does not send a next request into a connection about to close.
+        self._closing = closing
         self._max_head = max_head
-        self._fed = 0  # bytes moved into h11 since the current head began
+        self.conn = self._new_h11()
+        self._max_body = max_body
         self._header_timeout = client_header_timeout
+        # The first head is due one header timeout after the connection
+        # opened (as with nginx's client_header_timeout), not after its
+        # first byte: a client may not spend the timeout twice.
+        self._opened = trio.current_time()
         self._pending = bytearray()
+        # The reader may hold a whole head, and one byte more to tell that it
+        # is too large, before h11 gets any of it.
+        self._pending_limit = max(PENDING_LIMIT, max_head + 1)
+        self._head_screened = False
+        self._head_searched = 0  # pending bytes already searched for the head's end
+        self._eof_fed = False
+        self._answering_head = False
         self.closed: Closed | None = None
         self._closed_event = trio.Event()
         self._arrived = trio.Event()
         self._room = trio.Event()
         self.requests_read = 0
+
+    def _new_h11(self) -> h11.Connection:
+        return h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_head)
 
     # -- the reader task -----------------------------------------------------
 
@@ -81,7 +119,7 @@ class ClientConnection:
         """Receive client bytes until EOF or error; run in the connection's nursery."""
         try:
             while True:
-                while len(self._pending) >= PENDING_LIMIT:
+                while len(self._pending) >= self._pending_limit:
                     self._room = trio.Event()
                     await self._room.wait()
                 data = await self.stream.receive_some(RECEIVE_SIZE)
@@ -106,28 +144,49 @@ class ClientConnection:
         assert self.closed is not None
         return self.closed
 
-    def _feed(self) -> None:
-        """Move pending bytes into h11 (and EOF once everything is in)."""
+    def _feed(self) -> bool:
+        """Move pending bytes into h11 (and EOF once everything is in).
+
+        A head is held back until it is complete and screened. Returns False
+        when h11 got nothing new.
+
+        Raises:
+            ClientError: the head is malformed (400) or too large (431).
+        """
+        if not self._head_screened:
+            match = _HEAD_END.search(self._pending, max(0, self._head_searched - 2))
+            if match is None:
+                self._head_searched = len(self._pending)
+                if len(self._pending) > self._max_head:
+                    raise ClientError(431, "request header fields too large", "headers_too_large")
+                if self.closed is None:
+                    return False
+                # Cut short by the client: h11 tells what the bytes amount to.
+            else:
+                _screen_head(bytes(self._pending[: match.end()]), self._max_head)
+            self._head_screened = True
         if self._pending:
-            self._fed += len(self._pending)
             self.conn.receive_data(bytes(self._pending))
             self._pending.clear()
             self._room.set()
-        elif self.closed is not None:
+            return True
+        if self.closed is not None and not self._eof_fed:
             self.conn.receive_data(b"")
+            self._eof_fed = True
+            return True
+        return False
 
     async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            if self.closed is not None and not self._pending:
-                if self.conn.their_state is h11.CLOSED:
+            if self.conn.their_state is h11.CLOSED:
+                return h11.ConnectionClosed()
+            if not self._feed():
+                if self._eof_fed:
                     return h11.ConnectionClosed()
-                self._feed()
-                continue
-            await self.wait_input()
-            self._feed()
+                await self._arrived.wait()
 
     # -- reading requests ----------------------------------------------------
 
@@ -135,7 +194,15 @@ class ClientConnection:
         """Get h11 ready for the next request; False when none may follow."""
         conn = self.conn
         if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
+            # A fresh h11 connection is what start_next_cycle() would give;
+            # taking back the bytes the old one holds lets the next head be
+            # screened like the first.
+            self._pending[:0] = conn.trailing_data[0]
+            self.conn = conn = self._new_h11()
+            self._head_screened = False
+            self._head_searched = 0
+            self._eof_fed = False
+            self._answering_head = False
         return conn.our_state is h11.IDLE and conn.their_state is h11.IDLE
 
     def has_buffered(self) -> bool:
@@ -157,9 +224,8 @@ class ClientConnection:
             ClientError: 400 malformed, 408 too slow, 413 body too large,
                 431 head too large.
         """
-        already_buffered = len(self.conn.trailing_data[0])
-        self._fed = 0
-        with trio.move_on_after(self._header_timeout) as head_scope:
+        started = self._opened if self.requests_read == 0 else trio.current_time()
+        with trio.move_on_at(started + self._header_timeout) as head_scope:
             try:
                 event = await self._next_event()
             except h11.RemoteProtocolError as exc:
@@ -170,16 +236,8 @@ class ClientConnection:
             return None
         if not isinstance(event, h11.Request):
             raise ClientError(400, "malformed request", "bad_request")
-        # h11 enforces its size limit only while a head is incomplete: a head
-        # that crosses the limit and ends in the same read would pass. Count.
-        head_size = already_buffered + self._fed - len(self.conn.trailing_data[0])
-        if head_size > self._max_head:
-            raise ClientError(431, "request header fields too large", "headers_too_large")
-        names = {name for name, _ in event.headers}
-        if b"content-length" in names and b"transfer-encoding" in names:
-            # RFC 9112 section 6.3: a proxy that forwarded such a message
-            # could be made to disagree with the node about where it ends.
-            raise ClientError(400, "Content-Length together with Transfer-Encoding", "bad_request")
+        self._answering_head = event.method == b"HEAD"
+        _check_framing(event)
         self.requests_read += 1
         body = await self._read_body(event)
         return ClientRequest(
@@ -220,11 +278,17 @@ class ClientConnection:
     # -- writing responses ---------------------------------------------------
 
     async def send(self, *events: h11.Event) -> None:
-        """Send h11 events in one write.
+        """Send h11 events in one write (body data is left out in answer to HEAD).
 
         Raises:
             ClientGone: the client connection broke.
         """
+        if self._answering_head:
+            # h11 refuses body bytes after a HEAD (and then sends nothing at
+            # all); an answer the proxy makes itself keeps its head only.
+            events = tuple(event for event in events if not isinstance(event, h11.Data))
+        if self._closing is not None and self._closing():
+            events = tuple(_closing(e) if isinstance(e, h11.Response) else e for e in events)
         data = b"".join(self.conn.send(event) or b"" for event in events)
         try:
             await self.stream.send_all(data)
@@ -259,8 +323,29 @@ class ClientConnection:
         document: dict[str, object] = {
             "error": {"message": str(error), "type": "invalid_request_error", "code": error.code}
         }
-        with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+        try:
             await self.send_json(error.status, document, close=True)
+        except (ClientGone, h11.LocalProtocolError):
+            return
+        await self._linger()
+
+    async def _linger(self) -> None:
+        """Half-close, then discard the client's bytes until it closes (bounded)."""
+        with trio.move_on_after(LINGER_TIMEOUT):
+            if isinstance(self.stream, trio.abc.HalfCloseableStream):
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.stream.send_eof()
+            while self.closed is None:
+                self._discard()
+                with trio.move_on_after(LINGER_IDLE_TIMEOUT) as idle:
+                    await self._arrived.wait()
+                if idle.cancelled_caught:
+                    break
+        self._discard()
+
+    def _discard(self) -> None:
+        self._pending.clear()
+        self._room.set()
 
     @property
     def reusable(self) -> bool:
@@ -279,8 +364,64 @@ def _phrase(status: int) -> bytes:
         return b""
 
 
+def _closing(response: h11.Response) -> h11.Response:
+    """``response`` with ``Connection: close`` (h11 then closes after it)."""
+    headers = list(response.headers)
+    if (b"connection", b"close") in headers:
+        return response
+    return h11.Response(
+        status_code=response.status_code,
+        headers=[*headers, (b"connection", b"close")],
+        reason=response.reason,
+        http_version=response.http_version,
+    )
+
+
+def _screen_head(head: bytes, max_head: int) -> None:
+    """Refuse a complete raw head that h11 would accept but a proxy must not.
+
+    Raises:
+        ClientError: 431 over ``max_head`` bytes (h11 measures only heads
+            still incomplete, so one that crosses the limit and ends in the
+            same read would pass); 400 for a bare CR or LF (RFC 9112 section
+            2.2 lets a recipient take a lone LF as a line end, the classic way
+            to smuggle a header past a stricter parser) or an obs-fold
+            (section 5.2: reject it, or unfold it as h11 does silently).
+    """
+    if len(head) > max_head:
+        raise ClientError(431, "request header fields too large", "headers_too_large")
+    crlf = head.count(b"\r\n")
+    if head.count(b"\n") != crlf or head.count(b"\r") != crlf:
+        raise ClientError(400, "malformed request: bare CR or LF in the head", "bad_request")
+    if b"\r\n " in head or b"\r\n\t" in head:
+        raise ClientError(400, "malformed request: obsolete line folding", "bad_request")
+
+
+def _check_framing(request: h11.Request) -> None:
+    """Refuse a request whose body framing two parsers could read differently.
+
+    RFC 9112 section 6.1: ``Transfer-Encoding`` with ``Content-Length``, or
+    in an HTTP/1.0 request, is faulty framing; h11 goes by the
+    ``Transfer-Encoding``, a node or another hop may not.
+
+    Raises:
+        ClientError: 400.
+    """
+    names = {name for name, _ in request.headers}
+    if b"transfer-encoding" not in names:
+        return
+    if b"content-length" in names:
+        message = "malformed request: both Transfer-Encoding and Content-Length"
+        raise ClientError(400, message, "bad_request")
+    if request.http_version == b"1.0":
+        message = "malformed request: Transfer-Encoding in an HTTP/1.0 request"
+        raise ClientError(400, message, "bad_request")
+
+
 def _client_error(exc: h11.RemoteProtocolError) -> ClientError:
     status = exc.error_status_hint
     if status == 431:
         return ClientError(431, "request header fields too large", "headers_too_large")
-    return ClientError(400, f"malformed request: {exc}", "bad_request")
+    # h11's message may quote the offending header line, and with it a
+    # credential: neither the log line nor the 400 body repeats it.
+    return ClientError(400, "malformed request", "bad_request")

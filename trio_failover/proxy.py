@@ -78,7 +78,9 @@ class Workload:
             "status": self.status,
             "node": self.node,
             "attempts": [record.to_json() for record in self.attempts],
-            "ttfb_ms": _ms(self.committed_at - self.started) if self.committed_at else None,
+            "ttfb_ms": (
+                _ms(self.committed_at - self.started) if self.committed_at is not None else None
+            ),
             "duration_ms": _ms(now - self.started),
         }
 
@@ -121,6 +123,7 @@ class Proxy:
             max_head=config.max_request_head,
             max_body=config.max_request_body,
             client_header_timeout=config.client_header_timeout,
+            closing=lambda: self.draining,
         )
         try:
             async with trio.open_nursery() as nursery:

@@ -14,6 +14,7 @@ import errno
 import functools
 import signal
 import ssl
+import sys
 from typing import Any
 
 import attrs
@@ -66,7 +67,7 @@ def server_ssl_context(config: Config) -> ssl.SSLContext | None:
 
     Raises:
         ConfigError: a key without a certificate, or files that cannot be
-            loaded as a matching certificate chain and key.
+            loaded as a matching certificate chain and unencrypted key.
     """
     if not config.tls_cert:
         if config.tls_key:
@@ -74,7 +75,9 @@ def server_ssl_context(config: Config) -> ssl.SSLContext | None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(config.tls_cert, config.tls_key)
+        # An empty passphrase instead of none: without one, OpenSSL would
+        # prompt on the terminal for an encrypted key and hang a service.
+        context.load_cert_chain(config.tls_cert, config.tls_key, password=lambda: b"")
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise ConfigError(
             "tls-cert", config.tls_cert, f"cannot load the certificate and key ({exc})"
@@ -128,9 +131,9 @@ async def serve(
     """
     log_tls_warnings(config)
     proxy = proxy or Proxy(config, connector=connector)
+    context = server_ssl_context(config)  # bad files fail before anything listens
     host, port = split_host_port(config.listen)
     listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
-    context = server_ssl_context(config)
     scheme = "https" if context else "http"
     bound = listeners[0].socket.getsockname()
     limiter = trio.CapacityLimiter(config.max_connections)
@@ -209,6 +212,11 @@ async def _handle(
         await proxy.handle_connection(client, client_address=address, scheme=scheme)
     except (trio.BrokenResourceError, OSError) as exc:
         logger.debug("connection ended", extra={"fields": {"error": str(exc)}})
+    except Exception:
+        # One connection's failure (a bug, an error nobody mapped) closes
+        # that connection only; escaping, it would cancel the connection
+        # nursery and with it the listener and every other client.
+        logger.exception("connection failed")
     finally:
         await trio.aclose_forcefully(stream)
         limiter.release_on_behalf_of(token)
@@ -220,12 +228,30 @@ def run_server(config: Config) -> int:
     The first signal drains (``shutdown_timeout``) and exits 0; a second one
     cancels what still runs and exits 1.
     """
-    configure_logging(config.log_format, config.log_level)
+    secrets = [value for node in config.upstreams for value in node.headers.values()]
+    configure_logging(config.log_format, config.log_level, secrets=secrets)
+    # Trio hands errors out of nurseries as exception groups: a settings file
+    # that cannot be loaded (exit 2, one line, as for any bad value) or a port
+    # that is taken (exit 1) arrive wrapped.
+    bad_setting: ConfigError | None = None
+    cannot_listen: OSError | None = None
     try:
         return trio.run(_main, config)
-    except OSError as exc:
-        logger.error("cannot listen", extra={"fields": {"error": str(exc)}})
-        return 1
+    except* ConfigError as group:
+        bad_setting = next(exc for exc in _leaves(group) if isinstance(exc, ConfigError))
+    except* OSError as group:
+        cannot_listen = next(exc for exc in _leaves(group) if isinstance(exc, OSError))
+    if bad_setting is not None:
+        print(f"trio-failover: error: {bad_setting}", file=sys.stderr)
+        return 2
+    logger.error("cannot listen", extra={"fields": {"error": str(cannot_listen)}})
+    return 1
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 async def _main(config: Config) -> int:

@@ -1,0 +1,247 @@
+"""The accept loop keeps serving: running out of file descriptors is logged
+and retried after a pause (never a crash, never a busy loop), and one
+connection's failure never takes the server down.
+
+Real sockets on 127.0.0.1, no autojump clock.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import resource
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_failover.config import Config
+from trio_failover.proxy import Proxy
+from trio_failover.server import BoundAddresses, serve
+from trio_failover.testing import FakeNode, Fleet, healthy
+
+GET = b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n\r\n"
+BODY = b'{"ok": true}'
+
+
+class Records(logging.Handler):
+    """Collects the proxy's log records, whatever another test did to propagation."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, level: int) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+@pytest.fixture
+def logs() -> Iterator[Records]:
+    handler = Records()
+    log = logging.getLogger("trio_failover")
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+
+
+async def get(address: tuple[str, int]) -> bytes:
+    """One GET over a new connection; returns the raw answer up to the close."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        await stream.send_all(GET)
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def fleet_and_config(fleet: Fleet) -> Config:
+    node = await fleet.serve_tcp("a")
+    return Config(upstreams=[node], listen="127.0.0.1:0", admin_listen=None)
+
+
+def is_node(listener: trio.SocketListener, config: Config) -> bool:
+    """Whether ``listener`` is the fake node's (patched accepts leave it alone)."""
+    return bool(listener.socket.getsockname()[1] == config.upstreams[0].port)
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS])
+async def test_accept_out_of_resources_is_logged_and_retried_after_a_pause(
+    monkeypatch: pytest.MonkeyPatch, logs: Records, code: int
+) -> None:
+    calls: list[float] = []
+    real_accept = trio.SocketListener.accept
+
+    async def exhausted_three_times(self: trio.SocketListener) -> trio.SocketStream:
+        if is_node(self, config):
+            return await real_accept(self)
+        calls.append(trio.current_time())
+        if len(calls) <= 3:
+            await trio.lowlevel.checkpoint()
+            raise OSError(code, "out of resources")
+        return await real_accept(self)
+
+    async with Fleet({"a": FakeNode(healthy(BODY))}) as fleet:
+        config = await fleet_and_config(fleet)
+        monkeypatch.setattr(trio.SocketListener, "accept", exhausted_three_times)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                bound: BoundAddresses = await nursery.start(serve, config)
+                answer = await get(bound.client)  # waits in the backlog meanwhile
+                nursery.cancel_scope.cancel()
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(BODY)
+    # Three failures, three pauses, then the accept that served the client
+    # (and the next one, waiting): not a busy loop.
+    assert 4 <= len(calls) <= 5
+    gaps = [later - earlier for earlier, later in itertools.pairwise(calls[:4])]
+    assert all(gap >= 0.1 for gap in gaps), gaps  # the pause: 0.1 s
+    assert logs.messages(logging.ERROR) == ["accept failed, retrying"] * 3
+
+
+async def test_other_accept_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_accept = trio.SocketListener.accept
+
+    async def broken(self: trio.SocketListener) -> trio.SocketStream:
+        if is_node(self, config):
+            return await real_accept(self)
+        await trio.lowlevel.checkpoint()
+        raise OSError(errno.EINVAL, "the listener is broken")
+
+    async with Fleet({"a": FakeNode()}) as fleet:
+        config = await fleet_and_config(fleet)
+        monkeypatch.setattr(trio.SocketListener, "accept", broken)
+        with trio.fail_after(10), pytest.RaisesGroup(OSError, flatten_subgroups=True):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve, config)
+
+
+async def test_a_failing_connection_does_not_stop_the_server(
+    monkeypatch: pytest.MonkeyPatch, logs: Records
+) -> None:
+    real = Proxy.handle_connection
+    seen = 0
+
+    async def fails_once(self: Proxy, stream: trio.abc.Stream, **kwargs: object) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == 1:
+            raise RuntimeError("a bug in one connection")
+        await real(self, stream, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Proxy, "handle_connection", fails_once)
+    async with Fleet({"a": FakeNode(healthy(BODY))}) as fleet:
+        config = await fleet_and_config(fleet)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                bound: BoundAddresses = await nursery.start(serve, config)
+                assert await get(bound.client) == b""  # that connection is closed...
+                answer = await get(bound.client)  # ...the server goes on
+                nursery.cancel_scope.cancel()
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert any("a bug in one connection" in (r.exc_text or "") or r.exc_info for r in logs.records)
+
+
+# -- a real process with a tiny descriptor limit ---------------------------------------------
+
+FD_LIMIT = 64
+
+
+def _limit_fds() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime + stime
+    return ticks / 100  # USER_HZ, 100 on every Linux this runs on
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and sets RLIMIT_NOFILE")
+async def test_process_out_of_descriptors_keeps_serving_without_spinning() -> None:
+    async with Fleet({"a": FakeNode(healthy(BODY))}) as fleet:
+        node = await fleet.serve_tcp("a")
+        command = [
+            sys.executable,
+            "-m",
+            "trio_failover",
+            "serve",
+            "--listen=127.0.0.1:0",
+            "--admin-listen=off",
+            f"--upstream=a={node.url}",
+        ]
+        lines: list[str] = []
+        with trio.fail_after(30):
+            process = await trio.lowlevel.open_process(
+                command,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=_limit_fds,
+            )
+            try:
+                async with trio.open_nursery() as nursery:
+                    assert process.stderr is not None
+                    listening = trio.Event()
+                    address: list[tuple[str, int]] = []
+
+                    async def read_stderr() -> None:
+                        assert process.stderr is not None
+                        buffer = b""
+                        while chunk := await process.stderr.receive_some(65536):
+                            buffer += chunk
+                            *done, buffer = buffer.split(b"\n")
+                            for raw in done:
+                                line = raw.decode(errors="replace")
+                                lines.append(line)
+                                if "listening on http://" in line:
+                                    host, _, port = line.rpartition("http://")[2].rpartition(":")
+                                    address.append((host, int(port)))
+                                    listening.set()
+
+                    nursery.start_soon(read_stderr)
+                    await listening.wait()
+                    (bound,) = address
+
+                    # Hold more connections than the process has descriptors.
+                    holders = [await trio.open_tcp_stream(*bound) for _ in range(FD_LIMIT + 20)]
+                    await trio.sleep(0.5)
+                    before = _cpu_seconds(process.pid)
+                    await trio.sleep(1.0)
+                    spent = _cpu_seconds(process.pid) - before
+                    assert process.poll() is None, "the proxy died out of descriptors"
+                    failures = [line for line in lines if "accept failed, retrying" in line]
+                    assert failures, "\n".join(lines[-20:])
+                    assert "Too many open files" in failures[0]
+                    # Retrying every 0.1 s costs little; a busy loop burns a whole core.
+                    assert spent < 0.5, f"{spent:.2f} s of CPU in 1 s while out of descriptors"
+                    assert len(failures) < 40
+
+                    for stream in holders:
+                        await stream.aclose()
+                    # Descriptors come back; the backlog drains; a request is served.
+                    for _ in range(50):
+                        answer = await get(bound)
+                        if answer.startswith(b"HTTP/1.1 200 "):
+                            break
+                        await trio.sleep(0.1)
+                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+                    assert answer.endswith(BODY)
+                    process.terminate()
+                    assert await process.wait() == 0
+                    nursery.cancel_scope.cancel()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()

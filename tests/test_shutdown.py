@@ -1,0 +1,310 @@
+"""Graceful shutdown: stop accepting, let in-flight workloads finish within
+``shutdown_timeout``, then cancel them; a second signal stops at once.
+
+The first tests drive ``serve(shutdown=...)`` in this process; the last ones
+run the real command line in a subprocess and send it signals. Real sockets
+on 127.0.0.1, no autojump clock.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+
+import attrs
+import h11
+import pytest
+import trio
+import trio.testing
+
+from trio_failover.config import Config, Upstream
+from trio_failover.proxy import Proxy
+from trio_failover.server import BoundAddresses, serve
+from trio_failover.testing import FakeNode, Fleet, healthy, slow_head
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+CHUNKS = [b"data: %d\n\n" % i for i in range(7)]
+STREAM_BODY = b"".join(CHUNKS)
+
+
+def streaming(seconds: float, chunks: Sequence[bytes] = CHUNKS) -> FakeNode:
+    """A node that streams ``chunks`` evenly over ``seconds`` (first one at once)."""
+    delay = seconds / (len(chunks) - 1)
+    return FakeNode(healthy(list(chunks), chunk_delay=delay, content_length=False))
+
+
+@attrs.define
+class Reply:
+    """A response read off a real socket, chunk by chunk."""
+
+    status: int = 0
+    body: bytes = b""
+    complete: bool = False
+    first_chunk: trio.Event = attrs.Factory(trio.Event)
+
+
+async def fetch(address: tuple[str, int], reply: Reply) -> None:
+    """POST to the proxy and read the response into ``reply``."""
+    stream = await trio.open_tcp_stream(*address)
+    conn = h11.Connection(h11.CLIENT)
+    request = h11.Request(
+        method="POST",
+        target="/v1/chat/completions",
+        headers=[("host", "proxy.test"), ("content-length", "2")],
+    )
+    await stream.send_all(conn.send(request) + conn.send(h11.Data(data=b"{}")))
+    await stream.send_all(conn.send(h11.EndOfMessage()))
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    data = await stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    return  # closed before the end of the body
+                conn.receive_data(data)
+            elif isinstance(event, h11.Response):
+                reply.status = event.status_code
+            elif isinstance(event, h11.Data):
+                reply.body += event.data
+                reply.first_chunk.set()
+            elif isinstance(event, h11.EndOfMessage):
+                reply.complete = True
+                return
+    finally:
+        await stream.aclose()
+
+
+async def refuses(address: tuple[str, int]) -> bool:
+    """Whether the listener is gone (a connect is refused)."""
+    try:
+        stream = await trio.open_tcp_stream(*address)
+    except OSError:
+        return True
+    await stream.aclose()
+    return False
+
+
+def config_for(node: Upstream, *, shutdown_timeout: float) -> Config:
+    return Config(
+        upstreams=[node],
+        listen="127.0.0.1:0",
+        admin_listen=None,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+
+# -- serve(shutdown=...) in this process -----------------------------------------------------
+
+
+async def test_drain_lets_an_in_flight_stream_finish_and_stops_accepting() -> None:
+    async with Fleet({"a": streaming(1.5)}) as fleet:
+        config = config_for(await fleet.serve_tcp("a"), shutdown_timeout=10.0)
+        shutdown = trio.Event()
+        reply = Reply()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                bound: BoundAddresses = await nursery.start(
+                    partial(serve, config, shutdown=shutdown)
+                )
+                async with trio.open_nursery() as clients:
+                    clients.start_soon(fetch, bound.client, reply)
+                    await reply.first_chunk.wait()
+                    shutdown.set()
+                    await trio.sleep(0.1)
+                    assert await refuses(bound.client)
+                    assert not reply.complete
+            # serve() returned by itself: the drain ended with the stream.
+        assert reply.status == 200
+        assert reply.body == STREAM_BODY
+        assert reply.complete
+
+
+async def test_drain_closes_idle_keepalive_connections_at_once() -> None:
+    async with Fleet({"a": FakeNode()}) as fleet:
+        config = config_for(await fleet.serve_tcp("a"), shutdown_timeout=10.0)
+        shutdown = trio.Event()
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                bound: BoundAddresses = await nursery.start(
+                    partial(serve, config, shutdown=shutdown)
+                )
+                stream = await trio.open_tcp_stream(*bound.client)
+                await stream.send_all(b"GET / HTTP/1.1\r\nHost: proxy.test\r\n\r\n")
+                data = b""
+                while not data.endswith(b'{"ok": true}'):
+                    data += await stream.receive_some(65536)
+                started = trio.current_time()
+                shutdown.set()
+                assert await stream.receive_some(65536) == b""  # closed by the drain
+                assert trio.current_time() - started < 1.0  # not after 75 s of keep-alive
+                await stream.aclose()
+
+
+async def test_drain_cancels_what_outlives_the_shutdown_timeout() -> None:
+    async with Fleet({"a": streaming(30.0)}) as fleet:
+        config = config_for(await fleet.serve_tcp("a"), shutdown_timeout=0.5)
+        shutdown = trio.Event()
+        reply = Reply()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                bound: BoundAddresses = await nursery.start(
+                    partial(serve, config, shutdown=shutdown)
+                )
+                nursery.start_soon(fetch, bound.client, reply)
+                await reply.first_chunk.wait()
+                started = trio.current_time()
+                shutdown.set()
+            elapsed = trio.current_time() - started
+        assert 0.5 <= elapsed < 2.0
+        assert reply.status == 200
+        assert reply.body == CHUNKS[0]
+        assert not reply.complete  # cut short: never a false end of stream
+
+
+async def test_answer_committed_during_a_drain_says_connection_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Without it, a keep-alive client may send its next request just as the
+    # proxy closes the connection, and lose it without an answer.
+    async with Fleet({"a": FakeNode(slow_head(2.0))}) as fleet:
+        config = Config(upstreams=fleet.upstreams(), admin_listen=None)
+        proxy = Proxy(config, connector=fleet.connector)
+        near, far = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(proxy.handle_connection, far)
+            await near.send_all(b"GET / HTTP/1.1\r\nHost: proxy.test\r\n\r\n")
+            await trio.sleep(1.0)
+            proxy.begin_drain()
+            answer = b""
+            while chunk := await near.receive_some(65536):
+                answer += chunk
+            nursery.cancel_scope.cancel()
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    assert b"\r\nconnection: close" in head
+
+
+# -- the command line in a subprocess --------------------------------------------------------
+
+
+@attrs.define
+class ProxyProcess:
+    process: trio.Process
+    address: tuple[str, int]
+    lines: list[str]
+
+
+@asynccontextmanager
+async def proxy_process(node: Upstream, *options: str) -> AsyncIterator[ProxyProcess]:
+    """``trio-failover serve`` in a subprocess, listening on a free port."""
+    command = [
+        sys.executable,
+        "-m",
+        "trio_failover",
+        "serve",
+        "--listen=127.0.0.1:0",
+        "--admin-listen=off",
+        f"--upstream={node.name}={node.url}",
+        *options,
+    ]
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    lines: list[str] = []
+    listening = trio.Event()
+    address: list[tuple[str, int]] = []
+
+    async def read_stderr() -> None:
+        assert process.stderr is not None
+        buffer = b""
+        while chunk := await process.stderr.receive_some(65536):
+            buffer += chunk
+            *done, buffer = buffer.split(b"\n")
+            for raw in done:
+                line = raw.decode(errors="replace")
+                lines.append(line)
+                if "listening on http://" in line:
+                    host, _, port = line.rpartition("http://")[2].rpartition(":")
+                    address.append((host, int(port)))
+                    listening.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_stderr)
+            with trio.fail_after(15):
+                await listening.wait()
+            yield ProxyProcess(process, address[0], lines)
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_signal_during_a_3_second_stream_lets_it_complete_then_exits_0(
+    signum: signal.Signals,
+) -> None:
+    async with Fleet({"a": streaming(3.0)}) as fleet:
+        node = await fleet.serve_tcp("a")
+        reply = Reply()
+        with trio.fail_after(20):
+            async with proxy_process(node) as proxy, trio.open_nursery() as clients:
+                clients.start_soon(fetch, proxy.address, reply)
+                await reply.first_chunk.wait()
+                signalled = trio.current_time()
+                proxy.process.send_signal(signum)
+                await trio.sleep(0.3)
+                assert await refuses(proxy.address)  # stopped accepting
+                assert proxy.process.poll() is None  # still draining
+                returncode = await proxy.process.wait()
+                exited = trio.current_time() - signalled
+        assert reply.body == STREAM_BODY
+        assert reply.complete
+        assert returncode == 0, "\n".join(proxy.lines)
+        assert 2.0 < exited < 6.0  # it waited for the stream, then no longer
+        assert any(f"{signum.name}: shutting down" in line for line in proxy.lines)
+
+
+async def test_idle_proxy_exits_0_at_once_on_sigterm() -> None:
+    async with Fleet({"a": FakeNode()}) as fleet:
+        node = await fleet.serve_tcp("a")
+        with trio.fail_after(20):
+            async with proxy_process(node) as proxy:
+                signalled = trio.current_time()
+                proxy.process.send_signal(signal.SIGTERM)
+                returncode = await proxy.process.wait()
+                assert trio.current_time() - signalled < 2.0
+        assert returncode == 0
+
+
+async def test_second_sigterm_during_a_long_stream_exits_promptly() -> None:
+    async with Fleet({"a": streaming(60.0)}) as fleet:
+        node = await fleet.serve_tcp("a")
+        reply = Reply()
+        with trio.fail_after(20):
+            async with (
+                proxy_process(node, "--shutdown-timeout=30s") as proxy,
+                trio.open_nursery() as clients,
+            ):
+                clients.start_soon(fetch, proxy.address, reply)
+                await reply.first_chunk.wait()
+                proxy.process.send_signal(signal.SIGTERM)
+                await trio.sleep(0.5)
+                assert proxy.process.poll() is None  # draining: it would wait 30 s
+                signalled = trio.current_time()
+                proxy.process.send_signal(signal.SIGTERM)
+                returncode = await proxy.process.wait()
+                stopped = trio.current_time() - signalled
+        assert stopped < 2.0
+        assert returncode == 1  # forced: not a clean drain
+        assert not reply.complete  # the client sees a cut stream, not a false end
+        assert any("second signal" in line for line in proxy.lines)
