@@ -11,13 +11,13 @@ import errno
 import itertools
 import logging
 import resource
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
+from support import serve_process
 
 from trio_failover.config import Config
 from trio_failover.proxy import Proxy
@@ -173,75 +173,32 @@ def _cpu_seconds(pid: int) -> float:
 async def test_process_out_of_descriptors_keeps_serving_without_spinning() -> None:
     async with Fleet({"a": FakeNode(healthy(BODY))}) as fleet:
         node = await fleet.serve_tcp("a")
-        command = [
-            sys.executable,
-            "-m",
-            "trio_failover",
-            "serve",
-            "--listen=127.0.0.1:0",
-            "--admin-listen=off",
-            f"--upstream=a={node.url}",
-        ]
-        lines: list[str] = []
         with trio.fail_after(30):
-            process = await trio.lowlevel.open_process(
-                command,
-                stdin=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                preexec_fn=_limit_fds,
-            )
-            try:
-                async with trio.open_nursery() as nursery:
-                    assert process.stderr is not None
-                    listening = trio.Event()
-                    address: list[tuple[str, int]] = []
+            async with serve_process(f"--upstream=a={node.url}", preexec_fn=_limit_fds) as proxy:
+                process, bound, lines = proxy.process, proxy.address, proxy.lines
+                # Hold more connections than the process has descriptors.
+                holders = [await trio.open_tcp_stream(*bound) for _ in range(FD_LIMIT + 20)]
+                await trio.sleep(0.5)
+                before = _cpu_seconds(process.pid)
+                await trio.sleep(1.0)
+                spent = _cpu_seconds(process.pid) - before
+                assert process.poll() is None, "the proxy died out of descriptors"
+                failures = [line for line in lines if "accept failed, retrying" in line]
+                assert failures, "\n".join(lines[-20:])
+                assert "Too many open files" in failures[0]
+                # Retrying every 0.1 s costs little; a busy loop burns a whole core.
+                assert spent < 0.5, f"{spent:.2f} s of CPU in 1 s while out of descriptors"
+                assert len(failures) < 40
 
-                    async def read_stderr() -> None:
-                        assert process.stderr is not None
-                        buffer = b""
-                        while chunk := await process.stderr.receive_some(65536):
-                            buffer += chunk
-                            *done, buffer = buffer.split(b"\n")
-                            for raw in done:
-                                line = raw.decode(errors="replace")
-                                lines.append(line)
-                                if "listening on http://" in line:
-                                    host, _, port = line.rpartition("http://")[2].rpartition(":")
-                                    address.append((host, int(port)))
-                                    listening.set()
-
-                    nursery.start_soon(read_stderr)
-                    await listening.wait()
-                    (bound,) = address
-
-                    # Hold more connections than the process has descriptors.
-                    holders = [await trio.open_tcp_stream(*bound) for _ in range(FD_LIMIT + 20)]
-                    await trio.sleep(0.5)
-                    before = _cpu_seconds(process.pid)
-                    await trio.sleep(1.0)
-                    spent = _cpu_seconds(process.pid) - before
-                    assert process.poll() is None, "the proxy died out of descriptors"
-                    failures = [line for line in lines if "accept failed, retrying" in line]
-                    assert failures, "\n".join(lines[-20:])
-                    assert "Too many open files" in failures[0]
-                    # Retrying every 0.1 s costs little; a busy loop burns a whole core.
-                    assert spent < 0.5, f"{spent:.2f} s of CPU in 1 s while out of descriptors"
-                    assert len(failures) < 40
-
-                    for stream in holders:
-                        await stream.aclose()
-                    # Descriptors come back; the backlog drains; a request is served.
-                    for _ in range(50):
-                        answer = await get(bound)
-                        if answer.startswith(b"HTTP/1.1 200 "):
-                            break
-                        await trio.sleep(0.1)
-                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
-                    assert answer.endswith(BODY)
-                    process.terminate()
-                    assert await process.wait() == 0
-                    nursery.cancel_scope.cancel()
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
+                for stream in holders:
+                    await stream.aclose()
+                # Descriptors come back; the backlog drains; a request is served.
+                for _ in range(50):
+                    answer = await get(bound)
+                    if answer.startswith(b"HTTP/1.1 200 "):
+                        break
+                    await trio.sleep(0.1)
+                assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+                assert answer.endswith(BODY)
+                process.terminate()
+                assert await process.wait() == 0

@@ -9,7 +9,6 @@ on 127.0.0.1, no autojump clock.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,6 +19,7 @@ import h11
 import pytest
 import trio
 import trio.testing
+from support import ProxyProcess, serve_process
 
 from trio_failover.config import Config, Upstream
 from trio_failover.proxy import Proxy
@@ -194,59 +194,11 @@ async def test_answer_committed_during_a_drain_says_connection_close(
 # -- the command line in a subprocess --------------------------------------------------------
 
 
-@attrs.define
-class ProxyProcess:
-    process: trio.Process
-    address: tuple[str, int]
-    lines: list[str]
-
-
 @asynccontextmanager
 async def proxy_process(node: Upstream, *options: str) -> AsyncIterator[ProxyProcess]:
-    """``trio-failover serve`` in a subprocess, listening on a free port."""
-    command = [
-        sys.executable,
-        "-m",
-        "trio_failover",
-        "serve",
-        "--listen=127.0.0.1:0",
-        "--admin-listen=off",
-        f"--upstream={node.name}={node.url}",
-        *options,
-    ]
-    process = await trio.lowlevel.open_process(
-        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    lines: list[str] = []
-    listening = trio.Event()
-    address: list[tuple[str, int]] = []
-
-    async def read_stderr() -> None:
-        assert process.stderr is not None
-        buffer = b""
-        while chunk := await process.stderr.receive_some(65536):
-            buffer += chunk
-            *done, buffer = buffer.split(b"\n")
-            for raw in done:
-                line = raw.decode(errors="replace")
-                lines.append(line)
-                if "listening on http://" in line:
-                    host, _, port = line.rpartition("http://")[2].rpartition(":")
-                    address.append((host, int(port)))
-                    listening.set()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read_stderr)
-            with trio.fail_after(15):
-                await listening.wait()
-            yield ProxyProcess(process, address[0], lines)
-            nursery.cancel_scope.cancel()
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
+    """``trio-failover serve`` for one node in a subprocess, on a free port."""
+    async with serve_process(f"--upstream={node.name}={node.url}", *options) as proxy:
+        yield proxy
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -1,0 +1,70 @@
+"""Helpers shared by the test files: the proxy's command line in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+
+@attrs.define
+class ProxyProcess:
+    process: trio.Process
+    address: tuple[str, int]
+    lines: list[str]
+
+
+@asynccontextmanager
+async def serve_process(
+    *options: str, preexec_fn: Callable[[], None] | None = None
+) -> AsyncIterator[ProxyProcess]:
+    """``trio-failover serve`` in a subprocess, listening on a free port.
+
+    Yields once the proxy logged ``listening on``; kills it on the way out.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "trio_failover",
+        "serve",
+        "--listen=127.0.0.1:0",
+        "--admin-listen=off",
+        *options,
+    ]
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec_fn
+    )
+    lines: list[str] = []
+    listening = trio.Event()
+    address: list[tuple[str, int]] = []
+
+    async def read_stderr() -> None:
+        assert process.stderr is not None
+        buffer = b""
+        while chunk := await process.stderr.receive_some(65536):
+            buffer += chunk
+            *done, buffer = buffer.split(b"\n")
+            for raw in done:
+                line = raw.decode(errors="replace")
+                lines.append(line)
+                if "listening on http://" in line:
+                    host, _, port = line.rpartition("http://")[2].rpartition(":")
+                    address.append((host, int(port)))
+                    listening.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_stderr)
+            with trio.fail_after(15):
+                await listening.wait()
+            yield ProxyProcess(process, address[0], lines)
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
