@@ -35,6 +35,7 @@ from .headers import client_response_headers, get, upstream_request_headers, wor
 from .logs import access_logger, logger, wall_time
 from .metrics import Metrics
 from .outcome import AttemptRecord, Outcome, SavedResponse, failure_status, judge, parse_retry_after
+from .pool import ConnectionPool
 from .ranking import affinity_key, resolve_candidates
 from .upstream import Connector, OutgoingRequest, TCPConnector, UpstreamResponse, open_response
 
@@ -100,6 +101,10 @@ class Proxy:
     def __init__(self, config: Config, *, connector: Connector | None = None) -> None:
         self.config = config
         self.connector: Connector = connector or TCPConnector(config)
+        # Idle keep-alive connections to nodes; close with ``pool.aclose()``.
+        self.pool = ConnectionPool(
+            max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
+        )
         self.cooldowns = CooldownTable()
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
@@ -272,15 +277,25 @@ class Proxy:
             try:
                 try:
                     response = await open_response(
-                        node, outgoing, connector=self.connector, config=self.config
+                        node, outgoing, connector=self.connector, config=self.config, pool=self.pool
                     )
                 except UpstreamError as exc:
                     failure = exc
                 else:
                     try:
-                        return await self._relay(client, work, node, response)
-                    finally:
+                        relayed = await self._relay(client, work, node, response)
+                    except BaseException:
+                        await response.aclose()  # cancelled or failed: never pooled
+                        raise
+                    # Only a response relayed to its end, to a client still
+                    # there, frees a connection for reuse; a workload whose
+                    # client left (FIN or RST, whatever --client-close says)
+                    # counts as abandoned and closes it.
+                    if relayed and client.closed is None:
+                        await response.release()
+                    else:
                         await response.aclose()
+                    return relayed
             finally:
                 stats.in_flight -= 1
                 self.metrics.in_flight.labels(node.name).dec()
@@ -327,11 +342,13 @@ class Proxy:
                         work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
                     )
                     return False
-                if chunk is None:
-                    await client.send(h11.EndOfMessage())
-                    break
                 work.body_bytes += len(chunk)
-                await client.send(h11.Data(data=chunk))
+                if not response.complete:
+                    await client.send(h11.Data(data=chunk))
+                elif chunk:  # the last bytes and the end in one write
+                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
+                else:
+                    await client.send(h11.EndOfMessage())
         except UpstreamError as exc:
             # After commit nothing is replayed: the client sees a truncated
             # response (no terminating chunk, or a short Content-Length body).
@@ -354,10 +371,10 @@ class Proxy:
         while not response.complete:
             with trio.move_on_after(idle_timeout) as idle:
                 try:
-                    chunk = await response.receive_chunk()
+                    await response.receive_chunk()
                 except UpstreamError:
                     return
-            if idle.cancelled_caught or chunk is None:
+            if idle.cancelled_caught:
                 return
 
     # -- requests to nodes ---------------------------------------------------

@@ -164,6 +164,7 @@ async def serve(
         # Cancelled from outside (an embedder's scope, a test): still no leak.
         for listener in listeners:
             await trio.aclose_forcefully(listener)
+        await proxy.pool.aclose()
 
 
 async def _accept_loop(

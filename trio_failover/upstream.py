@@ -11,7 +11,8 @@ Each deadline wraps the smallest operation that owns it:
 Trio and OS errors are turned into ``UpstreamError`` subclasses here, phase
 by phase; what they mean for the workload is ``outcome.judge``'s call.
 Cancellation: whatever cancels an attempt (client abort, shutdown), its
-socket is closed at once in ``finally``; no socket outlives its attempt.
+socket is closed at once; only a connection whose response was relayed to
+its end goes back to the node's pool (``pool.py``) instead.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import errors, sockopts
 from .config import Config, Upstream
 from .headers import Headers
 from .outcome import HeadAction, SavedResponse, classify_head, error_code
+from .pool import ConnectionPool
 
 RECEIVE_SIZE = 65536
 # A 4xx error body is read up to this size to look for a retryable
@@ -46,31 +48,72 @@ class Connector(Protocol):
 
 
 class TCPConnector:
-    """The real connector: TCP (plus TLS for https:// nodes) with socket options."""
+    """The real connector: TCP (plus TLS for https:// nodes) with socket options.
+
+    TLS for an https:// node: the system trust store, or only the node's
+    ``ca_file`` when it has one; the certificate must name the URL's host
+    (SNI carries that host too); ALPN offers ``http/1.1`` only. With
+    ``insecure_skip_verify`` any certificate is accepted (``server.serve``
+    warns about such nodes at startup).
+
+    Raises:
+        ConfigError: from the constructor, when a node's ``ca_file`` cannot
+            be loaded. Contexts are built up front so that a bad CA file stops
+            the proxy before it listens instead of failing every attempt.
+    """
 
     def __init__(self, config: Config) -> None:
         self._dead_peer_timeout = config.dead_peer_timeout
-        self._ssl_contexts: dict[str, ssl.SSLContext] = {}
+        # Keyed by what makes contexts differ, so nodes that share a CA file
+        # (or the system store) share one context and its session cache.
+        self._ssl_contexts: dict[tuple[str | None, bool], ssl.SSLContext] = {}
+        for node in config.upstreams:
+            if node.scheme == "https":
+                self.ssl_context(node)
 
     def ssl_context(self, node: Upstream) -> ssl.SSLContext:
         """The TLS context for an https:// node (verifying unless configured not to)."""
-        context = self._ssl_contexts.get(node.name)
+        key = (node.ca_file, node.insecure_skip_verify)
+        context = self._ssl_contexts.get(key)
         if context is None:
-            context = ssl.create_default_context(cafile=node.ca_file)
+            try:
+                # With a cafile, create_default_context loads that file
+                # instead of the system store: a private CA is pinned.
+                context = ssl.create_default_context(cafile=node.ca_file)
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                raise errors.ConfigError(
+                    "upstream.ca_file",
+                    node.ca_file,
+                    f"cannot load CA certificates ({exc})",
+                    f"upstream {node.name}",
+                ) from exc
             if node.insecure_skip_verify:
-                context.check_hostname = False
+                context.check_hostname = False  # must precede CERT_NONE
                 context.verify_mode = ssl.CERT_NONE
             context.set_alpn_protocols(["http/1.1"])
-            self._ssl_contexts[node.name] = context
+            self._ssl_contexts[key] = context
         return context
 
     async def connect(self, node: Upstream) -> trio.abc.Stream:
-        """TCP connect, socket options, and the TLS handshake for https:// nodes."""
+        """TCP connect, socket options, and the TLS handshake for https:// nodes.
+
+        Cancellation: the caller's connect deadline covers the handshake too;
+        a cancelled handshake closes the socket (the half-made TLS stream is
+        unusable anyway).
+        """
         tcp = await trio.open_tcp_stream(node.host, node.port)
         sockopts.apply_upstream_options(tcp.socket, self._dead_peer_timeout)
         if node.scheme != "https":
             return tcp
-        tls = trio.SSLStream(tcp, self.ssl_context(node), server_hostname=node.host)
+        # https_compatible: many HTTPS servers close without a TLS
+        # close_notify; HTTP framing (Content-Length, chunked) already tells
+        # a complete message from a cut one, so a bare EOF reads as EOF (and
+        # an early one is then closed_early, not a TLS error), as in every
+        # HTTPS client. An IP-literal host gets no SNI (RFC 6066 section 3)
+        # but is still checked against the certificate's IP addresses.
+        tls = trio.SSLStream(
+            tcp, self.ssl_context(node), server_hostname=node.host, https_compatible=True
+        )
         try:
             await tls.do_handshake()
         except BaseException:
@@ -99,21 +142,34 @@ class Timings:
     first_body: float
 
 
+_IO_ERRORS = (
+    h11.RemoteProtocolError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    OSError,
+)
+
+
+def _map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
+    """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
+    if isinstance(exc, _EarlyClose):
+        return errors.UpstreamClosedEarly(node, f"{phase}: {exc}")
+    if isinstance(exc, h11.RemoteProtocolError):
+        return errors.UpstreamProtocolError(node, f"{phase}: {exc}")
+    if sockopts.is_dead_peer_error(exc):
+        return errors.DeadPeer(node, f"{phase}: peer stopped answering")
+    if _caused_by(exc, ssl.SSLError):
+        return errors.TLSError(node, f"{phase}: {exc.__cause__ or exc}")
+    return errors.UpstreamReset(node, f"{phase}: {exc.__cause__ or exc}")
+
+
 @contextmanager
 def _mapped(node: str, phase: str) -> Iterator[None]:
     """Map Trio, OS, TLS and h11 errors of one phase onto the error tree."""
     try:
         yield
-    except _EarlyClose as exc:
-        raise errors.UpstreamClosedEarly(node, f"{phase}: {exc}") from exc
-    except h11.RemoteProtocolError as exc:
-        raise errors.UpstreamProtocolError(node, f"{phase}: {exc}") from exc
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-        if sockopts.is_dead_peer_error(exc):
-            raise errors.DeadPeer(node, f"{phase}: peer stopped answering") from exc
-        if _caused_by(exc, ssl.SSLError):
-            raise errors.TLSError(node, f"{phase}: {exc.__cause__ or exc}") from exc
-        raise errors.UpstreamReset(node, f"{phase}: {exc.__cause__ or exc}") from exc
+    except (_EarlyClose, *_IO_ERRORS) as exc:
+        raise _map_error(node, phase, exc) from exc
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
@@ -130,9 +186,10 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
 class UpstreamResponse:
     """A committed-ready response: its whole head and its first body bytes.
 
-    The rest of the body comes from ``receive_chunk``. Close it with
-    ``aclose`` (it closes the socket; connections are not reused after a
-    response that was not read to its end).
+    The rest of the body comes from ``receive_chunk``. When the body was
+    relayed to its end, ``release`` hands the connection back to the pool
+    (if it may carry another request); otherwise ``aclose`` closes it. A
+    response that was not read to its end is never pooled.
     """
 
     def __init__(
@@ -144,6 +201,7 @@ class UpstreamResponse:
         first_chunk: bytes,
         complete: bool,
         timings: Timings,
+        pool: ConnectionPool | None = None,
     ) -> None:
         self.node = node
         self.status = response.status_code
@@ -154,34 +212,54 @@ class UpstreamResponse:
         self.timings = timings
         self._stream = stream
         self._conn = conn
+        self._pool = pool
+        self._open = True
 
-    async def receive_chunk(self) -> bytes | None:
-        """The next body bytes, or None at the end of the body.
+    async def receive_chunk(self) -> bytes:
+        """The next body bytes: all that has arrived, at least one byte.
+
+        After it returns, ``complete`` tells whether the body has ended (the
+        bytes returned are then its last, possibly none). Bytes that came in
+        one read are returned together, so a burst of small upstream chunks
+        costs one client write, never a wait.
 
         Raises:
             UpstreamError: the connection broke or the node sent bad framing.
         """
         if self.complete:
-            return None
-        while True:
-            with _mapped(self.node.name, "body"):
-                event = await _next_event(self._stream, self._conn)
-            if isinstance(event, h11.Data):
-                if event.data:
-                    return bytes(event.data)
-                continue
-            if isinstance(event, h11.EndOfMessage):
-                self.complete = True
-                return None
-            raise errors.UpstreamClosedEarly(self.node.name, "body: connection closed")
+            return b""
+        try:
+            data, self.complete = await _read_body(self._stream, self._conn)
+        except (_EarlyClose, *_IO_ERRORS) as exc:
+            raise _map_error(self.node.name, "body", exc) from exc
+        return data
+
+    async def release(self) -> None:
+        """Give the connection back to the pool after a complete response, else close it.
+
+        Cancellation: the connection is pooled or closed, never left open.
+        """
+        if not self._open:
+            return
+        self._open = False
+        if self._pool is not None:  # it checks that the exchange ended cleanly
+            await self._pool.release(self.node.name, self._stream, self._conn)
+        else:
+            await trio.aclose_forcefully(self._stream)
 
     async def aclose(self) -> None:
         """Close the connection to the node, forcefully (never blocks)."""
-        await trio.aclose_forcefully(self._stream)
+        if self._open:
+            self._open = False
+            await trio.aclose_forcefully(self._stream)
 
 
 class _EarlyClose(Exception):
     """The node closed the connection before the message was complete."""
+
+
+class _StaleConnection(Exception):
+    """A pooled connection was closed by the node before any byte of the answer."""
 
 
 async def _next_event(stream: trio.abc.Stream, conn: h11.Connection) -> h11.Event:
@@ -196,7 +274,7 @@ async def _next_event(stream: trio.abc.Stream, conn: h11.Connection) -> h11.Even
             assert not isinstance(event, type)  # PAUSED is never returned to a client
             return event
         data = await stream.receive_some(RECEIVE_SIZE)
-        conn.receive_data(bytes(data))
+        conn.receive_data(bytes(data))  # no copy when it is bytes already
         if not data:
             try:
                 event = conn.next_event()
@@ -207,10 +285,57 @@ async def _next_event(stream: trio.abc.Stream, conn: h11.Connection) -> h11.Even
             return event
 
 
+async def _receive_answer_start(stream: trio.abc.Stream, conn: h11.Connection) -> None:
+    """First read on a pooled connection: an EOF or reset here means it went stale.
+
+    A node closes an idle keep-alive connection whenever its own timer says
+    so; if that crosses our request, nothing of it was processed and the
+    request can go out again on a fresh connection (RFC 9112 section 9.3.1).
+
+    Raises:
+        _StaleConnection: EOF or reset before the first byte.
+    """
+    try:
+        data = await stream.receive_some(RECEIVE_SIZE)
+    except (trio.BrokenResourceError, OSError) as exc:
+        if sockopts.is_dead_peer_error(exc):
+            raise  # the peer vanished: a node failure, found by keepalive
+        raise _StaleConnection("reset before the answer") from exc
+    if not data:
+        raise _StaleConnection("closed before the answer")
+    conn.receive_data(bytes(data))
+
+
+async def _connect(node: Upstream, connector: Connector, config: Config) -> trio.abc.Stream:
+    with trio.move_on_after(config.connect_timeout) as connect_scope:
+        try:
+            return await connector.connect(node)
+        except ssl.SSLError as exc:
+            raise errors.TLSError(node.name, f"connect: {exc}") from exc
+        except (OSError, trio.BrokenResourceError) as exc:
+            if _caused_by(exc, ssl.SSLError):
+                raise errors.TLSError(node.name, f"connect: {exc.__cause__}") from exc
+            raise errors.ConnectFailed(node.name, f"connect: {exc}") from exc
+    assert connect_scope.cancelled_caught
+    raise errors.ConnectTimeout(node.name, f"connect: no connection in {config.connect_timeout}s")
+
+
 async def open_response(
-    node: Upstream, request: OutgoingRequest, *, connector: Connector, config: Config
+    node: Upstream,
+    request: OutgoingRequest,
+    *,
+    connector: Connector,
+    config: Config,
+    pool: ConnectionPool | None = None,
 ) -> UpstreamResponse:
     """Run one attempt up to the commit point.
+
+    With a ``pool``, the newest idle connection to the node is used first.
+    If it turns out closed before any byte of the answer (EOF or reset on
+    the write or the first read), the request goes out once more on a fresh
+    connection, within the same attempt: not a node failure, no cooldown.
+    The response-header deadline runs from the request written on the
+    connection actually used.
 
     Returns:
         The response with its head and first body bytes (or its valid empty
@@ -221,24 +346,28 @@ async def open_response(
             ``RetryableResponse`` carries the node's answer in ``.saved``.
 
     Cancellation:
-        Cancelling closes the connection at once; nothing is left open.
+        Cancelling closes the connection at once; nothing is left open and
+        nothing goes back to the pool.
     """
     started = trio.current_time()
-    with trio.move_on_after(config.connect_timeout) as connect_scope:
-        try:
-            stream = await connector.connect(node)
-        except ssl.SSLError as exc:
-            raise errors.TLSError(node.name, f"connect: {exc}") from exc
-        except (OSError, trio.BrokenResourceError) as exc:
-            if _caused_by(exc, ssl.SSLError):
-                raise errors.TLSError(node.name, f"connect: {exc.__cause__}") from exc
-            raise errors.ConnectFailed(node.name, f"connect: {exc}") from exc
-    if connect_scope.cancelled_caught:
-        raise errors.ConnectTimeout(
-            node.name, f"connect: no connection in {config.connect_timeout}s"
-        )
+    if pool is not None:
+        idle = await pool.acquire(node.name)
+        if idle is not None:
+            try:
+                return await _exchange(
+                    node, idle.stream, idle.conn, request, config, started, pool, reused=True
+                )
+            except _StaleConnection:
+                pass  # closed below, outside the handler; then a fresh connection
+            except BaseException:
+                await trio.aclose_forcefully(idle.stream)
+                raise
+            await trio.aclose_forcefully(idle.stream)
+    stream = await _connect(node, connector, config)
     try:
-        return await _exchange(node, stream, request, config, started)
+        return await _exchange(
+            node, stream, h11.Connection(h11.CLIENT), request, config, started, pool, reused=False
+        )
     except BaseException:
         await trio.aclose_forcefully(stream)
         raise
@@ -247,38 +376,53 @@ async def open_response(
 async def _exchange(
     node: Upstream,
     stream: trio.abc.Stream,
+    conn: h11.Connection,
     request: OutgoingRequest,
     config: Config,
     started: float,
+    pool: ConnectionPool | None,
+    *,
+    reused: bool,
 ) -> UpstreamResponse:
-    conn = h11.Connection(h11.CLIENT)
     name = node.name
     header_timeout = config.response_header_timeout
 
-    # A node that does not even take the request is as stalled as one that
-    # takes it and never answers: the same deadline bounds the write.
-    with trio.move_on_after(header_timeout) as write_scope, _mapped(name, "write"):
-        head = conn.send(
-            h11.Request(method=request.method, target=request.target, headers=request.headers)
-        )
-        body = conn.send(h11.Data(data=request.body)) if request.body else b""
-        end = conn.send(h11.EndOfMessage())
-        if len(request.body) <= RECEIVE_SIZE:
-            await stream.send_all(head + body + end)
-        else:  # do not copy a large body just to save a syscall
-            await stream.send_all(head)
-            await stream.send_all(body)
-            await stream.send_all(end)
-    if write_scope.cancelled_caught:
-        raise errors.HeaderTimeout(name, f"write: request not taken in {header_timeout}s")
-    written = trio.current_time()
-
-    # Head: from the request fully written to the whole head read, 1xx skipped.
-    with trio.move_on_after(header_timeout) as head_scope, _mapped(name, "head"):
-        event = await _next_event(stream, conn)
-        while isinstance(event, h11.InformationalResponse):
+    # One scope, two deadlines of the same length: first for the write (a
+    # node that does not even take the request is as stalled as one that
+    # takes it and never answers), then, moved, from the request fully
+    # written to the whole head read, 1xx skipped.
+    phase = "write"
+    written = 0.0
+    with trio.move_on_after(header_timeout) as scope:
+        try:
+            head = conn.send(
+                h11.Request(method=request.method, target=request.target, headers=request.headers)
+            )
+            body = conn.send(h11.Data(data=request.body)) if request.body else b""
+            end = conn.send(h11.EndOfMessage())
+            if len(request.body) <= RECEIVE_SIZE:
+                await stream.send_all(head + body + end)
+            else:  # do not copy a large body just to save a syscall
+                await stream.send_all(head)
+                await stream.send_all(body)
+                await stream.send_all(end)
+            written = trio.current_time()
+            scope.deadline = written + header_timeout
+            phase = "head"
+            if reused:
+                await _receive_answer_start(stream, conn)
             event = await _next_event(stream, conn)
-    if head_scope.cancelled_caught:
+            while isinstance(event, h11.InformationalResponse):
+                event = await _next_event(stream, conn)
+        except (trio.BrokenResourceError, OSError) as exc:
+            if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
+                raise _StaleConnection("broken on write") from exc
+            raise _map_error(name, phase, exc) from exc
+        except (_EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
+            raise _map_error(name, phase, exc) from exc
+    if scope.cancelled_caught:
+        if phase == "write":
+            raise errors.HeaderTimeout(name, f"write: request not taken in {header_timeout}s")
         raise errors.HeaderTimeout(name, f"head: no complete response head in {header_timeout}s")
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, f"head: unexpected {type(event).__name__}")
@@ -309,30 +453,62 @@ async def _exchange(
             detail = f"answered {response.status_code}" + (f" {code}" if code else "")
             raise errors.RetryableResponse(name, detail, saved)
         timings = Timings(started, written, head_at, trio.current_time())
-        return UpstreamResponse(node, stream, conn, response, body_bytes, complete, timings)
+        return UpstreamResponse(node, stream, conn, response, body_bytes, complete, timings, pool)
 
     # First body byte: unbounded unless the operator opted in, because a
     # node may send its head at once and then prefill for minutes.
-    first_body_timeout = config.first_body_timeout or float("inf")
-    with trio.move_on_after(first_body_timeout) as first_scope, _mapped(name, "first body byte"):
-        first, complete = await _read_first(stream, conn)
-    if first_scope.cancelled_caught:
-        raise errors.FirstBodyTimeout(name, f"no body byte {config.first_body_timeout}s after head")
+    if config.first_body_timeout:
+        with (
+            trio.move_on_after(config.first_body_timeout) as first_scope,
+            _mapped(name, "first body byte"),
+        ):
+            first, complete = await _read_body(stream, conn)
+        if first_scope.cancelled_caught:
+            raise errors.FirstBodyTimeout(
+                name, f"no body byte {config.first_body_timeout}s after head"
+            )
+    else:
+        try:
+            first, complete = await _read_body(stream, conn)
+        except (_EarlyClose, *_IO_ERRORS) as exc:
+            raise _map_error(name, "first body byte", exc) from exc
     timings = Timings(started, written, head_at, trio.current_time())
-    return UpstreamResponse(node, stream, conn, response, first, complete, timings)
+    return UpstreamResponse(node, stream, conn, response, first, complete, timings, pool)
 
 
-async def _read_first(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[bytes, bool]:
-    """The first non-empty body bytes, or b"" with complete=True for an empty body."""
+async def _read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[bytes, bool]:
+    """The next body bytes (at least one) and whether the body ended with them.
+
+    Returns ``(b"", True)`` at the end of the body. After the first bytes,
+    the events h11 can parse from what already arrived are taken too, without
+    another read: coalescing them delays nothing, and a small answer that
+    came in one segment is then relayed in one write, its end included.
+    """
     while True:
         event = await _next_event(stream, conn)
         if isinstance(event, h11.Data):
             if event.data:
-                return bytes(event.data), False
+                break
         elif isinstance(event, h11.EndOfMessage):
             return b"", True
         else:
-            raise _EarlyClose("connection closed before the first body byte")
+            raise _EarlyClose("connection closed in the body")
+    data = event.data  # h11's own copy: relayed as is, not copied again
+    parts: list[bytes] | None = None
+    ended = False
+    try:
+        while True:
+            more = conn.next_event()
+            if isinstance(more, h11.Data):
+                if parts is None:
+                    parts = [data]
+                parts.append(more.data)
+            else:
+                ended = isinstance(more, h11.EndOfMessage)
+                break  # NEED_DATA: nothing more yet
+    except h11.RemoteProtocolError:
+        pass  # h11 stays in ERROR and raises again on the next read
+    return (data if parts is None else b"".join(parts)), ended
 
 
 async def _read_prefix(

@@ -1,0 +1,924 @@
+"""Benchmark trio-failover against a direct connection (and nginx) on loopback.
+
+    make bench                      # or: .venv/bin/python scripts/bench.py
+    .venv/bin/python scripts/bench.py --duration 2 --only json,memory
+
+Starts a fast upstream and the proxy on 127.0.0.1 and prints, next to going
+direct in the same run:
+
+- small JSON requests at 1, 8 and 64 clients: requests/s, p50/p99 latency
+  and what the proxy adds to them;
+- an SSE stream of 64 chunks written back to back, at 1 and 16 concurrent
+  streams (and one stream with 1 ms between chunks): latency per chunk, from
+  the upstream's write to the client's read, and what the proxy adds;
+- RSS of the proxy process idle and with 1,000 open slow streams;
+- failover precision: what a stalled node costs beyond its deadline, and
+  what the next request pays while that node cools down.
+
+Reference rows: ``bare relay`` is a minimal Trio + h11 relay written below
+(one upstream keep-alive connection per client connection, no timeouts, no
+failover, no logs); ``nginx`` is nginx as a reverse proxy (one worker,
+upstream keep-alive, no access log), when nginx is installed. nginx then
+also serves the JSON answers (``return 200``), so the upstream is not the
+bottleneck; without it the built-in asyncio upstream does.
+
+``wrk`` drives the JSON rows when it is installed; otherwise a built-in
+asyncio load generator does, which shares the CPUs with the proxy and gives
+lower figures. The SSE, memory and failover parts always use built-in
+clients.
+
+This is a measurement tool, not a test: it asserts nothing, and exits 0
+unless something could not be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+JSON_REQUEST_BODY = (
+    b'{"model":"bench","messages":[{"role":"user","content":"Say ok."}],'
+    b'"max_tokens":4,"stream":false}'
+)
+JSON_ANSWER = (
+    b'{"id":"cmpl-bench","object":"chat.completion","model":"bench","choices":'
+    b'[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}'
+)
+SSE_CHUNKS = 64
+SLOW_STREAMS = 1000
+CONCURRENCY = (1, 8, 64)
+SSE_CONCURRENCY = (1, 16)
+SSE_GAP_MS = 1
+STALL_DEADLINE_MS = 200
+
+# The issue's targets (see docs/performance.md).
+TARGET_RPS_64 = 6000
+TARGET_NGINX_RATIO = 0.12
+TARGET_ADDED_P50_MS = 0.2
+TARGET_CHUNK_P50_MS = 0.5
+TARGET_RSS_IDLE_MB = 40
+TARGET_RSS_PER_STREAM_KB = 30
+TARGET_STALL_EXTRA_MS = 5
+TARGET_AFTER_STALL_MS = 1
+
+
+# -- the upstream (a child process: ``bench.py upstream``) --------------------------
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    """A minimal keep-alive HTTP/1.1 server: canned JSON, SSE bursts, slow streams.
+
+    ``/sse?n=N&gap=MS`` sends N chunked SSE events, each carrying the
+    CLOCK_MONOTONIC nanoseconds of its write (system-wide on Linux, so the
+    client can subtract), back to back or MS milliseconds apart. ``/slow``
+    sends the head and one event, then holds the stream open until the
+    client leaves. Anything else gets a small JSON answer.
+    """
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.buffer = bytearray()
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buffer[:end])
+            match = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            total = end + 4 + (int(match.group(1)) if match else 0)
+            if len(self.buffer) < total:
+                return
+            del self.buffer[:total]
+            self.respond(head.split(b" ", 2)[1])
+
+    def respond(self, target: bytes) -> None:
+        write = self.transport.write
+        if target.startswith(b"/sse"):
+            query = dict(p.split(b"=", 1) for p in target.partition(b"?")[2].split(b"&") if p)
+            count, gap = int(query.get(b"n", SSE_CHUNKS)), float(query.get(b"gap", 0)) / 1000
+            write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            if gap:
+                loop = asyncio.get_running_loop()
+                for index in range(count):
+                    loop.call_later(index * gap, self.event, index)
+                loop.call_later(count * gap, write, b"0\r\n\r\n")
+                return
+            for index in range(count):
+                self.event(index)
+            write(b"0\r\n\r\n")
+        elif target.startswith(b"/slow"):
+            event = b"data: hello\n\n"
+            write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event)
+            )
+        else:
+            write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(JSON_ANSWER), JSON_ANSWER)
+            )
+
+    def event(self, index: int) -> None:
+        if not self.transport.is_closing():
+            event = b"data: t=%d;i=%d\n\n" % (time.monotonic_ns(), index)
+            self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+
+
+class FrozenProtocol(asyncio.Protocol):
+    """Accepts and reads, never answers: a stalled node."""
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
+async def run_upstream() -> None:
+    loop = asyncio.get_running_loop()
+    fast = await loop.create_server(UpstreamProtocol, "127.0.0.1", 0, backlog=4096)
+    frozen = await loop.create_server(FrozenProtocol, "127.0.0.1", 0, backlog=4096)
+    print(*(s.sockets[0].getsockname()[1] for s in (fast, frozen)), flush=True)
+    await asyncio.Event().wait()
+
+
+# -- the bare relay (a child process: ``bench.py relay UPSTREAM_PORT``) ------------------
+
+
+def run_relay(upstream_port: int) -> None:
+    """A bare Trio + h11 relay, the floor any Trio + h11 proxy is measured against."""
+    import h11
+    import trio
+
+    async def next_event(stream: trio.SocketStream, conn: h11.Connection) -> object:
+        while (event := conn.next_event()) is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        return event
+
+    async def relay(client: trio.SocketStream) -> None:
+        client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        node = await trio.open_tcp_stream("127.0.0.1", upstream_port)
+        node.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        down, up = h11.Connection(h11.SERVER), h11.Connection(h11.CLIENT)
+        try:
+            while isinstance(request := await next_event(client, down), h11.Request):
+                out = up.send(
+                    h11.Request(
+                        method=request.method, target=request.target, headers=list(request.headers)
+                    )
+                )
+                while isinstance(event := await next_event(client, down), h11.Data):
+                    out += up.send(event)
+                await node.send_all(out + up.send(h11.EndOfMessage()))
+                response = await next_event(node, up)
+                assert isinstance(response, h11.Response)
+                await client.send_all(
+                    down.send(
+                        h11.Response(
+                            status_code=response.status_code, headers=list(response.headers)
+                        )
+                    )
+                )
+                while isinstance(event := await next_event(node, up), h11.Data):
+                    await client.send_all(down.send(h11.Data(data=event.data)))
+                await client.send_all(down.send(h11.EndOfMessage()))
+                down.start_next_cycle()
+                up.start_next_cycle()
+        except (trio.BrokenResourceError, h11.ProtocolError):
+            pass
+        finally:
+            await trio.aclose_forcefully(node)
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1", backlog=4096)
+        print(listeners[0].socket.getsockname()[1], flush=True)
+        await trio.serve_listeners(relay, listeners)
+
+    trio.run(main)
+
+
+# -- processes -----------------------------------------------------------------------
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, limit: float = 15.0) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def rss_kb(pid: int) -> int:
+    """Resident set size of a process in KiB (/proc on Linux, else ps)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+
+
+@contextlib.contextmanager
+def started(command: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def child(mode: str, *args: str) -> Iterator[list[int]]:
+    """One of this script's helper modes; yields the ports it prints."""
+    with started([sys.executable, __file__, mode, *args], stdout=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        yield [int(p) for p in process.stdout.readline().split()]
+
+
+@contextlib.contextmanager
+def proxy_process(
+    workdir: Path, upstreams: list[str], extra: list[str]
+) -> Iterator[tuple[int, int]]:
+    """``trio-failover serve`` for ``upstreams``; yields (port, pid)."""
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "trio_failover",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]
+    for spec in upstreams:
+        command += ["--upstream", spec]
+    log_path = workdir / f"proxy-{port}.log"
+    with (
+        log_path.open("wb") as log,
+        started(command + extra, stdout=log, stderr=log, cwd=ROOT) as process,
+    ):
+        try:
+            wait_port(port)
+        except OSError:
+            sys.exit(f"trio-failover did not start:\n{log_path.read_text()[-2000:]}")
+        yield port, process.pid
+
+
+def nginx_binary() -> str | None:
+    candidates = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+    return shutil.which("nginx") or next((p for p in candidates if os.access(p, os.X_OK)), None)
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {dir}/{name}.pid;
+error_log {dir}/{name}-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/{name}-body;
+  proxy_temp_path {dir}/{name}-proxy;
+  fastcgi_temp_path {dir}/{name}-fastcgi;
+  uwsgi_temp_path {dir}/{name}-uwsgi;
+  scgi_temp_path {dir}/{name}-scgi;
+  keepalive_requests 10000000;
+  {body}
+}}
+"""
+
+NGINX_ORIGIN = """
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{ default_type application/json; return 200 '{answer}'; }}
+  }}
+"""
+
+NGINX_PROXY = """
+  upstream json {{ server 127.0.0.1:{json_port}; keepalive 32; keepalive_requests 10000000; }}
+  upstream py {{ server 127.0.0.1:{py_port}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_buffering off;
+    location / {{ proxy_pass http://json; }}
+    location /sse {{ proxy_pass http://py; }}
+    location /slow {{ proxy_pass http://py; }}
+  }}
+"""
+
+
+@contextlib.contextmanager
+def nginx_process(binary: str, workdir: Path, name: str, body: str, port: int) -> Iterator[int]:
+    conf = workdir / f"{name}.conf"
+    conf.write_text(NGINX_CONF.format(dir=workdir, name=name, body=body))
+    command = [
+        binary,
+        "-p",
+        str(workdir),
+        "-c",
+        str(conf),
+        "-e",
+        str(workdir / f"{name}.err"),
+        "-g",
+        "daemon off;",
+    ]
+    with started(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
+        wait_port(port)
+        yield process.pid
+
+
+# -- small JSON requests ----------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int = 0
+
+
+def json_request(port: int, target: bytes = b"/v1/chat/completions") -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (target, port, len(JSON_REQUEST_BODY), JSON_REQUEST_BODY)
+    )
+
+
+def wrk_load(wrk: str, workdir: Path, port: int, clients: int, duration: float) -> LoadResult:
+    script = workdir / "post.lua"
+    script.write_text(
+        f"wrk.method = \"POST\"\nwrk.body = '{JSON_REQUEST_BODY.decode()}'\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    # One wrk thread: on a small machine every other core is needed by the
+    # proxy and the upstream.
+    command = [
+        wrk,
+        "-t1",
+        f"-c{clients}",
+        f"-d{max(1, round(duration))}s",
+        "--latency",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rps = re.search(r"Requests/sec:\s*([\d.]+)", out)
+    assert rps, out
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", out)
+    errors += int(non2xx.group(1)) if non2xx else 0
+
+    def percentile(label: str) -> float:
+        match = re.search(rf"^\s*{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        assert match, out
+        return float(match.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[match.group(2)]
+
+    return LoadResult(float(rps.group(1)), percentile("50"), percentile("99"), errors)
+
+
+class LoadClient(asyncio.Protocol):
+    """One keep-alive connection sending the same request again and again."""
+
+    def __init__(
+        self, request: bytes, until: float, latencies: list[float], done: asyncio.Future[None]
+    ) -> None:
+        self.request, self.until, self.latencies, self.done = request, until, latencies, done
+        self.buffer = bytearray()
+        self.sent = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.send()
+
+    def send(self) -> None:
+        self.sent = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        match = re.search(rb"(?i)content-length:\s*(\d+)", self.buffer[:end])
+        total = end + 4 + int(match.group(1)) if match else len(self.buffer)
+        if len(self.buffer) < total:
+            return
+        now = time.perf_counter()
+        self.latencies.append(now - self.sent)
+        del self.buffer[:total]
+        if now < self.until:
+            self.send()
+        else:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def builtin_load(port: int, clients: int, duration: float) -> LoadResult:
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    begin = time.perf_counter()
+    request = json_request(port)
+    finished = []
+    for _ in range(clients):
+        done: asyncio.Future[None] = loop.create_future()
+        await loop.create_connection(
+            lambda d=done: LoadClient(request, begin + duration, latencies, d),  # type: ignore[misc]
+            "127.0.0.1",
+            port,
+        )
+        finished.append(done)
+    await asyncio.gather(*finished)
+    ordered = sorted(latencies)
+    if not ordered:
+        return LoadResult(0.0, float("nan"), float("nan"), 1)
+    return LoadResult(
+        len(ordered) / (time.perf_counter() - begin),
+        percentile(ordered, 0.50) * 1000,
+        percentile(ordered, 0.99) * 1000,
+    )
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def json_load(args: argparse.Namespace, workdir: Path, port: int, clients: int) -> LoadResult:
+    if args.wrk:
+        wrk_load(args.wrk, workdir, port, clients, 1)  # warm-up: connections, pools, caches
+        return wrk_load(args.wrk, workdir, port, clients, args.duration)
+    asyncio.run(builtin_load(port, clients, 1))
+    return asyncio.run(builtin_load(port, clients, args.duration))
+
+
+# -- SSE: latency per chunk ---------------------------------------------------------------
+
+
+async def sse_client(port: int, target: str, until: float, latencies: list[int]) -> None:
+    import h11  # the package's own dependency
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn = h11.Connection(h11.CLIENT)
+    stamps = re.compile(rb"t=(\d+);")
+    received = 0
+    try:
+        while time.perf_counter() < until:
+            writer.write(
+                conn.send(h11.Request(method="GET", target=target, headers=[("host", "bench")]))
+                or b""
+            )
+            writer.write(conn.send(h11.EndOfMessage()) or b"")
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await reader.read(65536)
+                    received = time.monotonic_ns()  # before parsing: only transit counts
+                    conn.receive_data(data)
+                    if not data:
+                        return
+                elif isinstance(event, h11.Data):
+                    latencies.extend(received - int(t) for t in stamps.findall(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+            conn.start_next_cycle()
+    finally:
+        writer.close()
+
+
+async def sse_load(port: int, streams: int, duration: float, gap_ms: float) -> tuple[float, float]:
+    """Per-chunk latency p50 and p99, in ms."""
+    latencies: list[int] = []
+    target = f"/sse?n={SSE_CHUNKS}&gap={gap_ms:g}"
+    until = time.perf_counter() + duration
+    await asyncio.gather(*(sse_client(port, target, until, latencies) for _ in range(streams)))
+    ordered = sorted(latencies)
+    return percentile(ordered, 0.5) / 1e6, percentile(ordered, 0.99) / 1e6  # type: ignore[arg-type]
+
+
+# -- memory: many slow streams -------------------------------------------------------------
+
+
+async def open_slow_streams(port: int, count: int) -> list[asyncio.StreamWriter]:
+    """Open ``count`` streams through ``port``; each has delivered its first event."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writers.append(writer)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: bench\r\n\r\n")
+        await reader.readuntil(b"data: hello\n\n")
+
+    for start in range(0, count, 100):  # in batches, inside the listen backlog
+        await asyncio.gather(*(one() for _ in range(min(100, count - start))))
+    return writers
+
+
+async def rss_with_streams(port: int, pid: int, count: int) -> int:
+    writers = await asyncio.wait_for(open_slow_streams(port, count), 60)
+    await asyncio.sleep(0.5)
+    loaded = rss_kb(pid)
+    for writer in writers:
+        writer.close()
+    await asyncio.sleep(0.2)
+    return loaded
+
+
+# -- failover precision ----------------------------------------------------------------
+
+
+def timed_request(port: int) -> tuple[float, bytes]:
+    """One request on a new connection; (milliseconds, answer)."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        began = time.perf_counter()
+        sock.sendall(json_request(port))
+        data = b""
+        while not data.endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return (time.perf_counter() - began) * 1000, data
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    targets: list[tuple[str, str, bool]] = field(default_factory=list)
+
+    def out(self, line: str = "") -> None:
+        print(line, flush=True)
+
+    def target(self, name: str, measured: str, met: bool) -> None:
+        self.targets.append((name, measured, met))
+
+
+def ms(value: float) -> str:
+    return f"{value:7.3f}"
+
+
+@dataclass
+class Setup:
+    args: argparse.Namespace
+    report: Report
+    workdir: Path
+    py_port: int
+    frozen_port: int
+    json_port: int
+    origin: str
+    nginx_port: int | None
+
+
+def run_json(s: Setup) -> None:
+    s.report.out(
+        f"Small JSON requests: POST {len(JSON_REQUEST_BODY)} B, answer "
+        f"{len(JSON_ANSWER)} B from {s.origin}; {s.args.duration:g} s per row"
+    )
+    s.report.out("clients  path            req/s  x direct   p50 ms   p99 ms  +p50 ms  +p99 ms")
+    results: dict[tuple[str, int], LoadResult] = {}
+    with (
+        proxy_process(s.workdir, [f"fast=http://127.0.0.1:{s.json_port}"], s.args.proxy_arg) as (
+            port,
+            pid,
+        ),
+        child("relay", str(s.json_port)) as (relay_port,),
+    ):
+        paths = [("direct", s.json_port), ("trio-failover", port), ("bare relay", relay_port)]
+        if s.nginx_port:
+            paths.append(("nginx", s.nginx_port))
+        for clients in CONCURRENCY:
+            for name, target in paths:
+                result = json_load(s.args, s.workdir, target, clients)
+                results[name, clients] = result
+                direct = results["direct", clients]
+                added = (
+                    ""
+                    if name == "direct"
+                    else (
+                        f"{ms(result.p50_ms - direct.p50_ms)}  {ms(result.p99_ms - direct.p99_ms)}"
+                    )
+                )
+                errors = f"  ({result.errors} errors)" if result.errors else ""
+                s.report.out(
+                    f"{clients:7d}  {name:13s} {result.rps:7.0f}  "
+                    f"{result.rps / direct.rps:7.3f}  {ms(result.p50_ms)}  "
+                    f"{ms(result.p99_ms)}  {added}{errors}"
+                )
+        after_load = rss_kb(pid)
+    s.report.out(f"(trio-failover RSS after this load: {after_load / 1024:.1f} MiB)")
+    s.report.out()
+    ours = results["trio-failover", 64]
+    s.report.target(
+        f"JSON req/s at 64 clients >= {TARGET_RPS_64}", f"{ours.rps:.0f}", ours.rps >= TARGET_RPS_64
+    )
+    if s.nginx_port:
+        ratio = ours.rps / results["nginx", 64].rps
+        s.report.target(
+            f"JSON req/s at 64 clients >= {TARGET_NGINX_RATIO} x nginx",
+            f"{ratio:.3f} x",
+            ratio >= TARGET_NGINX_RATIO,
+        )
+    bare = ours.rps / results["bare relay", 64].rps
+    s.report.target("JSON req/s at 64 clients > bare relay", f"{bare:.2f} x", bare > 1)
+    added = results["trio-failover", 1].p50_ms - results["direct", 1].p50_ms
+    s.report.target(
+        f"added p50 at 1 client <= {TARGET_ADDED_P50_MS} ms",
+        f"{added:.3f} ms",
+        added <= TARGET_ADDED_P50_MS,
+    )
+
+
+def run_sse(s: Setup) -> None:
+    s.report.out(
+        f"SSE: {SSE_CHUNKS} chunks per stream; latency per chunk from the upstream's "
+        f"write to the client's read; {s.args.sse_duration:g} s per row"
+    )
+    s.report.out("streams  gap    path           p50 ms   p99 ms  +p50 ms  +p99 ms")
+    results: dict[tuple[str, int, float], tuple[float, float]] = {}
+    with (
+        proxy_process(s.workdir, [f"py=http://127.0.0.1:{s.py_port}"], s.args.proxy_arg) as (
+            port,
+            _pid,
+        ),
+        child("relay", str(s.py_port)) as (relay_port,),
+    ):
+        paths = [("direct", s.py_port), ("trio-failover", port), ("bare relay", relay_port)]
+        if s.nginx_port:
+            paths.append(("nginx", s.nginx_port))
+        for streams, gap in [(n, 0.0) for n in SSE_CONCURRENCY] + [(1, SSE_GAP_MS)]:
+            for name, target in paths:
+                asyncio.run(sse_load(target, streams, 0.3, gap))  # warm-up
+                p50, p99 = asyncio.run(sse_load(target, streams, s.args.sse_duration, gap))
+                results[name, streams, gap] = (p50, p99)
+                d50, d99 = results["direct", streams, gap]
+                added = "" if name == "direct" else f"{ms(p50 - d50)}  {ms(p99 - d99)}"
+                s.report.out(f"{streams:7d}  {gap:g} ms  {name:13s} {ms(p50)}  {ms(p99)}  {added}")
+    s.report.out()
+    added_p50 = results["trio-failover", 1, 0.0][0] - results["direct", 1, 0.0][0]
+    s.report.target(
+        f"added per-chunk p50, 1 stream, no gap <= {TARGET_CHUNK_P50_MS} ms",
+        f"{added_p50:.3f} ms",
+        added_p50 <= TARGET_CHUNK_P50_MS,
+    )
+
+
+def run_memory(s: Setup) -> None:
+    s.report.out(
+        f"Memory: RSS of a fresh trio-failover process, idle (after 10 requests) and "
+        f"with {SLOW_STREAMS} open slow streams"
+    )
+    with proxy_process(s.workdir, [f"py=http://127.0.0.1:{s.py_port}"], s.args.proxy_arg) as (
+        port,
+        pid,
+    ):
+        for _ in range(10):
+            timed_request(port)
+        time.sleep(0.3)
+        idle = rss_kb(pid)
+        loaded = asyncio.run(rss_with_streams(port, pid, SLOW_STREAMS))
+    per_stream = (loaded - idle) / SLOW_STREAMS
+    s.report.out(
+        f"  idle {idle / 1024:.1f} MiB; with {SLOW_STREAMS} streams "
+        f"{loaded / 1024:.1f} MiB: {per_stream:.1f} KiB per stream"
+    )
+    s.report.out()
+    s.report.target(
+        f"RSS idle <= {TARGET_RSS_IDLE_MB} MB",
+        f"{idle / 1024:.1f} MiB",
+        idle / 1024 <= TARGET_RSS_IDLE_MB,
+    )
+    s.report.target(
+        f"RSS per open stream <= {TARGET_RSS_PER_STREAM_KB} KB",
+        f"{per_stream:.1f} KiB",
+        per_stream <= TARGET_RSS_PER_STREAM_KB,
+    )
+
+
+def run_failover(s: Setup) -> None:
+    fast = f"fast=http://127.0.0.1:{s.py_port}"
+    with proxy_process(s.workdir, [fast], s.args.proxy_arg) as (port, _pid):
+        for _ in range(20):
+            timed_request(port)
+        normal = statistics.median(timed_request(port)[0] for _ in range(50))
+    stalls, afters = [], []
+    nodes = [f"frozen=http://127.0.0.1:{s.frozen_port}", fast]
+    extra = ["--response-header-timeout", f"{STALL_DEADLINE_MS}ms", *s.args.proxy_arg]
+    with proxy_process(s.workdir, nodes, extra) as (port, _pid):
+        for _ in range(s.args.stalls):
+            elapsed, answer = timed_request(port)
+            assert b"x-failover-node: fast" in answer.lower(), answer[:300]
+            stalls.append(elapsed - STALL_DEADLINE_MS - normal)
+            afters.append(timed_request(port)[0] - normal)
+            time.sleep(STALL_DEADLINE_MS / 1000 + 0.05)  # the cooldown runs out
+    s.report.out(
+        f"Failover: the first node accepts and never answers; "
+        f"--response-header-timeout {STALL_DEADLINE_MS}ms; {s.args.stalls} stalls; a "
+        f"request on a new connection normally takes {normal:.3f} ms"
+    )
+    s.report.out(
+        f"  a stall costs its deadline + {statistics.median(stalls):.2f} ms "
+        f"(median; max {max(stalls):.2f} ms)"
+    )
+    s.report.out(
+        f"  the next request, the node cooling, pays {statistics.median(afters):+.3f} ms "
+        f"(median; max {max(afters):+.3f} ms)"
+    )
+    s.report.out()
+    s.report.target(
+        f"a stall costs its deadline + <= {TARGET_STALL_EXTRA_MS} ms",
+        f"+{statistics.median(stalls):.2f} ms (median), +{max(stalls):.2f} (max)",
+        max(stalls) <= TARGET_STALL_EXTRA_MS,
+    )
+    after = statistics.median(afters)
+    s.report.target(
+        f"the request after a stall pays <= {TARGET_AFTER_STALL_MS} ms",
+        f"{after:+.3f} ms (median)",
+        after <= TARGET_AFTER_STALL_MS,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import h11
+    import trio
+
+    import trio_failover
+
+    raise_fd_limit()
+    report = Report()
+    nginx = None if args.no_nginx else nginx_binary()
+    if args.wrk:
+        version = subprocess.run([args.wrk, "-v"], capture_output=True, text=True).stdout
+        loadgen = f"wrk {version.split()[1] if version.split() else ''} (one thread)"
+    else:
+        loadgen = "built-in asyncio client (wrk not found; it shares the CPUs with the proxy)"
+    if nginx:
+        out = subprocess.run([nginx, "-v"], capture_output=True, text=True)
+        nginx_text = (out.stderr or out.stdout).strip().rpartition("/")[2] + " (one worker)"
+    else:
+        nginx_text = "not installed: no nginx row"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    report.out(
+        f"trio-failover {trio_failover.__version__} benchmark, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}; command: {' '.join(sys.argv)}"
+    )
+    report.out(
+        f"machine: {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} "
+        f"{platform.release()}; load average {load:.2f} at start"
+    )
+    report.out(
+        f"python {platform.python_version()}, trio {trio.__version__}, "
+        f"h11 {h11.__version__}; load: {loadgen}; nginx: {nginx_text}"
+    )
+    report.out(f"trio-failover flags: {' '.join(args.proxy_arg) or '(defaults)'}")
+    if os.cpu_count() and load > 0.5 * os.cpu_count():  # type: ignore[operator]
+        report.out("WARNING: the machine is busy; figures will be low and noisy")
+    report.out()
+
+    with (
+        tempfile.TemporaryDirectory(prefix="trio-failover-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        workdir = Path(tmp)
+        py_port, frozen_port = stack.enter_context(child("upstream"))
+        wait_port(py_port)
+        json_port, origin, nginx_port = py_port, "the built-in asyncio upstream", None
+        if nginx:
+            json_port, nginx_port = free_port(), free_port()
+            answer = JSON_ANSWER.decode()
+            stack.enter_context(
+                nginx_process(
+                    nginx,
+                    workdir,
+                    "origin",
+                    NGINX_ORIGIN.format(port=json_port, answer=answer),
+                    json_port,
+                )
+            )
+            stack.enter_context(
+                nginx_process(
+                    nginx,
+                    workdir,
+                    "proxy",
+                    NGINX_PROXY.format(port=nginx_port, json_port=json_port, py_port=py_port),
+                    nginx_port,
+                )
+            )
+            origin = "nginx (return 200)"
+        setup = Setup(args, report, workdir, py_port, frozen_port, json_port, origin, nginx_port)
+        parts = args.only.split(",")
+        for name, part in (
+            ("json", run_json),
+            ("sse", run_sse),
+            ("memory", run_memory),
+            ("failover", run_failover),
+        ):
+            if name in parts:
+                part(setup)
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    report.out(f"Targets (load average {load:.2f} at the end)")
+    for name, measured, met in report.targets:
+        report.out(f"  {'met' if met else 'NOT met':8s} {name}: {measured}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "upstream", "relay"])
+    parser.add_argument("port", nargs="?", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=4.0,
+        help="seconds per JSON row (default 4; wrk rounds to whole seconds)",
+    )
+    parser.add_argument(
+        "--sse-duration", type=float, default=2.0, help="seconds per SSE row (default 2)"
+    )
+    parser.add_argument("--stalls", type=int, default=5, help="stalls to time (default 5)")
+    parser.add_argument(
+        "--only",
+        default="json,sse,memory,failover",
+        help="comma-separated parts to run (default: all four)",
+    )
+    parser.add_argument("--no-nginx", action="store_true", help="leave nginx out even if installed")
+    parser.add_argument(
+        "--no-wrk",
+        action="store_true",
+        help="use the built-in load generator even if wrk is installed",
+    )
+    parser.add_argument(
+        "--proxy-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra flag for trio-failover serve, e.g. --proxy-arg=--log-level=warning (repeat)",
+    )
+    args = parser.parse_args()
+    if args.mode == "upstream":
+        asyncio.run(run_upstream())
+        return 0
+    if args.mode == "relay":
+        run_relay(args.port)
+        return 0
+    args.wrk = None if args.no_wrk else shutil.which("wrk")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,523 @@
+"""Keep-alive connection pools to nodes.
+
+The decisions (``take_idle``, ``put_idle``, ``is_reusable``) are tables of
+cases with an explicit ``now``. The rules around them run the whole proxy on
+in-memory streams under ``MockClock`` (exact expiry times), and the case of a
+node that closes an idle connection runs on real sockets and the real clock.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import socket
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import h11
+import pytest
+import trio
+import trio.testing
+
+from trio_failover import Config, Upstream
+from trio_failover.pool import ConnectionPool, is_reusable, put_idle, take_idle
+from trio_failover.proxy import Proxy
+from trio_failover.server import serve
+from trio_failover.testing import (
+    FakeNode,
+    Fleet,
+    NodeIO,
+    ReceivedRequest,
+    die_mid_stream,
+    healthy,
+    request,
+    request_tcp,
+    retry_status,
+    stream_then_silence,
+)
+
+BODY = b'{"model": "m"}'
+
+
+# -- the pure decisions -----------------------------------------------------------
+
+
+@attrs.define
+class Idle:
+    name: str
+    idle_since: float
+
+
+def names(entries: list[Idle]) -> list[str]:
+    return [entry.name for entry in entries]
+
+
+@pytest.mark.parametrize(
+    ("idle_since", "now", "taken", "discarded", "left"),
+    [
+        ([], 10.0, None, [], []),
+        ([1.0, 2.0, 3.0], 3.5, "c", [], ["a", "b"]),  # newest first (LIFO)
+        ([1.0, 2.0, 3.0], 5.0, "c", ["a"], ["b"]),  # "a" idle exactly 4 s: expired
+        ([1.0, 2.0, 3.0], 5.999, "c", ["a"], ["b"]),
+        ([1.0, 2.0, 3.0], 6.5, "c", ["a", "b"], []),
+        ([1.0, 2.0, 3.0], 7.0, None, ["a", "b", "c"], []),  # all expired
+    ],
+)
+def test_take_idle_is_lifo_and_drops_expired(
+    idle_since: list[float], now: float, taken: str | None, discarded: list[str], left: list[str]
+) -> None:
+    idle = [Idle(name, since) for name, since in zip("abc", idle_since, strict=False)]
+    entry, expired = take_idle(idle, now=now, idle_timeout=4.0)
+    assert (entry.name if entry else None) == taken
+    assert names(expired) == discarded
+    assert names(idle) == left
+
+
+@pytest.mark.parametrize(
+    ("idle_since", "now", "max_idle", "idle_timeout", "discarded", "kept"),
+    [
+        ([], 1.0, 2, 4.0, [], ["new"]),
+        ([0.5], 1.0, 2, 4.0, [], ["a", "new"]),
+        ([0.5, 0.7], 1.0, 2, 4.0, ["a"], ["b", "new"]),  # the oldest goes beyond max_idle
+        ([0.5, 0.7], 1.0, 1, 4.0, ["a", "b"], ["new"]),
+        ([0.5, 3.0], 4.5, 2, 4.0, ["a"], ["b", "new"]),  # expired, not over the bound
+        ([0.5], 1.0, 0, 4.0, ["new"], ["a"]),  # pooling off: nothing is kept
+        ([0.5], 1.0, 2, 0.0, ["new"], ["a"]),
+    ],
+)
+def test_put_idle_bounds_and_expires(
+    idle_since: list[float],
+    now: float,
+    max_idle: int,
+    idle_timeout: float,
+    discarded: list[str],
+    kept: list[str],
+) -> None:
+    idle = [Idle(name, since) for name, since in zip("ab", idle_since, strict=False)]
+    closed = put_idle(idle, Idle("new", now), now=now, idle_timeout=idle_timeout, max_idle=max_idle)
+    assert names(closed) == discarded
+    assert names(idle) == kept
+
+
+def exchanged(response: h11.Response, body: bytes = b"ok", *, extra: bytes = b"") -> h11.Connection:
+    """A client h11 connection after one request and the given answer."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("host", "n")]))
+    conn.send(h11.EndOfMessage())
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(b"GET / HTTP/1.1\r\nhost: n\r\n\r\n")
+    server.next_event()
+    server.next_event()
+    data = server.send(response) or b""
+    data += server.send(h11.Data(data=body)) or b""
+    data += server.send(h11.EndOfMessage()) or b""
+    conn.receive_data(data + extra)
+    while not isinstance(conn.next_event(), h11.EndOfMessage):
+        pass
+    return conn
+
+
+OK_HEAD = h11.Response(status_code=200, headers=[("content-length", "2")])
+
+
+def test_reusable_after_a_clean_exchange() -> None:
+    assert is_reusable(exchanged(OK_HEAD))
+
+
+def test_not_reusable_when_the_node_says_close() -> None:
+    close = h11.Response(
+        status_code=200, headers=[("content-length", "2"), ("connection", "close")]
+    )
+    assert not is_reusable(exchanged(close))
+
+
+def test_not_reusable_with_bytes_after_the_response() -> None:
+    assert not is_reusable(exchanged(OK_HEAD, extra=b"HTTP/1.1 200 OK\r\n"))
+
+
+def test_not_reusable_before_the_response_ended() -> None:
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("host", "n")]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nab")
+    while conn.next_event() is not h11.NEED_DATA:
+        pass
+    assert not is_reusable(conn)
+
+
+# -- the rules, whole proxy, virtual time ----------------------------------------------
+
+
+def make_proxy(fleet: Fleet, **settings: object) -> Proxy:
+    config = Config(upstreams=fleet.upstreams(), admin_listen=None, **settings)  # type: ignore[arg-type]
+    return Proxy(config, connector=fleet.connector)
+
+
+async def ok(proxy: Proxy) -> float:
+    response = await request(proxy, body=BODY)
+    assert response is not None
+    assert (response.status, response.complete) == (200, True)
+    assert response.header("x-failover-attempts") == "1"
+    return response.at
+
+
+async def test_a_complete_response_leaves_its_connection_for_the_next_request(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(healthy(b"one"))}) as fleet:
+        proxy = make_proxy(fleet)
+        for _ in range(3):
+            await ok(proxy)
+        assert fleet["a"].connections == 1
+        assert len(fleet["a"].received) == 3
+        assert proxy.pool.idle_count("a") == 1
+        await proxy.pool.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert fleet["a"].closed_at == [trio.current_time()]
+
+
+@pytest.mark.parametrize(
+    ("idle_timeout", "reused_at", "fresh_at"), [(4.0, 3.999, 4.0), (0.5, 0.499, 0.5)]
+)
+async def test_an_idle_connection_expires_after_the_pool_idle_timeout(
+    autojump_clock: trio.abc.Clock, idle_timeout: float, reused_at: float, fresh_at: float
+) -> None:
+    async with Fleet({"a": FakeNode(healthy())}) as fleet:
+        settings = {} if idle_timeout == 4.0 else {"pool_idle_timeout": idle_timeout}
+        proxy = make_proxy(fleet, **settings)
+        assert proxy.config.pool_idle_timeout == idle_timeout
+        await ok(proxy)  # released at t=0
+        await trio.sleep(reused_at)
+        await ok(proxy)  # idle a hair under the limit: reused
+        assert fleet["a"].connections == 1
+        released = trio.current_time()
+        await trio.sleep(fresh_at)
+        await ok(proxy)  # idle exactly the limit: expired, closed, not reused
+        assert fleet["a"].connections == 2
+        assert fleet["a"].closed_at == [released + fresh_at]
+
+
+async def test_pool_idle_timeout_zero_turns_pooling_off(autojump_clock: trio.abc.Clock) -> None:
+    async with Fleet({"a": FakeNode(healthy())}) as fleet:
+        proxy = make_proxy(fleet, pool_idle_timeout=0.0)
+        await ok(proxy)
+        await ok(proxy)
+        assert fleet["a"].connections == 2
+        assert proxy.pool.idle_count("a") == 0
+
+
+def answers_by_path(
+    delays: dict[bytes, float],
+) -> Callable[[NodeIO, ReceivedRequest], Awaitable[None]]:
+    """Answers with the connection's id after a delay chosen by the request path."""
+
+    async def behave(io: NodeIO, received: ReceivedRequest) -> None:
+        await io.pause(delays.get(received.target, 0.0))
+        await healthy(b"%d" % id(io))(io, received)
+
+    return behave
+
+
+async def test_reuse_is_last_in_first_out_and_bounded_per_node(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    node = FakeNode(answers_by_path({b"/one": 1.0, b"/two": 2.0, b"/three": 3.0}))
+    async with Fleet({"a": node}) as fleet:
+        proxy = make_proxy(fleet, pool_max_idle=2)
+        answers: dict[str, bytes] = {}
+
+        async def fetch(path: str) -> None:
+            response = await request(proxy, target=path, body=BODY)
+            assert response is not None
+            answers[path] = response.body
+
+        async with trio.open_nursery() as nursery:
+            for path in ("/one", "/two", "/three"):
+                nursery.start_soon(fetch, path)
+        # Released at t=1, 2 and 3; the bound of 2 closed the oldest (t=1).
+        assert node.connections == 3
+        assert node.closed_at == [3.0]
+        assert proxy.pool.idle_count("a") == 2
+        await fetch("/next")
+        assert answers["/next"] == answers["/three"]  # the newest idle one
+        await fetch("/after")
+        assert answers["/after"] == answers["/next"]  # released again, newest again
+        assert node.connections == 3
+
+
+async def test_a_cancelled_attempt_closes_its_connection(autojump_clock: trio.abc.Clock) -> None:
+    node = FakeNode(answers_by_path({b"/slow": 10.0}))
+    async with Fleet({"a": node}) as fleet:
+        proxy = make_proxy(fleet)
+        await ok(proxy)  # one pooled connection
+        leaving = trio.current_time()
+        assert await request(proxy, target="/slow", body=BODY, leave_after=5.0) is None
+        assert node.closed_at == [leaving + 5.0]  # closed, not pooled
+        assert proxy.pool.idle_count("a") == 0
+        await ok(proxy)
+        assert node.connections == 2
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        pytest.param(die_mid_stream(2), id="node-died-mid-stream"),
+        pytest.param(stream_then_silence(2, 400.0), id="stream-idle-timeout"),
+    ],
+)
+async def test_a_response_not_read_to_its_end_is_never_pooled(
+    autojump_clock: trio.abc.Clock, behaviour: Callable[[NodeIO, ReceivedRequest], Awaitable[None]]
+) -> None:
+    async with Fleet({"a": FakeNode(behaviour)}) as fleet:
+        proxy = make_proxy(fleet)
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert not response.complete
+        await trio.testing.wait_all_tasks_blocked()
+        assert proxy.pool.idle_count("a") == 0
+        assert len(fleet["a"].closed_at) == 1
+
+
+async def test_a_client_that_left_under_ignore_does_not_pool_the_connection(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(answers_by_path({b"/slow": 2.0}))}) as fleet:
+        proxy = make_proxy(fleet, client_close="ignore")
+        assert await request(proxy, target="/slow", body=BODY, leave_after=1.0) is None
+        await trio.sleep(5)
+        assert fleet["a"].closed_at == [2.0]  # read to its end, then closed
+        assert proxy.pool.idle_count("a") == 0
+
+
+async def test_a_retryable_answer_closes_its_connection(autojump_clock: trio.abc.Clock) -> None:
+    async with Fleet({"busy": FakeNode(retry_status(503)), "b": FakeNode(healthy())}) as fleet:
+        proxy = make_proxy(fleet)
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert response.header("x-failover-node") == "b"
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(fleet["busy"].closed_at) == 1
+        assert proxy.pool.idle_count("busy") == 0
+        assert proxy.pool.idle_count("b") == 1
+
+
+async def test_a_node_that_says_connection_close_is_not_pooled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    closing = healthy(b"bye", headers=[("content-type", "text/plain"), ("connection", "close")])
+    async with Fleet({"a": FakeNode(closing)}) as fleet:
+        proxy = make_proxy(fleet)
+        await ok(proxy)
+        await ok(proxy)
+        assert fleet["a"].connections == 2
+        assert proxy.pool.idle_count("a") == 0
+
+
+def closes_idle_connection(
+    after: float, answer_delay: float = 0.0
+) -> Callable[[NodeIO, ReceivedRequest], Awaitable[None]]:
+    """Answers the first request of a connection; the next one, ``after`` seconds
+    after it arrives, finds the connection closed, as when a node's keep-alive
+    timer crosses a request in flight."""
+    used: set[int] = set()
+
+    async def behave(io: NodeIO, received: ReceivedRequest) -> None:
+        if id(io) in used:
+            await trio.sleep(after)
+            await io.stream.aclose()
+            return
+        used.add(id(io))
+        await io.pause(answer_delay)
+        await healthy(b"fresh")(io, received)
+
+    return behave
+
+
+@pytest.mark.parametrize("after", [0.0, 3.0])
+async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one(
+    autojump_clock: trio.abc.Clock, after: float
+) -> None:
+    async with Fleet({"a": FakeNode(closes_idle_connection(after)), "b": FakeNode()}) as fleet:
+        proxy = make_proxy(fleet)
+        await ok(proxy)
+        started = trio.current_time()
+        assert await ok(proxy) == started + after  # no failover to "b"
+        assert fleet["a"].connections == 2
+        assert len(fleet["a"].received) == 3  # the stale one read it, then closed
+        assert fleet["b"].received == []
+        (node_a, _node_b) = proxy.status()["nodes"]
+        assert (node_a["failed"], node_a["served"], node_a["state"]) == (0, 2, "ready")
+        assert [[a["outcome"] for a in w["attempts"]] for w in proxy.recent] == [
+            ["completed"],
+            ["completed"],
+        ]
+
+
+async def test_the_header_deadline_runs_from_the_write_on_the_connection_used(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The stale connection eats 3 s, the fresh one answers after 9 s: 12 s in
+    # all, over the 10 s deadline, which must start again on the fresh write.
+    node = FakeNode(closes_idle_connection(3.0, answer_delay=9.0))
+    async with Fleet({"a": node, "b": FakeNode(healthy(b"b"))}) as fleet:
+        proxy = make_proxy(fleet, response_header_timeout=10.0)
+        assert await ok(proxy) == 9.0
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert (response.body, response.at) == (b"fresh", 9.0 + 3.0 + 9.0)
+        assert not proxy.cooldowns.is_cooling("a", trio.current_time())
+
+
+async def test_a_stale_retry_that_also_fails_is_one_failed_attempt(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    node = FakeNode(closes_idle_connection(0.0))
+    async with Fleet({"a": node, "b": FakeNode(healthy(b"b"))}) as fleet:
+        proxy = make_proxy(fleet)
+        await ok(proxy)
+        node.refuse = True  # the node went away: the fresh connect fails
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert response.body == b"b"
+        assert response.header("x-failover-attempts") == "2"
+        assert [a["outcome"] for a in proxy.recent[-1]["attempts"]] == [
+            "connect_failed",
+            "completed",
+        ]
+
+
+# -- a node that closes idle connections, real sockets ------------------------------------
+
+
+@attrs.define
+class KeepAliveServer:
+    """An HTTP/1.1 server that closes a connection idle for ``idle`` seconds,
+    as uvicorn does after 5 s (with an RST instead of a FIN when ``reset``)."""
+
+    idle: float
+    reset: bool = False
+    connections: int = 0
+    requests: int = 0
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                with trio.move_on_after(self.idle if conn.their_state is h11.IDLE else 30):
+                    event = conn.next_event()
+                    while event is h11.NEED_DATA:
+                        conn.receive_data(await stream.receive_some(65536))
+                        event = conn.next_event()
+                if event is h11.NEED_DATA:  # idle too long
+                    break
+                if isinstance(event, h11.Request):
+                    self.requests += 1
+                elif isinstance(event, h11.EndOfMessage):
+                    await stream.send_all(
+                        (
+                            conn.send(
+                                h11.Response(status_code=200, headers=[("content-length", "2")])
+                            )
+                            or b""
+                        )
+                        + (conn.send(h11.Data(data=b"ok")) or b"")
+                        + (conn.send(h11.EndOfMessage()) or b"")
+                    )
+                    conn.start_next_cycle()
+                elif isinstance(event, h11.ConnectionClosed):
+                    break
+        except (trio.BrokenResourceError, h11.ProtocolError):
+            pass
+        finally:
+            if self.reset:
+                stream.socket.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+            await trio.aclose_forcefully(stream)
+
+
+@asynccontextmanager
+async def proxy_to(server: KeepAliveServer, **settings: object) -> AsyncIterator[tuple[str, int]]:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        config = Config(
+            upstreams=[Upstream("node", f"http://127.0.0.1:{port}")],
+            listen="127.0.0.1:0",
+            admin_listen=None,
+            **settings,  # type: ignore[arg-type]
+        )
+        addresses = await nursery.start(serve, config)
+        yield addresses.client
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+async def test_a_connection_the_node_closed_while_idle_is_replaced_transparently(
+    reset: bool,
+) -> None:
+    server = KeepAliveServer(idle=0.2, reset=reset)
+    with trio.fail_after(10):
+        async with proxy_to(server, pool_idle_timeout=30.0) as address:
+            for _ in range(3):
+                response = await request_tcp(address, body=BODY)
+                assert response is not None
+                assert (response.status, response.body) == (200, b"ok")
+                assert response.header("x-failover-attempts") == "1"
+                await trio.sleep(0.5)  # the node closes the idle connection
+    assert server.connections == 3
+    assert server.requests == 3  # each went out once: the stale write reached nobody
+
+
+async def test_a_pool_idle_timeout_below_the_node_keepalive_avoids_stale_connections() -> None:
+    server = KeepAliveServer(idle=2.0)
+    with trio.fail_after(10):
+        async with proxy_to(server, pool_idle_timeout=0.3) as address:
+            for pause in (0.05, 0.6, 0.05):
+                response = await request_tcp(address, body=BODY)
+                assert response is not None
+                assert response.status == 200
+                await trio.sleep(pause)
+    assert server.connections == 2  # one reuse after 0.05 s; a fresh one after 0.6 s
+    assert server.requests == 3
+
+
+async def test_a_relay_cancelled_at_its_last_write_closes_the_connection(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The answer is complete when the client stops reading; the proxy's last
+    # write waits on it; the client leaves and the workload is cancelled in
+    # that write. The connection is clean by HTTP's rules but was abandoned.
+    async with Fleet({"a": FakeNode(healthy(b"x" * 1000))}) as fleet:
+        proxy = make_proxy(fleet)
+        client, server = trio.testing.lockstep_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(proxy.handle_connection, server)
+            await client.send_all(
+                b"POST / HTTP/1.1\r\nhost: p\r\ncontent-length: %d\r\n\r\n%s" % (len(BODY), BODY)
+            )
+            await trio.sleep(5)
+            await client.aclose()
+        assert fleet["a"].received
+        await trio.testing.wait_all_tasks_blocked()
+        assert proxy.pool.idle_count("a") == 0
+        assert fleet["a"].closed_at == [5.0]
+
+
+async def test_a_dropped_pool_closes_its_idle_sockets() -> None:
+    # Without pool.aclose() (an embedder that forgets it), the sockets must
+    # not wait for the garbage collector's ResourceWarning.
+    pool = ConnectionPool(max_idle=4, idle_timeout=4.0)
+    ours, theirs = trio.socket.socketpair()
+    await pool.release("a", trio.SocketStream(ours), exchanged(OK_HEAD))
+    assert pool.idle_count("a") == 1
+    del pool
+    gc.collect()
+    assert ours.fileno() == -1
+    with theirs:
+        assert await theirs.recv(10) == b""  # the other end sees the close
