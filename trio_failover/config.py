@@ -82,6 +82,15 @@ def _check_headers(
             )
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` shown as ``***@``."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return scheme + sep + authority + slash + path
+
+
 def _hide_values(value: Mapping[str, str]) -> str:
     return "{" + ", ".join(f"{name!r}: '***'" for name in value) + "}"
 
@@ -112,7 +121,7 @@ class Upstream:
     """
 
     name: str = attrs.field(validator=_check_name)
-    url: str = attrs.field(validator=_check_url)
+    url: str = attrs.field(validator=_check_url, repr=lambda url: repr(redact_url(url)))
     models: Mapping[str, str] | None = attrs.field(
         default=None, kw_only=True, converter=_models_converter, eq=False
     )
@@ -127,31 +136,26 @@ class Upstream:
     ca_file: str | None = attrs.field(default=None, kw_only=True)
     insecure_skip_verify: bool = attrs.field(default=False, kw_only=True)
 
-    @property
-    def scheme(self) -> str:
-        """``http`` or ``https``."""
-        return urlsplit(self.url).scheme
+    # Parts of the URL, computed once: requests read them on every attempt.
+    scheme: str = attrs.field(init=False, eq=False, repr=False)
+    """``http`` or ``https``."""
+    host: str = attrs.field(init=False, eq=False, repr=False)
+    """The host name or address, without IPv6 brackets."""
+    port: int = attrs.field(init=False, eq=False, repr=False)
+    """The port, defaulting to 80 or 443 by scheme."""
+    base_path: str = attrs.field(init=False, eq=False, repr=False)
+    """The URL's path without its trailing slash ("" for none)."""
+    host_header: str = attrs.field(init=False, eq=False, repr=False)
+    """The ``Host`` header value for requests to this node."""
 
-    @property
-    def host(self) -> str:
-        """The host name or address, without IPv6 brackets."""
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        """The port, defaulting to 80 or 443 by scheme."""
-        return urlsplit(self.url).port or (443 if self.scheme == "https" else 80)
-
-    @property
-    def base_path(self) -> str:
-        """The URL's path without its trailing slash ("" for none)."""
-        return urlsplit(self.url).path.rstrip("/")
-
-    @property
-    def host_header(self) -> str:
-        """The ``Host`` header value for requests to this node."""
+    def __attrs_post_init__(self) -> None:
         parts = urlsplit(self.url)
-        return parts.netloc.rpartition("@")[2]
+        set_part = object.__setattr__  # the class is frozen
+        set_part(self, "scheme", parts.scheme)
+        set_part(self, "host", parts.hostname or "")
+        set_part(self, "port", parts.port or (443 if parts.scheme == "https" else 80))
+        set_part(self, "base_path", parts.path.rstrip("/"))
+        set_part(self, "host_header", parts.netloc.rpartition("@")[2])
 
     def serves(self, model: str | None) -> bool:
         """Whether this node takes a request for ``model`` (None: no model named)."""

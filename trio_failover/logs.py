@@ -92,8 +92,13 @@ class TextFormatter(logging.Formatter):
 
 
 def _text(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    return json.dumps(text) if (" " in text or not text) else text
+    # One access line a request: plain strings and numbers skip json.dumps.
+    if isinstance(value, str):
+        return json.dumps(value) if (" " in value or not value) else value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    text = json.dumps(value, separators=(",", ":"))
+    return json.dumps(text) if " " in text else text
 
 
 class JSONFormatter(logging.Formatter):

@@ -9,6 +9,7 @@ lists every series with example queries.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,6 +25,9 @@ from . import __version__
 
 # Seconds; spans fast local nodes to long cold prefills.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
 
 
 class Metrics:
@@ -84,7 +88,20 @@ class Metrics:
             registry=r,
         )
 
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.declare_nodes(nodes)
+
+    def child(self, metric: _Metric, *labels: str) -> _Metric:
+        """``metric.labels(*labels)``, kept: the proxy asks on every request.
+
+        Label values come from closed sets (node names, outcomes, states), so
+        the cache stays small.
+        """
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def declare_nodes(self, nodes: Iterable[str]) -> None:
         """Export the per-node series at zero before any traffic.

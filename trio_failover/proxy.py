@@ -26,7 +26,7 @@ import h11
 import trio
 
 from . import __version__
-from .config import Config, Upstream
+from .config import Config, Upstream, redact_url
 from .cooldown import CooldownTable
 from .downstream import ClientConnection, ClientGone, ClientRequest, Closed
 from .errors import ClientError, RetryableResponse, UpstreamError
@@ -273,7 +273,7 @@ class Proxy:
             outgoing = self._request_for(node, request, work, document, client_address, scheme)
             stats = self.stats[node.name]
             stats.in_flight += 1
-            self.metrics.in_flight.labels(node.name).inc()
+            self.metrics.child(self.metrics.in_flight, node.name).inc()
             try:
                 try:
                     response = await open_response(
@@ -298,7 +298,7 @@ class Proxy:
                     return relayed
             finally:
                 stats.in_flight -= 1
-                self.metrics.in_flight.labels(node.name).dec()
+                self.metrics.child(self.metrics.in_flight, node.name).dec()
             self._attempt_failed(work, node, failure, moving_on=number < len(candidates))
             if isinstance(failure, RetryableResponse):
                 last_answer = failure.saved
@@ -491,9 +491,9 @@ class Proxy:
         )
         work.attempts.append(record)
         self.stats[node.name].failed += 1
-        self.metrics.attempts.labels(node.name, str(failure.outcome)).inc()
+        self.metrics.child(self.metrics.attempts, node.name, str(failure.outcome)).inc()
         if moving_on:
-            self.metrics.failovers.labels(node.name, str(failure.outcome)).inc()
+            self.metrics.child(self.metrics.failovers, node.name, str(failure.outcome)).inc()
         logger.warning(
             "failover" if moving_on else "attempt failed",
             extra={"fields": {"id": work.id, **record.to_json()}},
@@ -503,7 +503,7 @@ class Proxy:
 
     def _demote(self, node: str, duration: float, reason: str, now: float) -> None:
         entry = self.cooldowns.demote(node, now=now, duration=duration, reason=reason)
-        self.metrics.cooldowns.labels(node, reason).inc()
+        self.metrics.child(self.metrics.cooldowns, node, reason).inc()
         self.metrics.cooling.set(len(self.cooldowns.active(now)))
         until = round(entry.remaining(now), 3)
         logger.warning(
@@ -537,17 +537,19 @@ class Proxy:
         if ended is not None and ended.until > now:
             self._node_ready(node.name, "success")
         self.metrics.cooling.set(len(self.cooldowns.active(now)))
-        self.metrics.commits.labels(node.name).inc()
+        self.metrics.child(self.metrics.commits, node.name).inc()
         timings = response.timings
-        self.metrics.time_to_head.labels(node.name).observe(timings.head - timings.written)
-        self.metrics.time_to_commit.labels(node.name).observe(now - work.started)
+        self.metrics.child(self.metrics.time_to_head, node.name).observe(
+            timings.head - timings.written
+        )
+        self.metrics.child(self.metrics.time_to_commit, node.name).observe(now - work.started)
         self._publish_workload(work)
 
     def _stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:
         now = trio.current_time()
         record = AttemptRecord(node.name, outcome, now - work.attempt_started, work.status, detail)
         work.attempts.append(record)
-        self.metrics.attempts.labels(node.name, str(outcome)).inc()
+        self.metrics.child(self.metrics.attempts, node.name, str(outcome)).inc()
         if outcome is Outcome.COMPLETED:
             work.state = "completed"
             return
@@ -569,7 +571,7 @@ class Proxy:
                     detail=f"client {work.client_left.value if work.client_left else 'left'}",
                 )
             )
-            self.metrics.attempts.labels(work.node, str(Outcome.CLIENT_ABORT)).inc()
+            self.metrics.child(self.metrics.attempts, work.node, str(Outcome.CLIENT_ABORT)).inc()
         work.state = "cancelled"
         self.metrics.client_aborts.inc()
 
@@ -592,9 +594,9 @@ class Proxy:
         now = trio.current_time()
         summary = work.summary(now)
         self.recent.append(summary)
-        self.metrics.workloads.labels(work.state).inc()
+        self.metrics.child(self.metrics.workloads, work.state).inc()
         if work.node is not None:
-            self.metrics.duration.labels(work.node).observe(now - work.started)
+            self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
         self.events.publish({"type": "workload", **summary, "attempt": work.attempt})
         access_logger.info(
             "request",
@@ -626,7 +628,7 @@ class Proxy:
             nodes.append(
                 {
                     "name": node.name,
-                    "url": _redacted_url(node.url),
+                    "url": redact_url(node.url),
                     "state": "cooling" if entry else "ready",
                     "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
                     "reason": entry.reason if entry else None,
@@ -636,11 +638,3 @@ class Proxy:
                 }
             )
         return {"version": __version__, "nodes": nodes, "workloads": list(self.recent)}
-
-
-def _redacted_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return scheme + sep + authority + slash + path

@@ -30,7 +30,6 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 
@@ -41,6 +40,7 @@ from .config import (
     LOG_LEVEL_CHOICES,
     Config,
     Upstream,
+    redact_url,
     split_host_port,
 )
 from .errors import ConfigError
@@ -862,15 +862,8 @@ def _resolve_nodes(
 SECRET = "***"
 
 
-def _mask_url(url: str) -> str:
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=SECRET + "@" + parts.netloc.rpartition("@")[2]))
-
-
 def _show_node(node: Upstream) -> str:
-    text = _mask_url(node.url)
+    text = redact_url(node.url)
     if node.models is not None:
         pairs = (k if k == v else f"{k}->{v}" for k, v in node.models.items())
         text += " models=" + ",".join(pairs)
