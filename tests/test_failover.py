@@ -372,3 +372,17 @@ async def test_no_node_serves_the_model_is_404(autojump_clock: trio.abc.Clock) -
         assert response is not None
         assert response.status == 404
         assert response.json()["error"]["code"] == "model_not_found"
+
+
+async def test_a_retryable_answer_too_long_to_hold_is_never_relayed_cut(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    huge = b'{"error": {"message": "' + b"x" * 100_000 + b'"}}'
+    async with Fleet({"only": FakeNode(retry_status(503, huge))}) as fleet:
+        proxy = make_proxy(fleet)
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        # Held whole, the 503 would be relayed; cut at 64 KiB it would pass
+        # for a complete answer. The proxy answers for itself instead.
+        assert response.status == 502
+        assert response.json()["attempts"][0]["status"] == 503

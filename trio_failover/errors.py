@@ -105,9 +105,19 @@ class RetryableResponse(UpstreamError):
 
     outcome = Outcome.RETRYABLE_RESPONSE
 
-    def __init__(self, node: str, message: str, saved: SavedResponse) -> None:
+    def __init__(
+        self,
+        node: str,
+        message: str,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        saved: SavedResponse | None,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        # The whole answer, to relay if it is the last one; None when its
+        # body was too long to hold (a cut body must never pass for whole).
         self.saved = saved
-        self.status = saved.status
         super().__init__(node, message)
 
 

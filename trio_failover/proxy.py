@@ -300,7 +300,7 @@ class Proxy:
                 stats.in_flight -= 1
                 self.metrics.child(self.metrics.in_flight, node.name).dec()
             self._attempt_failed(work, node, failure, moving_on=number < len(candidates))
-            if isinstance(failure, RetryableResponse):
+            if isinstance(failure, RetryableResponse) and failure.saved is not None:
                 last_answer = failure.saved
         work.state = "failed"
         if last_answer is not None:
@@ -474,7 +474,7 @@ class Proxy:
         status = None
         if isinstance(failure, RetryableResponse):
             status = failure.status
-            value = get(failure.saved.headers, b"retry-after")
+            value = get(failure.headers, b"retry-after")
             if status == 429 and value is not None:
                 retry_after = parse_retry_after(value.decode("latin-1"), wall_now=wall_time())
         verdict = judge(

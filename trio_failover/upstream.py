@@ -343,7 +343,8 @@ async def open_response(
 
     Raises:
         UpstreamError: a subclass naming the phase and outcome of the failure;
-            ``RetryableResponse`` carries the node's answer in ``.saved``.
+            ``RetryableResponse`` carries the node's answer in ``.saved``
+            (None when its body exceeded ``ERROR_BODY_LIMIT``).
 
     Cancellation:
         Cancelling closes the connection at once; nothing is left open and
@@ -443,15 +444,20 @@ async def _exchange(
             raise errors.HeaderTimeout(name, "error body: stalled after the head")
         code = error_code(body_bytes) if complete else None
         if action is HeadAction.RETRY or (code is not None and code in config.retry_error_codes):
-            saved = SavedResponse(
-                node=name,
-                status=response.status_code,
-                reason=response.reason,
-                headers=list(response.headers),
-                body=body_bytes,
+            headers = list(response.headers)
+            saved = (
+                SavedResponse(
+                    node=name,
+                    status=response.status_code,
+                    reason=response.reason,
+                    headers=headers,
+                    body=body_bytes,
+                )
+                if complete
+                else None
             )
             detail = f"answered {response.status_code}" + (f" {code}" if code else "")
-            raise errors.RetryableResponse(name, detail, saved)
+            raise errors.RetryableResponse(name, detail, response.status_code, headers, saved)
         timings = Timings(started, written, head_at, trio.current_time())
         return UpstreamResponse(node, stream, conn, response, body_bytes, complete, timings, pool)
 
