@@ -188,8 +188,13 @@ def test_exceptions_carry_their_context() -> None:
         "HOST:PORT",
         "--listen",
     )
-    stall = trio_failover.HeaderTimeout("gpu-a", "no head in 120s")
-    assert (stall.node, stall.outcome) == ("gpu-a", trio_failover.Outcome.HEADER_TIMEOUT)
+    stall = trio_failover.HeaderTimeout("gpu-a", "head", "no head in 120s")
+    assert (stall.node, stall.phase, stall.outcome) == (
+        "gpu-a",
+        "head",
+        trio_failover.Outcome.HEADER_TIMEOUT,
+    )
+    assert str(stall) == "gpu-a: head: no head in 120s"
     record = trio_failover.AttemptRecord("gpu-a", trio_failover.Outcome.HEADER_TIMEOUT, 120.0)
     assert trio_failover.AllAttemptsFailed((record,)).attempts == (record,)
     with pytest.raises(trio_failover.ConfigError) as caught:

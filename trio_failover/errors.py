@@ -37,13 +37,19 @@ class ClientError(FailoverError):
 
 
 class UpstreamError(FailoverError):
-    """One attempt at one node failed before the response was committed."""
+    """One attempt at one node failed; ``phase`` says where.
+
+    Phases: ``connect``, ``write``, ``head``, ``error body``, ``first body
+    byte`` (all before commit) and ``body`` (after it).
+    """
 
     outcome: Outcome
 
-    def __init__(self, node: str, message: str) -> None:
+    def __init__(self, node: str, phase: str, detail: str) -> None:
         self.node = node
-        super().__init__(f"{node}: {message}")
+        self.phase = phase
+        self.detail = detail
+        super().__init__(f"{node}: {phase}: {detail}")
 
 
 class ConnectFailed(UpstreamError):
@@ -108,7 +114,8 @@ class RetryableResponse(UpstreamError):
     def __init__(
         self,
         node: str,
-        message: str,
+        phase: str,
+        detail: str,
         status: int,
         headers: list[tuple[bytes, bytes]],
         saved: SavedResponse | None,
@@ -118,7 +125,7 @@ class RetryableResponse(UpstreamError):
         # The whole answer, to relay if it is the last one; None when its
         # body was too long to hold (a cut body must never pass for whole).
         self.saved = saved
-        super().__init__(node, message)
+        super().__init__(node, phase, detail)
 
 
 class AllAttemptsFailed(FailoverError):

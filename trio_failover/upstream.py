@@ -153,14 +153,14 @@ _IO_ERRORS = (
 def _map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
     """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
     if isinstance(exc, _EarlyClose):
-        return errors.UpstreamClosedEarly(node, f"{phase}: {exc}")
+        return errors.UpstreamClosedEarly(node, phase, f"{exc}")
     if isinstance(exc, h11.RemoteProtocolError):
-        return errors.UpstreamProtocolError(node, f"{phase}: {exc}")
+        return errors.UpstreamProtocolError(node, phase, f"{exc}")
     if sockopts.is_dead_peer_error(exc):
-        return errors.DeadPeer(node, f"{phase}: peer stopped answering")
+        return errors.DeadPeer(node, phase, "peer stopped answering")
     if _caused_by(exc, ssl.SSLError):
-        return errors.TLSError(node, f"{phase}: {exc.__cause__ or exc}")
-    return errors.UpstreamReset(node, f"{phase}: {exc.__cause__ or exc}")
+        return errors.TLSError(node, phase, f"{exc.__cause__ or exc}")
+    return errors.UpstreamReset(node, phase, f"{exc.__cause__ or exc}")
 
 
 @contextmanager
@@ -311,13 +311,13 @@ async def _connect(node: Upstream, connector: Connector, config: Config) -> trio
         try:
             return await connector.connect(node)
         except ssl.SSLError as exc:
-            raise errors.TLSError(node.name, f"connect: {exc}") from exc
+            raise errors.TLSError(node.name, "connect", f"{exc}") from exc
         except (OSError, trio.BrokenResourceError) as exc:
             if _caused_by(exc, ssl.SSLError):
-                raise errors.TLSError(node.name, f"connect: {exc.__cause__}") from exc
-            raise errors.ConnectFailed(node.name, f"connect: {exc}") from exc
+                raise errors.TLSError(node.name, "connect", f"{exc.__cause__}") from exc
+            raise errors.ConnectFailed(node.name, "connect", f"{exc}") from exc
     assert connect_scope.cancelled_caught
-    raise errors.ConnectTimeout(node.name, f"connect: no connection in {config.connect_timeout}s")
+    raise errors.ConnectTimeout(node.name, "connect", f"no connection in {config.connect_timeout}s")
 
 
 async def open_response(
@@ -423,10 +423,10 @@ async def _exchange(
             raise _map_error(name, phase, exc) from exc
     if scope.cancelled_caught:
         if phase == "write":
-            raise errors.HeaderTimeout(name, f"write: request not taken in {header_timeout}s")
-        raise errors.HeaderTimeout(name, f"head: no complete response head in {header_timeout}s")
+            raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
+        raise errors.HeaderTimeout(name, "head", f"no complete response head in {header_timeout}s")
     if not isinstance(event, h11.Response):
-        raise errors.UpstreamProtocolError(name, f"head: unexpected {type(event).__name__}")
+        raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
     response = event
     head_at = trio.current_time()
 
@@ -441,7 +441,7 @@ async def _exchange(
         with trio.move_on_after(header_timeout) as body_scope, _mapped(name, "error body"):
             body_bytes, complete = await _read_prefix(stream, conn, ERROR_BODY_LIMIT)
         if body_scope.cancelled_caught:
-            raise errors.HeaderTimeout(name, "error body: stalled after the head")
+            raise errors.HeaderTimeout(name, "error body", "stalled after the head")
         code = error_code(body_bytes) if complete else None
         if action is HeadAction.RETRY or (code is not None and code in config.retry_error_codes):
             headers = list(response.headers)
@@ -457,7 +457,9 @@ async def _exchange(
                 else None
             )
             detail = f"answered {response.status_code}" + (f" {code}" if code else "")
-            raise errors.RetryableResponse(name, detail, response.status_code, headers, saved)
+            raise errors.RetryableResponse(
+                name, "head", detail, response.status_code, headers, saved
+            )
         timings = Timings(started, written, head_at, trio.current_time())
         return UpstreamResponse(node, stream, conn, response, body_bytes, complete, timings, pool)
 
@@ -471,7 +473,7 @@ async def _exchange(
             first, complete = await _read_body(stream, conn)
         if first_scope.cancelled_caught:
             raise errors.FirstBodyTimeout(
-                name, f"no body byte {config.first_body_timeout}s after head"
+                name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
             )
     else:
         try:
