@@ -12,11 +12,11 @@ import itertools
 import logging
 import resource
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
+from conftest import LogRecords
 from support import serve_process
 
 from trio_failover.config import Config
@@ -26,34 +26,6 @@ from trio_failover.testing import FakeNode, Fleet, healthy
 
 GET = b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n\r\n"
 BODY = b'{"ok": true}'
-
-
-class Records(logging.Handler):
-    """Collects the proxy's log records, whatever another test did to propagation."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self, level: int) -> list[str]:
-        return [r.getMessage() for r in self.records if r.levelno == level]
-
-
-@pytest.fixture
-def logs() -> Iterator[Records]:
-    handler = Records()
-    log = logging.getLogger("trio_failover")
-    old_level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(old_level)
 
 
 async def get(address: tuple[str, int]) -> bytes:
@@ -79,7 +51,7 @@ def is_node(listener: trio.SocketListener, config: Config) -> bool:
 
 @pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS])
 async def test_accept_out_of_resources_is_logged_and_retried_after_a_pause(
-    monkeypatch: pytest.MonkeyPatch, logs: Records, code: int
+    monkeypatch: pytest.MonkeyPatch, logged: LogRecords, code: int
 ) -> None:
     calls: list[float] = []
     real_accept = trio.SocketListener.accept
@@ -108,7 +80,7 @@ async def test_accept_out_of_resources_is_logged_and_retried_after_a_pause(
     assert 4 <= len(calls) <= 5
     gaps = [later - earlier for earlier, later in itertools.pairwise(calls[:4])]
     assert all(gap >= 0.1 for gap in gaps), gaps  # the pause: 0.1 s
-    assert logs.messages(logging.ERROR) == ["accept failed, retrying"] * 3
+    assert logged.messages(logging.ERROR) == ["accept failed, retrying"] * 3
 
 
 async def test_other_accept_errors_are_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +101,7 @@ async def test_other_accept_errors_are_not_swallowed(monkeypatch: pytest.MonkeyP
 
 
 async def test_a_failing_connection_does_not_stop_the_server(
-    monkeypatch: pytest.MonkeyPatch, logs: Records
+    monkeypatch: pytest.MonkeyPatch, logged: LogRecords
 ) -> None:
     real = Proxy.handle_connection
     seen = 0
@@ -151,7 +123,9 @@ async def test_a_failing_connection_does_not_stop_the_server(
                 answer = await get(bound.client)  # ...the server goes on
                 nursery.cancel_scope.cancel()
     assert answer.startswith(b"HTTP/1.1 200 ")
-    assert any("a bug in one connection" in (r.exc_text or "") or r.exc_info for r in logs.records)
+    assert any(
+        "a bug in one connection" in (r.exc_text or "") or r.exc_info for r in logged.records
+    )
 
 
 # -- a real process with a tiny descriptor limit ---------------------------------------------

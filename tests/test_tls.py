@@ -24,7 +24,7 @@ import signal
 import ssl
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,6 +33,7 @@ import httpx
 import pytest
 import trio
 import trustme
+from conftest import LogRecords
 from cryptography.hazmat.primitives import serialization
 
 from trio_failover.config import Config, Upstream
@@ -91,34 +92,6 @@ def client_context(ca_file: str) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=ca_file)
     context.set_alpn_protocols(["h2", "http/1.1"])  # as curl and browsers offer
     return context
-
-
-class LogRecords(logging.Handler):
-    """Keeps every record of the ``trio_failover`` loggers."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def at(self, level: int) -> list[logging.LogRecord]:
-        return [record for record in self.records if record.levelno == level]
-
-
-@pytest.fixture
-def logged() -> Iterator[LogRecords]:
-    handler = LogRecords()
-    log = logging.getLogger("trio_failover")
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
 
 
 # --- fake HTTPS nodes ------------------------------------------------------------------------
