@@ -21,7 +21,6 @@ from trio_failover import errors
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, request_tcp
 
 PUBLIC = [
-    "AllAttemptsFailed",
     "AttemptRecord",
     "BoundAddresses",
     "ClientError",
@@ -153,7 +152,6 @@ TREE = [
     (errors.ConfigError, ValueError),
     (errors.ClientError, errors.FailoverError),
     (errors.UpstreamError, errors.FailoverError),
-    (errors.AllAttemptsFailed, errors.FailoverError),
     *[
         (kind, errors.UpstreamError)
         for kind in (
@@ -196,7 +194,11 @@ def test_exceptions_carry_their_context() -> None:
     )
     assert str(stall) == "gpu-a: head: no head in 120s"
     record = trio_failover.AttemptRecord("gpu-a", trio_failover.Outcome.HEADER_TIMEOUT, 120.0)
-    assert trio_failover.AllAttemptsFailed((record,)).attempts == (record,)
+    assert record.to_json() == {
+        "node": "gpu-a",
+        "outcome": "header_timeout",
+        "elapsed_ms": 120000.0,
+    }
     with pytest.raises(trio_failover.ConfigError) as caught:
         trio_failover.Config(upstreams=[])
     assert caught.value.option == "upstream"

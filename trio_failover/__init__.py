@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from .config import Config, Upstream
 from .errors import (
-    AllAttemptsFailed,
     ClientError,
     ConfigError,
     ConnectFailed,
@@ -65,7 +64,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "AllAttemptsFailed",
     "AttemptRecord",
     "BoundAddresses",
     "ClientError",

@@ -9,7 +9,7 @@ Trio and OS errors are mapped into this tree once, at the I/O boundary, in
 
 from __future__ import annotations
 
-from .outcome import AttemptRecord, Outcome, SavedResponse
+from .outcome import Outcome, SavedResponse
 
 
 class FailoverError(Exception):
@@ -126,11 +126,3 @@ class RetryableResponse(UpstreamError):
         # body was too long to hold (a cut body must never pass for whole).
         self.saved = saved
         super().__init__(node, phase, detail)
-
-
-class AllAttemptsFailed(FailoverError):
-    """Every candidate was tried and none produced a committable response."""
-
-    def __init__(self, attempts: tuple[AttemptRecord, ...]) -> None:
-        self.attempts = attempts
-        super().__init__(f"all {len(attempts)} attempts failed")
