@@ -257,14 +257,18 @@ class ClientConnection:
         parts: list[bytes] = []
         size = 0
         while True:
-            # Between body bytes the client gets one header timeout of silence.
-            with trio.move_on_after(self._header_timeout) as scope:
-                try:
-                    event = await self._next_event()
-                except h11.RemoteProtocolError as exc:
-                    raise _client_error(exc) from exc
-            if scope.cancelled_caught:
-                raise ClientError(408, "the request body stalled", "request_timeout")
+            try:
+                # What h11 already holds needs no wait (a small body usually
+                # came with its head); only a wait gets the deadline.
+                event = self.conn.next_event()
+                if event is h11.NEED_DATA:
+                    # Between body bytes the client gets one header timeout of silence.
+                    with trio.move_on_after(self._header_timeout) as scope:
+                        event = await self._next_event()
+                    if scope.cancelled_caught:
+                        raise ClientError(408, "the request body stalled", "request_timeout")
+            except h11.RemoteProtocolError as exc:
+                raise _client_error(exc) from exc
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > self._max_body:

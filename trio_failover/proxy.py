@@ -166,14 +166,13 @@ class Proxy:
             if client.requests_read == 0
             else self.config.keepalive_timeout
         )
-        with trio.CancelScope() as idle:
+        with trio.move_on_after(timeout) as idle:
             # An idle connection holds up no drain: begin_drain cancels it.
             self._idle_scopes.add(idle)
             try:
                 if self.draining:
                     idle.cancel()
-                with trio.move_on_after(timeout):
-                    await client.wait_input()
+                await client.wait_input()
             finally:
                 self._idle_scopes.discard(idle)
         return client.has_buffered() and not (self.draining and client.closed is not None)
