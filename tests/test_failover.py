@@ -386,3 +386,26 @@ async def test_a_retryable_answer_too_long_to_hold_is_never_relayed_cut(
         # for a complete answer. The proxy answers for itself instead.
         assert response.status == 502
         assert response.json()["attempts"][0]["status"] == 503
+
+
+async def test_429_retry_after_date_is_read_against_the_nodes_date_header(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The node's clock is years off the proxy's; only the difference counts.
+    limited = FakeNode(
+        retry_status(
+            429,
+            headers=(
+                ("date", "Sun, 06 Nov 1994 08:49:30 GMT"),
+                ("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ),
+        )
+    )
+    async with Fleet({"limited": limited, "peer": FakeNode(healthy(b"peer"))}) as fleet:
+        proxy = make_proxy(fleet)
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert response.body == b"peer"
+        cooldown = proxy.cooldowns.get("limited", 0.0)
+        assert cooldown is not None
+        assert (cooldown.since, cooldown.until) == (0.0, 7.0)

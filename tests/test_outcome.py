@@ -6,6 +6,7 @@ import calendar
 import json
 import time
 from collections.abc import Iterator
+from email.utils import formatdate
 
 import pytest
 
@@ -206,7 +207,7 @@ RETRY_AFTER_VALUES = [
     pytest.param("Sun Nov  6 08:49:37 1994", WALL_NOW, 37.0, id="asctime-date"),
     pytest.param("Sun, 06 Nov 1994 08:49:37 -0000", WALL_NOW, 37.0, id="unknown-zone"),
     pytest.param("Sun, 06 Nov 1994 08:40:00 GMT", WALL_NOW, 0.0, id="date-in-the-past"),
-    pytest.param("Sun, 06 Nov 1994 08:49:37 GMT", None, None, id="date-without-wall-now"),
+    pytest.param("Sun, 06 Nov 1994 08:49:37 GMT", None, None, id="date-without-date-header"),
     pytest.param("Sun, 99 Foo 1994 99:99:99 GMT", WALL_NOW, None, id="garbage-date"),
     pytest.param("Sun, 06 Nov 1994 08:49:37 +9999", WALL_NOW, None, id="bad-zone"),
     pytest.param("tomorrow", WALL_NOW, None, id="word-with-wall-now"),
@@ -226,7 +227,18 @@ def _local_zone_far_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.usefixtures("_local_zone_far_from_utc")
 @pytest.mark.parametrize(("value", "wall_now", "seconds"), RETRY_AFTER_VALUES)
 def test_parse_retry_after(value: str, wall_now: float | None, seconds: float | None) -> None:
-    assert parse_retry_after(value, wall_now=wall_now) == seconds
+    # The reference "now" reaches the parser as the response's Date header.
+    date = None if wall_now is None else formatdate(wall_now, usegmt=True)
+    assert parse_retry_after(value, date=date) == seconds
+
+
+def test_retry_after_date_is_measured_against_the_date_header_not_a_clock() -> None:
+    # A node whose clock is a day ahead still means "in 30 seconds".
+    assert (
+        parse_retry_after("Mon, 30 Nov 2026 12:00:30 GMT", date="Mon, 30 Nov 2026 12:00:00 GMT")
+        == 30.0
+    )
+    assert parse_retry_after("Mon, 30 Nov 2026 12:00:30 GMT", date="not a date") is None
 
 
 # -- AttemptRecord and the final status ---------------------------------------------------

@@ -1,4 +1,4 @@
-"""Logging set-up: text or JSON lines on stderr, and the one wall clock.
+"""Logging set-up: text or JSON lines on stderr, with credentials scrubbed.
 
 Log calls pass structured fields as ``extra={"fields": {...}}``; the text
 format prints them as ``key=value``, the JSON format as object members:
@@ -38,11 +38,6 @@ _USERINFO_RE = re.compile(r"(://)[^/@\s\"']+@")
 # Shorter values are too likely to occur by chance ("1", "yes") to be scrubbed.
 _MIN_SECRET_LENGTH = 6
 _secrets: set[str] = set()
-
-
-def wall_time() -> float:
-    """Unix time, for log stamps and HTTP dates only (never for deadlines)."""
-    return time.time()
 
 
 def add_secrets(values: Iterable[str]) -> None:

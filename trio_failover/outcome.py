@@ -141,28 +141,39 @@ def error_code(body: bytes) -> str | None:
     return None
 
 
-def parse_retry_after(value: str, *, wall_now: float | None = None) -> float | None:
+def parse_retry_after(value: str, *, date: str | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value (RFC 9110 section 10.2.3).
 
-    Delta-seconds are taken as they are; an HTTP-date needs ``wall_now`` (Unix
-    seconds) to be turned into a delay. Anything unparsable gives None.
+    Delta-seconds are taken as they are. An HTTP-date is measured against
+    the same response's ``Date`` header, ``date``: both come from the node's
+    clock, so a skew between the node's and the proxy's clocks cannot stretch
+    or cancel the delay (and the proxy needs no wall clock of its own).
+    Anything unparsable, or a date without ``date``, gives None.
     """
     value = value.strip()
     # ASCII only: str.isdigit() also accepts "²" (a Latin-1 byte), which
     # float() then refuses.
     if value.isascii() and value.isdigit():
         return float(value)
-    if wall_now is None:
+    if date is None:
         return None
+    when, now = _http_date(value), _http_date(date)
+    if when is None or now is None:
+        return None
+    return max(0.0, when - now)
+
+
+def _http_date(value: str) -> float | None:
+    """Unix seconds of an HTTP-date (any of its three forms), or None."""
     try:
-        when = parsedate_to_datetime(value)
+        when = parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, OverflowError):
         return None
     if when.tzinfo is None:
         # The asctime form and "-0000" carry no zone; HTTP dates are always
         # GMT (RFC 9110 section 5.6.7), never the proxy host's local time.
         when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, when.timestamp() - wall_now)
+    return when.timestamp()
 
 
 @attrs.frozen

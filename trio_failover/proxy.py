@@ -32,7 +32,7 @@ from .downstream import ClientConnection, ClientGone, ClientRequest, Closed
 from .errors import ClientError, RetryableResponse, UpstreamError
 from .events import EventBus
 from .headers import client_response_headers, get, upstream_request_headers, workload_id
-from .logs import access_logger, logger, wall_time
+from .logs import access_logger, logger
 from .metrics import Metrics
 from .outcome import AttemptRecord, Outcome, SavedResponse, failure_status, judge, parse_retry_after
 from .pool import ConnectionPool
@@ -475,7 +475,10 @@ class Proxy:
             status = failure.status
             value = get(failure.headers, b"retry-after")
             if status == 429 and value is not None:
-                retry_after = parse_retry_after(value.decode("latin-1"), wall_now=wall_time())
+                date = get(failure.headers, b"date")
+                retry_after = parse_retry_after(
+                    value.decode("latin-1"), date=date.decode("latin-1") if date else None
+                )
         verdict = judge(
             failure.outcome,
             response_header_timeout=self.config.response_header_timeout,
