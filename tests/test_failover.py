@@ -409,3 +409,23 @@ async def test_429_retry_after_date_is_read_against_the_nodes_date_header(
         cooldown = proxy.cooldowns.get("limited", 0.0)
         assert cooldown is not None
         assert (cooldown.since, cooldown.until) == (0.0, 7.0)
+
+
+async def test_the_proxy_executes_the_verdict_of_judge(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether to move on is outcome.judge's decision, not the loop's: a
+    # verdict without fail_over ends the workload at that attempt.
+    from trio_failover import outcome
+    from trio_failover import proxy as proxy_module
+
+    def no_failover(*args: object, **kwargs: object) -> outcome.Verdict:
+        return outcome.Verdict(fail_over=False, cooldown=0.0, timed_out=False)
+
+    monkeypatch.setattr(proxy_module, "judge", no_failover)
+    async with Fleet({"bad": FakeNode(refuse=True), "peer": FakeNode(healthy())}) as fleet:
+        proxy = make_proxy(fleet)
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert response.status == 502
+        assert fleet["peer"].received == []

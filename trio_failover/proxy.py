@@ -298,9 +298,10 @@ class Proxy:
             finally:
                 stats.in_flight -= 1
                 self.metrics.child(self.metrics.in_flight, node.name).dec()
-            self._attempt_failed(work, node, failure, moving_on=number < len(candidates))
             if isinstance(failure, RetryableResponse) and failure.saved is not None:
                 last_answer = failure.saved
+            if not self._attempt_failed(work, node, failure, last=number == len(candidates)):
+                break
         work.state = "failed"
         if last_answer is not None:
             work.status = last_answer.status
@@ -466,8 +467,9 @@ class Proxy:
     # -- bookkeeping: records, cooldowns, events, metrics, logs ----------------
 
     def _attempt_failed(
-        self, work: Workload, node: Upstream, failure: UpstreamError, *, moving_on: bool
-    ) -> None:
+        self, work: Workload, node: Upstream, failure: UpstreamError, *, last: bool
+    ) -> bool:
+        """Record a failed attempt and execute its verdict; True: try the next node."""
         now = trio.current_time()
         retry_after = None
         status = None
@@ -494,6 +496,7 @@ class Proxy:
         work.attempts.append(record)
         self.stats[node.name].failed += 1
         self.metrics.child(self.metrics.attempts, node.name, str(failure.outcome)).inc()
+        moving_on = verdict.fail_over and not last
         if moving_on:
             self.metrics.child(self.metrics.failovers, node.name, str(failure.outcome)).inc()
         logger.warning(
@@ -502,6 +505,7 @@ class Proxy:
         )
         if verdict.cooldown > 0:
             self._demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        return verdict.fail_over
 
     def _demote(self, node: str, duration: float, reason: str, now: float) -> None:
         entry = self.cooldowns.demote(node, now=now, duration=duration, reason=reason)
@@ -559,8 +563,8 @@ class Proxy:
         self.stats[node.name].failed += 1
         logger.warning("stream aborted", extra={"fields": {"id": work.id, **record.to_json()}})
         verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
-        if verdict.cooldown > 0 or outcome is Outcome.DEAD_PEER:
-            self._demote(node.name, self.config.response_header_timeout, str(outcome), now)
+        if verdict.cooldown > 0:
+            self._demote(node.name, verdict.cooldown, str(outcome), now)
 
     def _client_aborted(self, work: Workload) -> None:
         now = trio.current_time()
@@ -577,7 +581,7 @@ class Proxy:
         work.state = "cancelled"
         self.metrics.client_aborts.inc()
 
-    def _publish_workload(self, work: Workload, **extra: object) -> None:
+    def _publish_workload(self, work: Workload) -> None:
         event: dict[str, Any] = {
             "type": "workload",
             "id": work.id,
@@ -589,7 +593,6 @@ class Proxy:
         }
         if work.status is not None:
             event["status"] = work.status
-        event.update(extra)
         self.events.publish(event)
 
     def _finish(self, work: Workload) -> None:
