@@ -287,12 +287,16 @@ class ClientConnection:
         Raises:
             ClientGone: the client connection broke.
         """
-        if self._answering_head:
-            # h11 refuses body bytes after a HEAD (and then sends nothing at
-            # all); an answer the proxy makes itself keeps its head only.
-            events = tuple(event for event in events if not isinstance(event, h11.Data))
-        if self._closing is not None and self._closing():
-            events = tuple(_closing(e) if isinstance(e, h11.Response) else e for e in events)
+        start = events[0]
+        if isinstance(start, h11.Response):
+            # Only the call that starts an answer can need rewriting; the
+            # relay's per-chunk calls skip this.
+            if self._answering_head:
+                # h11 refuses body bytes after a HEAD (and then sends nothing
+                # at all); an answer the proxy makes itself keeps its head only.
+                events = tuple(event for event in events if not isinstance(event, h11.Data))
+            if self._closing is not None and self._closing():
+                events = (_closing(start), *events[1:])
         data = b"".join(self.conn.send(event) or b"" for event in events)
         try:
             await self.stream.send_all(data)

@@ -523,9 +523,11 @@ class Proxy:
         """Notice cooldowns that ran out (publishing ``ready`` node events)."""
         if now is None:
             now = trio.current_time()
-        for entry in self.cooldowns.expire(now):
-            self._node_ready(entry.node, "expired")
-        self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        ended = self.cooldowns.expire(now)
+        if ended:  # asked at every workload: the common answer costs nothing
+            for entry in ended:
+                self._node_ready(entry.node, "expired")
+            self.metrics.cooling.set(len(self.cooldowns.active(now)))
 
     def _node_ready(self, node: str, reason: str) -> None:
         logger.info("node ready", extra={"fields": {"node": node, "reason": reason}})
@@ -540,9 +542,10 @@ class Proxy:
         work.status = response.status
         self.stats[node.name].served += 1
         ended = self.cooldowns.restore(node.name)
-        if ended is not None and ended.until > now:
-            self._node_ready(node.name, "success")
-        self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        if ended is not None:
+            if ended.until > now:
+                self._node_ready(node.name, "success")
+            self.metrics.cooling.set(len(self.cooldowns.active(now)))
         self.metrics.child(self.metrics.commits, node.name).inc()
         timings = response.timings
         self.metrics.child(self.metrics.time_to_head, node.name).observe(
