@@ -40,8 +40,6 @@ VERDICTS: dict[Outcome, tuple[bool, float, bool]] = {
     Outcome.DEAD_PEER: (True, RHT, True),
     # Never the node's fault, or already committed: no failover.
     Outcome.CLIENT_ABORT: (False, 0.0, False),
-    Outcome.CANCELLED: (False, 0.0, False),
-    Outcome.COMMITTED: (False, 0.0, False),
     Outcome.COMPLETED: (False, 0.0, False),
     Outcome.STREAM_BROKEN: (False, 0.0, False),
     # After commit a stall still demotes, but nothing is replayed.

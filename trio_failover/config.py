@@ -289,10 +289,3 @@ class Config:
     tls_key: str | None = None
     log_format: LogFormat = attrs.field(default="text", validator=_choice(LOG_FORMAT_CHOICES))
     log_level: str = attrs.field(default="info", validator=_choice(LOG_LEVEL_CHOICES))
-
-    def upstream(self, name: str) -> Upstream | None:
-        """The node called ``name``, if any."""
-        for node in self.upstreams:
-            if node.name == name:
-                return node
-        return None

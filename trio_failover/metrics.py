@@ -17,7 +17,6 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
-    generate_latest,
 )
 from prometheus_client.exposition import choose_encoder
 
@@ -117,10 +116,6 @@ class Metrics:
             self.time_to_head.labels(node)
             self.time_to_commit.labels(node)
             self.duration.labels(node)
-
-    def exposition(self) -> bytes:
-        """The text exposition format (0.0.4) of all metrics."""
-        return generate_latest(self.registry)
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """All metrics in the format the scraper's ``Accept`` header asks for.

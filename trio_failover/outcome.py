@@ -36,8 +36,6 @@ class Outcome(enum.StrEnum):
     DEAD_PEER = "dead_peer"
     RETRYABLE_RESPONSE = "retryable_response"
     CLIENT_ABORT = "client_abort"
-    CANCELLED = "cancelled"
-    COMMITTED = "committed"
     # After commit:
     COMPLETED = "completed"
     STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
