@@ -3,7 +3,9 @@ writing, and the byte reader that doubles as the close watcher.
 
 One reader task per connection receives from the client for the whole
 connection lifetime, so a FIN or an RST is seen at any moment, also while an
-upstream attempt is pending or a committed stream is silent. Received bytes
+upstream attempt is pending or a committed stream is silent: the reader then
+calls the ``on_close`` callback, with which the proxy cancels the workload
+in progress (the reader is the close watcher; no task per request). Received bytes
 are kept (never consumed by the watcher) until the h11 connection asks for
 them, so a pipelined next request survives. The reader stops receiving once
 ``PENDING_LIMIT`` bytes wait: it never reads without bound.
@@ -105,7 +107,9 @@ class ClientConnection:
         self._eof_fed = False
         self._answering_head = False
         self.closed: Closed | None = None
-        self._closed_event = trio.Event()
+        # Called by the reader, once, when the client's side ends; the proxy
+        # sets it for the length of one workload (``watch_close``).
+        self._on_close: Callable[[Closed], None] | None = None
         self._arrived = trio.Event()
         self._room = trio.Event()
         self.requests_read = 0
@@ -131,18 +135,24 @@ class ClientConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.closed = Closed.RESET
         finally:
-            self._closed_event.set()
             self._wake()
+            if self.closed is not None and self._on_close is not None:
+                self._on_close(self.closed)
+
+    def watch_close(self, callback: Callable[[Closed], None] | None) -> None:
+        """Have ``callback(how)`` called once the client's side ends (None: stop).
+
+        When the client has already gone, ``callback`` is called at once. It
+        runs in the reader task: it must not block (cancelling a scope is
+        what it is for).
+        """
+        self._on_close = callback
+        if callback is not None and self.closed is not None:
+            callback(self.closed)
 
     def _wake(self) -> None:
         self._arrived.set()
         self._arrived = trio.Event()
-
-    async def wait_closed(self) -> Closed:
-        """Wait until the client's side ends; returns how (FIN or RST)."""
-        await self._closed_event.wait()
-        assert self.closed is not None
-        return self.closed
 
     def _feed(self) -> bool:
         """Move pending bytes into h11 (and EOF once everything is in).
@@ -176,7 +186,8 @@ class ClientConnection:
             return True
         return False
 
-    async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+    def _poll_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+        """The next event from what has arrived so far; ``NEED_DATA``: wait for more."""
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
@@ -186,7 +197,14 @@ class ClientConnection:
             if not self._feed():
                 if self._eof_fed:
                     return h11.ConnectionClosed()
-                await self._arrived.wait()
+                return h11.NEED_DATA
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
+        while True:
+            event = self._poll_event()
+            if event is not h11.NEED_DATA:
+                return event
+            await self._arrived.wait()
 
     # -- reading requests ----------------------------------------------------
 
@@ -225,13 +243,17 @@ class ClientConnection:
                 431 head too large.
         """
         started = self._opened if self.requests_read == 0 else trio.current_time()
-        with trio.move_on_at(started + self._header_timeout) as head_scope:
-            try:
-                event = await self._next_event()
-            except h11.RemoteProtocolError as exc:
-                raise _client_error(exc) from exc
-        if head_scope.cancelled_caught:
-            raise ClientError(408, "the request head did not arrive in time", "request_timeout")
+        try:
+            # A head that has arrived whole (the usual case) needs no deadline.
+            event = self._poll_event()
+            if event is h11.NEED_DATA:
+                with trio.move_on_at(started + self._header_timeout) as head_scope:
+                    event = await self._next_event()
+                if head_scope.cancelled_caught:
+                    message = "the request head did not arrive in time"
+                    raise ClientError(408, message, "request_timeout")
+        except h11.RemoteProtocolError as exc:
+            raise _client_error(exc) from exc
         if isinstance(event, h11.ConnectionClosed):
             return None
         if not isinstance(event, h11.Request):
@@ -260,7 +282,7 @@ class ClientConnection:
             try:
                 # What h11 already holds needs no wait (a small body usually
                 # came with its head); only a wait gets the deadline.
-                event = self.conn.next_event()
+                event = self._poll_event()
                 if event is h11.NEED_DATA:
                     # Between body bytes the client gets one header timeout of silence.
                     with trio.move_on_after(self._header_timeout) as scope:
