@@ -602,6 +602,16 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
         "port",
     ),
     (
+        "URL with a blank in its path, file",
+        {},
+        {},
+        N + '[[upstream]]\nname = "b"\nurl = "http://10.0.0.6:1/my models"\n',
+        "config.toml:5",
+        "upstream.url",
+        "http://10.0.0.6:1/my models",
+        "percent-encode",
+    ),
+    (
         "URL missing, file",
         {},
         {},

@@ -101,6 +101,14 @@ def _check_name(instance: Upstream, attribute: attrs.Attribute[str], value: str)
 
 
 def _check_url(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
+    # The host goes into the Host header and the path before every request
+    # target as they are, and the proxy sends its own headers to nodes
+    # without h11's checks (upstream.OutgoingRequest): refuse here what a URL
+    # must percent-encode, blanks and control characters among it.
+    if not value.isascii() or not value.isprintable() or " " in value:
+        raise ConfigError(
+            "upstream", value, "a node URL holds no blanks or non-ASCII (percent-encode them)"
+        )
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError("upstream", value, "expected an http:// or https:// URL with a host")

@@ -326,8 +326,13 @@ class Proxy:
             attempts=len(work.attempts) + 1,
             keep_length=True,
         )
+        # _parsed: skip h11's header regexes, which these headers passed
+        # already (the node's parsed by h11, the proxy's own checked at
+        # configuration time; see headers.client_response_headers).
         commit: list[h11.Event] = [
-            h11.Response(status_code=response.status, reason=response.reason, headers=headers)
+            h11.Response(
+                status_code=response.status, reason=response.reason, headers=headers, _parsed=True
+            )
         ]
         if response.first_chunk:
             commit.append(h11.Data(data=response.first_chunk))

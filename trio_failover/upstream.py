@@ -124,7 +124,15 @@ class TCPConnector:
 
 @attrs.frozen
 class OutgoingRequest:
-    """The request as one node receives it (headers already made for that node)."""
+    """The request as one node receives it (headers already made for that node).
+
+    Its parts are sent without h11's header checks, so they must be valid
+    already: the client's method, target and headers passed h11's parser;
+    the node's URL parts, header names and values, and names passed the
+    checks of ``config``; the rest is the proxy's own (a workload id that
+    matched its pattern, an address, digits). h11 still checks the method,
+    the target and the Host header.
+    """
 
     method: bytes
     target: bytes
@@ -396,8 +404,15 @@ async def _exchange(
     written = 0.0
     with trio.move_on_after(header_timeout) as scope:
         try:
+            # _parsed: skip h11's header regexes; OutgoingRequest documents
+            # why its parts are valid already.
             head = conn.send(
-                h11.Request(method=request.method, target=request.target, headers=request.headers)
+                h11.Request(
+                    method=request.method,
+                    target=request.target,
+                    headers=request.headers,
+                    _parsed=True,
+                )
             )
             body = conn.send(h11.Data(data=request.body)) if request.body else b""
             end = conn.send(h11.EndOfMessage())
