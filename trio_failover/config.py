@@ -291,7 +291,7 @@ class Config:
     shutdown_timeout: float = attrs.field(default=30.0, validator=_non_negative)
 
     pool_idle_timeout: float = attrs.field(default=4.0, validator=_non_negative)
-    pool_max_idle: int = attrs.field(default=32, validator=_non_negative)
+    pool_max_idle: int = attrs.field(default=256, validator=_non_negative)
 
     tls_cert: str | None = None
     tls_key: str | None = None
