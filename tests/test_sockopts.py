@@ -22,6 +22,7 @@ from trio_failover.sockopts import (
     is_dead_peer_error,
     keepalive_plan,
 )
+from trio_failover.upstream import open_tcp
 
 linux_only = pytest.mark.skipif(
     sys.platform != "linux", reason="reads back Linux-only TCP options (TCP_USER_TIMEOUT)"
@@ -292,3 +293,49 @@ DEAD_PEER_CASES = [
 )
 def test_is_dead_peer_error(exc: BaseException, expected: bool) -> None:
     assert is_dead_peer_error(exc) is expected
+
+
+# --- connecting to nodes -------------------------------------------------------------------
+
+
+async def _listener(host: str) -> trio.SocketListener:
+    (listener,) = await trio.open_tcp_listeners(0, host=host)
+    return listener
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_open_tcp_reaches_an_address_or_a_name(host: str) -> None:
+    listener = await _listener("127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    stream = await open_tcp(host, port)
+    accepted = await listener.accept()
+    try:
+        await stream.send_all(b"ping")
+        assert await accepted.receive_some(4) == b"ping"
+        assert _tcp(stream.socket, socket.TCP_NODELAY)
+    finally:
+        for resource in (stream, accepted, listener):
+            await trio.aclose_forcefully(resource)
+
+
+async def test_open_tcp_over_ipv6_when_the_machine_has_it() -> None:
+    try:
+        listener = await _listener("::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    port = listener.socket.getsockname()[1]
+    stream = await open_tcp("::1", port)
+    try:
+        assert stream.socket.family == socket.AF_INET6
+    finally:
+        await trio.aclose_forcefully(stream)
+        await trio.aclose_forcefully(listener)
+
+
+async def test_open_tcp_refused_keeps_the_errno_and_names_the_address() -> None:
+    listener = await _listener("127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    await trio.aclose_forcefully(listener)  # nothing listens there now
+    with pytest.raises(OSError, match=f"cannot connect to 127.0.0.1:{port}") as caught:
+        await open_tcp("127.0.0.1", port)
+    assert caught.value.errno == errno.ECONNREFUSED
