@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import signal
 import ssl
 import sys
@@ -24,7 +25,7 @@ from . import sockopts
 from .admin import serve_admin
 from .config import Config, split_host_port
 from .errors import ConfigError
-from .logs import configure_logging, logger
+from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 from .proxy import Proxy
 from .upstream import Connector
 
@@ -230,14 +231,18 @@ def run_server(config: Config) -> int:
     cancels what still runs and exits 1.
     """
     secrets = [value for node in config.upstreams for value in node.headers.values()]
-    configure_logging(config.log_format, config.log_level, secrets=secrets)
+    handler = configure_logging(config.log_format, config.log_level, secrets=secrets, batched=True)
+    assert isinstance(handler, BatchedStreamHandler)
+    # This process is ours: log records need not look up what no line of
+    # ours prints (the process id is a system call per record).
+    logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False
     # Trio hands errors out of nurseries as exception groups: a settings file
     # that cannot be loaded (exit 2, one line, as for any bad value) or a port
     # that is taken (exit 1) arrive wrapped.
     bad_setting: ConfigError | None = None
     cannot_listen: OSError | None = None
     try:
-        return trio.run(_main, config)
+        return _run_flushing(config, handler)
     except* ConfigError as group:
         bad_setting = next(exc for exc in _leaves(group) if isinstance(exc, ConfigError))
     except* OSError as group:
@@ -246,7 +251,15 @@ def run_server(config: Config) -> int:
         print(f"trio-failover: error: {bad_setting}", file=sys.stderr)
         return 2
     logger.error("cannot listen", extra={"fields": {"error": str(cannot_listen)}})
+    handler.flush()
     return 1
+
+
+def _run_flushing(config: Config, handler: BatchedStreamHandler) -> int:
+    try:
+        return trio.run(_main, config, instruments=[FlushLogs(handler)])
+    finally:
+        handler.flush()
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
