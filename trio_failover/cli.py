@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -103,6 +104,10 @@ def _root(
 def serve(**flags: Any) -> None:
     """Run the proxy in the foreground; Ctrl-C or SIGTERM drains it."""
     config, _ = _settings(flags)
+    if _as_program:
+        from .reexec import exec_serve
+
+        exec_serve(config, sys.argv)  # returns only where it cannot (see reexec)
     from .server import run_server
 
     raise typer.Exit(run_server(config))
@@ -126,6 +131,14 @@ def demo(
     raise typer.Exit(run_demo(once=once))
 
 
+# Whether this process is the trio-failover program (set by ``main``), which
+# ``serve`` may then replace with a fresh image of itself. An in-process call
+# of ``app`` (a test's CliRunner, an embedder) never execs.
+_as_program = False
+
+
 def main() -> None:
     """Entry point of the ``trio-failover`` console script and ``python -m trio_failover``."""
+    global _as_program
+    _as_program = True
     app(prog_name="trio-failover")

@@ -1,0 +1,66 @@
+"""Serve from a fresh process image, without the command line's imports.
+
+Parsing the command line imports typer, and typer imports pydantic: about
+7 MiB of resident memory that a long-running proxy never uses again, and
+Python cannot unload a module. So once ``trio-failover serve`` has resolved
+and checked its settings, it replaces its own process image with
+``python -m trio_failover.reexec`` (``os.execv``: the same process id,
+standard streams, environment and parent), which reads the ``Config`` back
+and runs ``server.run_server``.
+
+The ``Config`` travels in an anonymous in-memory file (``memfd``) that the
+new image inherits as a file descriptor: no temporary file, and no copy of
+the node credentials in the environment or on the command line, where other
+users could read them. The original arguments follow ``--`` on the new
+command line, so that ``ps`` still shows what was asked for.
+
+Where there is no ``memfd`` (outside Linux) or ``exec`` fails, the proxy runs
+in the command's own process, as an embedder's ``run_server`` call does.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+from .config import Config
+
+__all__ = ["exec_serve", "main"]
+
+
+def exec_serve(config: Config, argv: list[str]) -> None:
+    """Replace this process with one that serves ``config``; return only if that cannot be done."""
+    if not hasattr(os, "memfd_create"):
+        return
+    try:
+        fd = os.memfd_create("trio-failover-config", 0)
+    except OSError:
+        return
+    try:
+        with os.fdopen(os.dup(fd), "wb") as file:
+            pickle.dump(config, file)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.set_inheritable(fd, True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # -P: the current directory does not go on sys.path, so a file named
+        # like a module there (trio.py, say) cannot shadow one.
+        os.execv(sys.executable, [sys.executable, "-P", "-m", __name__, str(fd), "--", *argv])
+    except OSError:
+        os.close(fd)
+
+
+def main(argv: list[str]) -> int:
+    """The new image: ``python -m trio_failover.reexec FD -- ORIGINAL-ARGUMENTS``."""
+    with os.fdopen(int(argv[1]), "rb") as file:
+        config = pickle.load(file)  # written by our own process image, just before the exec
+    if not isinstance(config, Config):
+        raise TypeError(f"expected a Config, read {type(config).__name__}")
+    from .server import run_server
+
+    return run_server(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
