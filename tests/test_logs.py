@@ -12,7 +12,15 @@ import pytest
 import trio
 
 from trio_failover import Config, Upstream
-from trio_failover.logs import JSONFormatter, TextFormatter, configure_logging, logger, redact
+from trio_failover.logs import (
+    BatchedStreamHandler,
+    FlushLogs,
+    JSONFormatter,
+    TextFormatter,
+    configure_logging,
+    logger,
+    redact,
+)
 from trio_failover.proxy import Proxy
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
@@ -166,3 +174,29 @@ def test_both_formats_scrub_registered_secrets(captured: io.StringIO) -> None:
     assert "sk-registered-xyz" not in line
     assert "url=http://***@h/" in line
     assert redact("short") == "short"  # too short to be scrubbed safely
+
+
+async def test_batched_lines_wait_for_the_loop_to_go_idle(captured: io.StringIO) -> None:
+    handler = configure_logging("text", "info", stream=captured, batched=True)
+    assert isinstance(handler, BatchedStreamHandler)
+    instrument = FlushLogs(handler)
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        logger.info("first")
+        logger.warning("second")
+        assert captured.getvalue() == ""  # held: no write per line
+        await trio.lowlevel.checkpoint()  # a pass of the loop, with its I/O poll
+        lines = captured.getvalue().splitlines()
+        assert [line.split()[1:3] for line in lines] == [["INFO", "first"], ["WARNING", "second"]]
+        await trio.lowlevel.checkpoint()
+        assert len(captured.getvalue().splitlines()) == 2  # nothing written twice
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+
+
+def test_batched_lines_are_written_by_an_explicit_flush(captured: io.StringIO) -> None:
+    handler = configure_logging("json", "info", stream=captured, batched=True)
+    logger.info("kept")
+    assert captured.getvalue() == ""
+    handler.flush()
+    assert json.loads(captured.getvalue())["message"] == "kept"
