@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 from collections import deque
 from functools import partial
@@ -112,7 +113,8 @@ class Proxy:
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_WORKLOADS)
+        # Finished workloads and when they ended; summarised only when asked.
+        self._recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         self.draining = False
         self._idle_scopes: set[trio.CancelScope] = set()
         self._needs_body_json = config.affinity == "prefix" or any(
@@ -592,7 +594,14 @@ class Proxy:
         work.state = "cancelled"
         self.metrics.client_aborts.inc()
 
+    @property
+    def recent(self) -> list[dict[str, Any]]:
+        """The last finished workloads, oldest first, in their ``/status`` form."""
+        return [work.summary(ended) for work, ended in self._recent]
+
     def _publish_workload(self, work: Workload) -> None:
+        if not self.events.subscriber_count:
+            return  # no dashboard open: nothing to build
         event: dict[str, Any] = {
             "type": "workload",
             "id": work.id,
@@ -608,12 +617,14 @@ class Proxy:
 
     def _finish(self, work: Workload) -> None:
         now = trio.current_time()
-        summary = work.summary(now)
-        self.recent.append(summary)
+        self._recent.append((work, now))
         self.metrics.child(self.metrics.workloads, work.state).inc()
         if work.node is not None:
             self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
-        self.events.publish({"type": "workload", **summary, "attempt": work.attempt})
+        if self.events.subscriber_count:
+            self.events.publish({"type": "workload", **work.summary(now), "attempt": work.attempt})
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
         access_logger.info(
             "request",
             extra={
@@ -624,8 +635,12 @@ class Proxy:
                     "status": work.status,
                     "state": work.state,
                     "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
-                    "commit_ms": summary["ttfb_ms"],
-                    "duration_ms": summary["duration_ms"],
+                    "commit_ms": (
+                        _ms(work.committed_at - work.started)
+                        if work.committed_at is not None
+                        else None
+                    ),
+                    "duration_ms": _ms(now - work.started),
                     "bytes": work.body_bytes,
                 }
             },
@@ -653,4 +668,4 @@ class Proxy:
                     "failed": stats.failed,
                 }
             )
-        return {"version": __version__, "nodes": nodes, "workloads": list(self.recent)}
+        return {"version": __version__, "nodes": nodes, "workloads": self.recent}
