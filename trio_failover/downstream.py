@@ -212,11 +212,16 @@ class ClientConnection:
         """Get h11 ready for the next request; False when none may follow."""
         conn = self.conn
         if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            # A fresh h11 connection is what start_next_cycle() would give;
-            # taking back the bytes the old one holds lets the next head be
-            # screened like the first.
-            self._pending[:0] = conn.trailing_data[0]
-            self.conn = conn = self._new_h11()
+            trailing = conn.trailing_data[0]
+            if trailing:
+                # Pipelined bytes: a fresh h11 connection (what
+                # start_next_cycle() would give) without them, and the bytes
+                # back in the pending buffer, so that the next head is
+                # screened like the first.
+                self._pending[:0] = trailing
+                self.conn = conn = self._new_h11()
+            else:  # the usual case: h11 holds nothing unscreened
+                conn.start_next_cycle()
             self._head_screened = False
             self._head_searched = 0
             self._eof_fed = False
@@ -259,19 +264,22 @@ class ClientConnection:
         if not isinstance(event, h11.Request):
             raise ClientError(400, "malformed request", "bad_request")
         self._answering_head = event.method == b"HEAD"
-        _check_framing(event)
+        # h11's Headers is a Sequence read item by item in Python: listed
+        # once, then read as a list.
+        headers = list(event.headers)
+        _check_framing(headers, event.http_version)
         self.requests_read += 1
-        body = await self._read_body(event)
+        body = await self._read_body(headers)
         return ClientRequest(
             method=event.method,
             target=event.target,
-            headers=list(event.headers),
+            headers=headers,
             body=body,
             http_version=event.http_version,
         )
 
-    async def _read_body(self, request: h11.Request) -> bytes:
-        for name, value in request.headers:
+    async def _read_body(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        for name, value in headers:
             if name == b"content-length" and int(value) > self._max_body:
                 raise ClientError(413, "request body too large", "request_too_large")
         if self.conn.they_are_waiting_for_100_continue:
@@ -427,7 +435,7 @@ def _screen_head(head: bytes, max_head: int) -> None:
         raise ClientError(400, "malformed request: obsolete line folding", "bad_request")
 
 
-def _check_framing(request: h11.Request) -> None:
+def _check_framing(headers: list[tuple[bytes, bytes]], http_version: bytes) -> None:
     """Refuse a request whose body framing two parsers could read differently.
 
     RFC 9112 section 6.1: ``Transfer-Encoding`` with ``Content-Length``, or
@@ -437,13 +445,13 @@ def _check_framing(request: h11.Request) -> None:
     Raises:
         ClientError: 400.
     """
-    names = {name for name, _ in request.headers}
+    names = {name for name, _ in headers}
     if b"transfer-encoding" not in names:
         return
     if b"content-length" in names:
         message = "malformed request: both Transfer-Encoding and Content-Length"
         raise ClientError(400, message, "bad_request")
-    if request.http_version == b"1.0":
+    if http_version == b"1.0":
         message = "malformed request: Transfer-Encoding in an HTTP/1.0 request"
         raise ClientError(400, message, "bad_request")
 

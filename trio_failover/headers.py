@@ -51,18 +51,27 @@ def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes
     return frozenset(names)
 
 
+_never_forwarded: dict[frozenset[bytes], frozenset[bytes]] = {}
+
+
 def end_to_end(headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes]) -> Headers:
     """The headers that may be forwarded: no hop-by-hop, framing or ``drop`` names."""
-    headers = list(headers)  # read twice below; a generator would be empty the second time
-    listed = connection_tokens(headers)
-    return [
-        (name, value)
-        for name, value in headers
-        if name not in HOP_BY_HOP
-        and name not in FRAMING
-        and name not in drop
-        and name not in listed
-    ]
+    # One pass, with the excluded names as one set (made once per ``drop``).
+    excluded = _never_forwarded.get(drop)
+    if excluded is None:
+        excluded = _never_forwarded[drop] = HOP_BY_HOP | FRAMING | drop
+    kept = []
+    listed: list[bytes] = []
+    for name, value in headers:
+        if name in excluded:
+            if name == b"connection":
+                listed.append(value)
+        else:
+            kept.append((name, value))
+    if listed:  # names a Connection header lists are hop-by-hop too
+        tokens = connection_tokens((b"connection", value) for value in listed)
+        kept = [(name, value) for name, value in kept if name not in tokens]
+    return kept
 
 
 def get(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
