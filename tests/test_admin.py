@@ -118,7 +118,11 @@ async def test_status_counts_a_workload_in_flight(autojump_clock: trio.abc.Clock
             nursery.start_soon(lambda: request(proxy, body=BODY))
             await trio.sleep(5.0)
             assert by_name(await get_status(proxy))["slow"]["in_flight"] == 1
+            [(_, _, body)] = await admin_get(proxy, "/metrics")
+            assert value(samples(body.decode()), "trio_failover_in_flight", node="slow") == 1
         assert by_name(await get_status(proxy))["slow"]["in_flight"] == 0
+        [(_, _, body)] = await admin_get(proxy, "/metrics")
+        assert value(samples(body.decode()), "trio_failover_in_flight", node="slow") == 0
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -113,6 +113,9 @@ class Proxy:
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
+        for name, stats in self.stats.items():
+            # Read at scrape time: no gauge update per attempt.
+            self.metrics.in_flight.labels(name).set_function(partial(getattr, stats, "in_flight"))
         # Finished workloads and when they ended; summarised only when asked.
         self._recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         self.draining = False
@@ -277,7 +280,6 @@ class Proxy:
             outgoing = self._request_for(node, request, work, document, client_address, scheme)
             stats = self.stats[node.name]
             stats.in_flight += 1
-            self.metrics.child(self.metrics.in_flight, node.name).inc()
             try:
                 try:
                     response = await open_response(
@@ -302,7 +304,6 @@ class Proxy:
                     return relayed
             finally:
                 stats.in_flight -= 1
-                self.metrics.child(self.metrics.in_flight, node.name).dec()
             if isinstance(failure, RetryableResponse) and failure.saved is not None:
                 last_answer = failure.saved
             if not self._attempt_failed(work, node, failure, last=number == len(candidates)):
