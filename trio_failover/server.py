@@ -293,5 +293,7 @@ async def _main(config: Config) -> int:
                 logger.info(f"listening on {addresses.client_url}")
                 if addresses.admin_url:
                     logger.info(f"admin on {addresses.admin_url}")
+                for handler in logger.handlers:
+                    handler.flush()  # the startup lines leave now, not with the next pass
             nursery.cancel_scope.cancel()
     return 1 if forced else 0
