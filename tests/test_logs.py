@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trio_failover import Config, Upstream
 from trio_failover.logs import (
@@ -17,6 +19,7 @@ from trio_failover.logs import (
     FlushLogs,
     JSONFormatter,
     TextFormatter,
+    _text,
     configure_logging,
     logger,
     redact,
@@ -200,3 +203,29 @@ def test_batched_lines_are_written_by_an_explicit_flush(captured: io.StringIO) -
     assert captured.getvalue() == ""
     handler.flush()
     assert json.loads(captured.getvalue())["message"] == "kept"
+
+
+def _text_by_json(value: object) -> str:
+    """The text format's rule for a field value, spelled with json.dumps alone."""
+    if isinstance(value, str):
+        return json.dumps(value) if (" " in value or not value) else value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    text = json.dumps(value, separators=(",", ":"))
+    return json.dumps(text) if " " in text else text
+
+
+@given(
+    st.lists(st.text(max_size=12)) | st.lists(st.from_regex(r"[a-z0-9:_-]{0,12}", fullmatch=True))
+)
+def test_text_lists_read_as_json_writes_them(value: list[str]) -> None:
+    # The attempts list takes a shortcut past json.dumps; it must not show.
+    assert _text(value) == _text_by_json(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [["a:completed"], [], [""], ['q"x'], ["a b"], ["a\\b"], ["é"], ["\x7f"], ["a", 1], None],
+)
+def test_text_of_awkward_lists(value: object) -> None:
+    assert _text(value) == _text_by_json(value)

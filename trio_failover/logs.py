@@ -33,6 +33,22 @@ access_logger = logging.getLogger("trio_failover.access")
 
 REDACTED = "***"
 
+
+def log_access(fields: dict[str, Any]) -> None:
+    """The access line of one request: ``request`` at info on ``trio_failover.access``.
+
+    The same record ``access_logger.info("request", extra={"fields": ...})``
+    would make, handed to the logger's handlers directly: a line per request
+    skips the search for the calling frame (the record names this module).
+    """
+    if access_logger.isEnabledFor(logging.INFO):
+        record = logging.LogRecord(
+            access_logger.name, logging.INFO, __file__, 0, "request", None, None, "log_access"
+        )
+        record.fields = fields
+        access_logger.handle(record)
+
+
 # Authorization schemes whose parameter is the secret itself (RFC 9110 11.4).
 _SCHEME_RE = re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+")
 # The userinfo part of a URL (RFC 3986 3.2.1): scheme://user:password@host.
@@ -102,12 +118,24 @@ class TextFormatter(logging.Formatter):
         return redact(line)
 
 
+# Printable ASCII but space, '"' and '\\': json.dumps would write it as is.
+_PLAIN_RE = re.compile(r"[!#-\[\]-~]*")
+
+
 def _text(value: object) -> str:
-    # One access line a request: plain strings and numbers skip json.dumps.
+    # One access line a request: plain strings, numbers and lists of plain
+    # strings (the attempts) skip json.dumps.
     if isinstance(value, str):
         return json.dumps(value) if (" " in value or not value) else value
     if isinstance(value, int | float) and not isinstance(value, bool):
         return repr(value)
+    if type(value) is list and all(type(item) is str for item in value):
+        # "," is plain too: the joined items are plain if and only if each is.
+        if not value:
+            return "[]"
+        if _PLAIN_RE.fullmatch(",".join(value)):
+            return '["' + '","'.join(value) + '"]'
+
     text = json.dumps(value, separators=(",", ":"))
     return json.dumps(text) if " " in text else text
 

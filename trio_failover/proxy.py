@@ -36,7 +36,7 @@ from .downstream import ClientConnection, ClientGone, ClientRequest, Closed
 from .errors import ClientError, RetryableResponse, UpstreamError
 from .events import EventBus
 from .headers import client_response_headers, get, upstream_request_headers, workload_id
-from .logs import access_logger, logger
+from .logs import access_logger, log_access, logger
 from .metrics import Metrics
 from .outcome import AttemptRecord, Outcome, SavedResponse, failure_status, judge, parse_retry_after
 from .pool import ConnectionPool
@@ -626,25 +626,20 @@ class Proxy:
             self.events.publish({"type": "workload", **work.summary(now), "attempt": work.attempt})
         if not access_logger.isEnabledFor(logging.INFO):
             return
-        access_logger.info(
-            "request",
-            extra={
-                "fields": {
-                    "id": work.id,
-                    "method": work.method,
-                    "path": work.path,
-                    "status": work.status,
-                    "state": work.state,
-                    "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
-                    "commit_ms": (
-                        _ms(work.committed_at - work.started)
-                        if work.committed_at is not None
-                        else None
-                    ),
-                    "duration_ms": _ms(now - work.started),
-                    "bytes": work.body_bytes,
-                }
-            },
+        log_access(
+            {
+                "id": work.id,
+                "method": work.method,
+                "path": work.path,
+                "status": work.status,
+                "state": work.state,
+                "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
+                "commit_ms": (
+                    _ms(work.committed_at - work.started) if work.committed_at is not None else None
+                ),
+                "duration_ms": _ms(now - work.started),
+                "bytes": work.body_bytes,
+            }
         )
 
     # -- status --------------------------------------------------------------
