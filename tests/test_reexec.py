@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,24 @@ def test_a_failed_exec_falls_back_and_closes_the_file(monkeypatch: pytest.Monkey
     (fd,) = opened
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(fd)
+
+
+def test_no_exec_when_the_new_image_would_import_another_copy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A zipapp, or a checkout run with python -m from its folder while
+    # another copy is installed: the new image must not serve other code.
+    package_root = str(Path(reexec.__file__).parent.parent)
+    monkeypatch.setattr(sys, "path", [package_root, str(tmp_path)])
+    assert not reexec._new_image_imports_this_package()
+    other = tmp_path / "trio_failover"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    monkeypatch.setattr(sys, "path", [package_root, str(tmp_path), package_root])
+    assert not reexec._new_image_imports_this_package()  # the other copy comes first
+    monkeypatch.setattr(sys, "path", [str(tmp_path), package_root])
+    assert reexec._new_image_imports_this_package()
+    monkeypatch.setattr(os, "execv", lambda *args: pytest.fail("exec to another copy"))
+    monkeypatch.setattr(sys, "path", [package_root])
+    config = Config(upstreams=[Upstream("a", "http://127.0.0.1:1")])
+    assert reexec.exec_serve(config, ["trio-failover"]) is None

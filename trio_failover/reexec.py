@@ -14,12 +14,16 @@ the node credentials in the environment or on the command line, where other
 users could read them. The original arguments follow ``--`` on the new
 command line, so that ``ps`` still shows what was asked for.
 
-Where there is no ``memfd`` (outside Linux) or ``exec`` fails, the proxy runs
-in the command's own process, as an embedder's ``run_server`` call does.
+Where there is no ``memfd`` (outside Linux), where the new image would not
+import this same copy of the package (a zipapp, or a source checkout run
+with ``python -m`` from its folder while another copy is installed), or
+where ``exec`` fails, the proxy runs in the command's own process, as an
+embedder's ``run_server`` call does.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import pickle
 import sys
@@ -29,9 +33,21 @@ from .config import Config
 __all__ = ["exec_serve", "main"]
 
 
+def _new_image_imports_this_package() -> bool:
+    """Whether ``python -P -m trio_failover.reexec`` would import this very package.
+
+    The new image's path is this one's without its first entry (the script's
+    folder, or the current directory for ``-m``, which ``-P`` leaves out).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.machinery.PathFinder.find_spec(__package__ or "trio_failover", sys.path[1:])
+    locations = spec.submodule_search_locations if spec is not None else None
+    return bool(locations) and any(os.path.abspath(place) == here for place in locations or [])
+
+
 def exec_serve(config: Config, argv: list[str]) -> None:
     """Replace this process with one that serves ``config``; return only if that cannot be done."""
-    if not hasattr(os, "memfd_create"):
+    if not hasattr(os, "memfd_create") or not _new_image_imports_this_package():
         return
     try:
         fd = os.memfd_create("trio-failover-config", 0)
