@@ -4,8 +4,9 @@ writing, and the byte reader that doubles as the close watcher.
 One reader task per connection receives from the client for the whole
 connection lifetime, so a FIN or an RST is seen at any moment, also while an
 upstream attempt is pending or a committed stream is silent: the reader then
-calls the ``on_close`` callback, with which the proxy cancels the workload
-in progress (the reader is the close watcher; no task per request). Received bytes
+calls the callback registered with ``watch_close``, with which the proxy
+cancels the workload in progress (the reader is the close watcher; there is
+no watcher task per request). Received bytes
 are kept (never consumed by the watcher) until the h11 connection asks for
 them, so a pipelined next request survives. The reader stops receiving once
 ``PENDING_LIMIT`` bytes wait: it never reads without bound.

@@ -157,8 +157,8 @@ class OutgoingRequest:
 
     Its parts are sent without h11's header checks, so they must be valid
     already: the client's method, target and headers passed h11's parser;
-    the node's URL parts, header names and values, and names passed the
-    checks of ``config``; the rest is the proxy's own (a workload id that
+    the node's URL parts, its header names and values, and node names passed
+    the checks of ``config``; the rest is the proxy's own (a workload id that
     matched its pattern, an address, digits). h11 still checks the method,
     the target and the Host header.
     """
