@@ -13,7 +13,10 @@ direct in the same run:
   the upstream's write to the client's read, and what the proxy adds;
 - RSS of the proxy process idle and with 1,000 open slow streams;
 - failover precision: what a stalled node costs beyond its deadline, and
-  what the next request pays while that node cools down.
+  what the next request pays while that node cools down;
+- with valgrind installed: instructions per small JSON request of the proxy
+  and of the bare relay, counted by callgrind, a ratio that does not depend
+  on how busy the machine is.
 
 Reference rows: ``bare relay`` is a minimal Trio + h11 relay written below
 (one upstream keep-alive connection per client connection, no timeouts, no
@@ -594,6 +597,91 @@ def timed_request(port: int) -> tuple[float, bytes]:
         return (time.perf_counter() - began) * 1000, data
 
 
+# -- instructions per request (callgrind) -------------------------------------------------
+
+CALLGRIND_WARMUP = 100
+CALLGRIND_REQUESTS = 500
+
+
+def keepalive_requests(port: int, count: int) -> None:
+    """``count`` small JSON requests, one after another, on one keep-alive connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        request = json_request(port)
+        for _ in range(count):
+            sock.sendall(request)
+            data = b""
+            while True:
+                head, sep, body = data.partition(b"\r\n\r\n")
+                match = re.search(rb"(?i)content-length:\s*(\d+)", head) if sep else None
+                if match and len(body) >= int(match.group(1)):
+                    break
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise OSError("the connection closed mid-answer")
+                data += chunk
+
+
+def instructions_per_request(command: list[str], port: int | None, workdir: Path) -> float:
+    """Run ``command`` under callgrind; count what ``CALLGRIND_REQUESTS`` requests cost it.
+
+    ``port`` None: the command prints its port on its first line (the relay).
+    Only the measured requests are counted: the counters are zeroed after a
+    warm-up and dumped after the last request, with ``callgrind_control``.
+    """
+    out = workdir / "callgrind"
+    out.mkdir(exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    valgrind = [
+        "valgrind",
+        "--tool=callgrind",
+        "--trace-children=yes",  # serve execs a fresh image of itself
+        f"--callgrind-out-file={out}/cg.%p",
+    ]
+    log = (workdir / "callgrind.log").open("wb")
+    stdout = subprocess.PIPE if port is None else log
+    with log, started(valgrind + command, stdout=stdout, stderr=log, cwd=ROOT) as process:
+        if port is None:
+            assert process.stdout is not None
+            port = int(process.stdout.readline().split()[0])
+        wait_port(port, limit=120)  # Python under valgrind starts slowly
+        keepalive_requests(port, CALLGRIND_WARMUP)
+        control = ["callgrind_control"]
+        subprocess.run([*control, "--zero", str(process.pid)], check=True, capture_output=True)
+        keepalive_requests(port, CALLGRIND_REQUESTS)
+        subprocess.run([*control, "--dump", str(process.pid)], check=True, capture_output=True)
+    dumps = sorted(out.glob(f"cg.{process.pid}.*"), key=lambda path: path.stat().st_mtime)
+    if not dumps:
+        raise OSError("callgrind wrote no dump")
+    text = dumps[-1].read_text(errors="replace")
+    total = re.search(r"(?m)^(?:summary|totals):\s*(\d+)", text)
+    if total is None:
+        raise OSError(f"no total in {dumps[-1]}")
+    return int(total.group(1)) / CALLGRIND_REQUESTS
+
+
+def run_instructions(s: Setup) -> None:
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        s.report.out("Instructions per request: valgrind is not installed, no count")
+        s.report.out()
+        return
+    port = free_port()
+    proxy = [sys.executable, "-m", "trio_failover", "serve", "--listen", f"127.0.0.1:{port}"]
+    proxy += ["--admin-listen", "off", "--upstream", f"http://127.0.0.1:{s.json_port}"]
+    ours = instructions_per_request(proxy + s.args.proxy_arg, port, s.workdir)
+    relay = [sys.executable, __file__, "relay", str(s.json_port)]
+    bare = instructions_per_request(relay, None, s.workdir)
+    s.report.out(
+        f"Instructions per small JSON request (callgrind, user space; one keep-alive client, "
+        f"{CALLGRIND_REQUESTS} requests after {CALLGRIND_WARMUP})"
+    )
+    s.report.out(
+        f"  trio-failover {ours / 1e6:.2f} M; bare relay {bare / 1e6:.2f} M: {ours / bare:.2f} x"
+    )
+    s.report.out()
+
+
 # -- the report --------------------------------------------------------------------------
 
 
@@ -884,6 +972,7 @@ def run(args: argparse.Namespace) -> int:
             ("sse", run_sse),
             ("memory", run_memory),
             ("failover", run_failover),
+            ("instructions", run_instructions),
         ):
             if name in parts:
                 part(setup)
@@ -911,8 +1000,8 @@ def main() -> int:
     parser.add_argument("--stalls", type=int, default=10, help="stalls to time (default 10)")
     parser.add_argument(
         "--only",
-        default="json,sse,memory,failover",
-        help="comma-separated parts to run (default: all four)",
+        default="json,sse,memory,failover,instructions",
+        help="comma-separated parts to run (default: all five; instructions needs valgrind)",
     )
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out even if installed")
     parser.add_argument(
