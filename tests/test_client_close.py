@@ -222,30 +222,31 @@ async def test_client_abort_is_not_a_node_failure(autojump_clock: trio.abc.Clock
         assert (node["failed"], node["state"], node["in_flight"]) == (0, "ready", 0)
 
 
-async def test_close_watch_set_after_the_client_left_fires_at_once() -> None:
+async def test_watcher_started_after_the_client_left_sees_it_at_once() -> None:
     # A workload that begins after the reader saw the FIN must still be
-    # cancelled: watch_close reports a close that already happened.
+    # cancelled: wait_closed reports a close that already happened.
     client, server = trio.testing.memory_stream_pair()
     connection = ClientConnection(server, max_head=8192, max_body=8192, client_header_timeout=60)
-    seen: list[Closed] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection.run_reader)
         await client.aclose()
         await trio.testing.wait_all_tasks_blocked()
         assert connection.closed is Closed.EOF
-        connection.watch_close(seen.append)
-        assert seen == [Closed.EOF]
-    connection.watch_close(None)
-    assert seen == [Closed.EOF]
+        with trio.fail_after(1):
+            assert await connection.wait_closed() is Closed.EOF
 
 
-async def test_close_watch_fires_once_when_the_client_resets() -> None:
+async def test_watcher_sees_a_reset_while_it_waits() -> None:
     _client, server = trio.testing.memory_stream_pair()
     connection = ClientConnection(server, max_head=8192, max_body=8192, client_header_timeout=60)
     seen: list[Closed] = []
+
+    async def watch() -> None:
+        seen.append(await connection.wait_closed())
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection.run_reader)
-        connection.watch_close(seen.append)
+        nursery.start_soon(watch)
         await trio.testing.wait_all_tasks_blocked()
         assert seen == []
         await server.aclose()  # the reader's receive then fails: an error, not a FIN

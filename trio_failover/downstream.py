@@ -3,10 +3,7 @@ writing, and the byte reader that doubles as the close watcher.
 
 One reader task per connection receives from the client for the whole
 connection lifetime, so a FIN or an RST is seen at any moment, also while an
-upstream attempt is pending or a committed stream is silent: the reader then
-calls the callback registered with ``watch_close``, with which the proxy
-cancels the workload in progress (the reader is the close watcher; there is
-no watcher task per request). Received bytes
+upstream attempt is pending or a committed stream is silent. Received bytes
 are kept (never consumed by the watcher) until the h11 connection asks for
 them, so a pipelined next request survives. The reader stops receiving once
 ``PENDING_LIMIT`` bytes wait: it never reads without bound.
@@ -108,9 +105,7 @@ class ClientConnection:
         self._eof_fed = False
         self._answering_head = False
         self.closed: Closed | None = None
-        # Called by the reader, once, when the client's side ends; the proxy
-        # sets it for the length of one workload (``watch_close``).
-        self._on_close: Callable[[Closed], None] | None = None
+        self._closed_event = trio.Event()
         self._arrived = trio.Event()
         self._room = trio.Event()
         self.requests_read = 0
@@ -136,24 +131,18 @@ class ClientConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.closed = Closed.RESET
         finally:
+            self._closed_event.set()
             self._wake()
-            if self.closed is not None and self._on_close is not None:
-                self._on_close(self.closed)
-
-    def watch_close(self, callback: Callable[[Closed], None] | None) -> None:
-        """Have ``callback(how)`` called once the client's side ends (None: stop).
-
-        When the client has already gone, ``callback`` is called at once. It
-        runs in the reader task: it must not block (cancelling a scope is
-        what it is for).
-        """
-        self._on_close = callback
-        if callback is not None and self.closed is not None:
-            callback(self.closed)
 
     def _wake(self) -> None:
         self._arrived.set()
         self._arrived = trio.Event()
+
+    async def wait_closed(self) -> Closed:
+        """Wait until the client's side ends; returns how (FIN or RST)."""
+        await self._closed_event.wait()
+        assert self.closed is not None
+        return self.closed
 
     def _feed(self) -> bool:
         """Move pending bytes into h11 (and EOF once everything is in).

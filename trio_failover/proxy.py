@@ -1,14 +1,12 @@
-"""One client connection, one workload at a time: the cancel scope, the
-close watch, the attempts and the relay.
+"""One client connection, one workload at a time: the nursery, the watcher,
+the attempts and the relay.
 
-A workload runs in its own cancel scope. Its body tries the candidates one
-after another and, after commit, relays the stream. Meanwhile the
-connection's reader task (``downstream.ClientConnection``, which lives in
-the connection's nursery) watches the client: when the client leaves (FIN
-or RST, per ``--client-close``) it cancels the workload's scope. Cancelling
-an attempt closes its upstream socket at once (``upstream.open_response``
-does it in ``finally``). The race needs no task of its own per request: the
-reader is already receiving, so the watch costs one callback.
+A workload runs in its own nursery. Its body tries the candidates one after
+another and, after commit, relays the stream; beside it runs a watcher of
+the client connection. Whichever settles the workload cancels the other:
+the body when it is done, the watcher when the client leaves (FIN or RST,
+per ``--client-close``). Cancelling an attempt closes its upstream socket at
+once (``upstream.open_response`` does it in ``finally``).
 
 Decisions (candidate order, failover, cooldown) come from the pure modules
 ``ranking``, ``outcome`` and ``cooldown``; this module executes them and
@@ -225,15 +223,13 @@ class Proxy:
 
         keep_alive = False
         try:
-            with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
                 if self.config.client_close != "ignore":
-                    client.watch_close(partial(self._client_left, work, scope))
-                try:
-                    keep_alive = await self._serve_workload(
-                        client, request, work, candidates, document, client_address, scheme
-                    )
-                finally:
-                    client.watch_close(None)
+                    nursery.start_soon(self._watch_client, client, work, nursery.cancel_scope)
+                keep_alive = await self._serve_workload(
+                    client, request, work, candidates, document, client_address, scheme
+                )
+                nursery.cancel_scope.cancel()
         except Exception:
             # The one place that turns an unexpected failure into an answer:
             # the process keeps serving other connections.
@@ -250,8 +246,10 @@ class Proxy:
         self._finish(work)
         return keep_alive and client.reusable
 
-    def _client_left(self, work: Workload, workload_scope: trio.CancelScope, how: Closed) -> None:
-        """The client's side ended during ``work``: cancel it (per ``--client-close``)."""
+    async def _watch_client(
+        self, client: ClientConnection, work: Workload, workload_scope: trio.CancelScope
+    ) -> None:
+        how = await client.wait_closed()
         if how is Closed.EOF and self.config.client_close == "rst-only":
             return  # a half-closed client still waits for its answer
         work.client_left = how
