@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import platform
 import re
@@ -246,6 +247,84 @@ def run_pump(upstream_port: int) -> None:
             await trio.aclose_forcefully(node)
 
     serve_on_free_port(pump)
+
+
+class _Message:
+    """What httptools' parser callbacks collect of one message."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.done = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+def run_httptools_relay(upstream_port: int) -> None:
+    """The bare relay with httptools (llhttp, in C) parsing and heads joined by hand.
+
+    Only when httptools is installed (it is not a dependency of the
+    project): the floor of a Trio proxy that does not use h11. Like the pump,
+    JSON part only: each message is read whole and sent with a Content-Length.
+    """
+    import httptools  # type: ignore[import-not-found]
+    import trio
+
+    framing = {b"connection", b"keep-alive", b"transfer-encoding", b"content-length"}
+
+    def message(start: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+        lines = [start]
+        lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() not in framing]
+        lines.append(b"content-length: %d\r\n\r\n" % len(body))
+        return b"".join(lines) + body
+
+    async def relay(client: trio.SocketStream) -> None:
+        client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        node = await trio.open_tcp_stream("127.0.0.1", upstream_port)
+        node.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        request, response = _Message(), _Message()
+        request_parser = httptools.HttpRequestParser(request)
+        response_parser = httptools.HttpResponseParser(response)
+        try:
+            while True:
+                while not request.done:
+                    if not (data := await client.receive_some(65536)):
+                        return
+                    request_parser.feed_data(data)
+                start = b"%s %s HTTP/1.1\r\n" % (request_parser.get_method(), request.url)
+                await node.send_all(message(start, request.headers, b"".join(request.body)))
+                request.reset()
+                while not response.done:
+                    if not (data := await node.receive_some(65536)):
+                        return
+                    response_parser.feed_data(data)
+                start = b"HTTP/1.1 %d OK\r\n" % response_parser.get_status_code()
+                await client.send_all(message(start, response.headers, b"".join(response.body)))
+                response.reset()
+        except (trio.BrokenResourceError, httptools.HttpParserError):
+            pass
+        finally:
+            await trio.aclose_forcefully(node)
+
+    serve_on_free_port(relay)
+
+
+def has_httptools() -> bool:
+    return importlib.util.find_spec("httptools") is not None
 
 
 def serve_on_free_port(handler: Callable[[Any], Awaitable[None]]) -> None:
@@ -742,13 +821,19 @@ def run_instructions(s: Setup) -> None:
     bare = instructions_per_request(relay, None, s.workdir)
     pump = [sys.executable, __file__, "pump", str(s.json_port)]
     floor = instructions_per_request(pump, None, s.workdir)
+    httptools = ""
+    if has_httptools():
+        command = [sys.executable, __file__, "httptools", str(s.json_port)]
+        httptools = (
+            f"; httptools relay {instructions_per_request(command, None, s.workdir) / 1e6:.2f} M"
+        )
     s.report.out(
         f"Instructions per small JSON request (callgrind, user space; one keep-alive client, "
         f"{CALLGRIND_REQUESTS} requests after {CALLGRIND_WARMUP})"
     )
     s.report.out(
         f"  trio-failover {ours / 1e6:.2f} M; bare relay {bare / 1e6:.2f} M: {ours / bare:.2f} x; "
-        f"trio pump (no HTTP) {floor / 1e6:.2f} M"
+        f"trio pump (no HTTP) {floor / 1e6:.2f} M{httptools}"
     )
     s.report.out()
 
@@ -799,6 +884,7 @@ def run_json(s: Setup) -> None:
         ),
         child("relay", str(s.json_port)) as ((relay_port,), relay_pid),
         child("pump", str(s.json_port)) as ((pump_port,), pump_pid),
+        contextlib.ExitStack() as optional,
     ):
         paths: list[tuple[str, int, int | None]] = [
             ("direct", s.json_port, None),
@@ -806,6 +892,11 @@ def run_json(s: Setup) -> None:
             ("bare relay", relay_port, relay_pid),
             ("trio pump", pump_port, pump_pid),
         ]
+        if has_httptools():
+            (httptools_port,), httptools_pid = optional.enter_context(
+                child("httptools", str(s.json_port))
+            )
+            paths.append(("httptools", httptools_port, httptools_pid))
         if s.nginx_port:
             paths.append(("nginx", s.nginx_port, None))
         for clients in CONCURRENCY:
@@ -1067,7 +1158,10 @@ def run(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
-        "mode", nargs="?", default="bench", choices=["bench", "upstream", "relay", "pump"]
+        "mode",
+        nargs="?",
+        default="bench",
+        choices=["bench", "upstream", "relay", "pump", "httptools"],
     )
     parser.add_argument("port", nargs="?", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -1107,6 +1201,9 @@ def main() -> int:
         return 0
     if args.mode == "pump":
         run_pump(args.port)
+        return 0
+    if args.mode == "httptools":
+        run_httptools_relay(args.port)
         return 0
     args.wrk = None if args.no_wrk else shutil.which("wrk")
     return run(args)

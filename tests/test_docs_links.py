@@ -13,7 +13,9 @@ checked only where the docs clearly speak of trio-failover:
 - an inline code span that starts with ``trio-failover``;
 - a command in a fenced code block whose program is ``trio-failover`` (after
   an optional ``$`` prompt and ``VAR=value`` assignments; continuation lines
-  joined; each part of a pipeline judged on its own).
+  joined; each part of a pipeline judged on its own). A block marked
+  ``text`` holds output, not commands, and is not read for flags (a
+  benchmark report starts its lines with the program's name too).
 
 Links and flags inside code are found by the same small Markdown reader;
 links in code spans or fenced blocks are not links.
@@ -38,7 +40,8 @@ CLI_ONLY_FLAGS = frozenset({"--version", "--help", "--once"})
 KNOWN_FLAGS = frozenset(option.flag for option in OPTIONS) | CLI_ONLY_FLAGS
 PROGRAM = "trio-failover"
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*(\S*)")
+OUTPUT_BLOCKS = {"text"}  # info strings of fenced blocks that show output
 _CODE_SPAN = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)")
 _INLINE_LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?(?:\s+[\"'(][^)]*)?\)")
 _REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
@@ -54,16 +57,20 @@ _PIPELINE = re.compile(r"\s(?:\|\||&&|\||;)\s")
 
 
 def split_blocks(text: str) -> tuple[list[str], list[list[str]]]:
-    """The prose lines (fenced blocks blanked out) and the fenced blocks' lines."""
+    """The prose lines (fenced blocks blanked out) and the lines of the fenced
+    blocks that may hold commands (a block marked as output is left out)."""
     prose: list[str] = []
     blocks: list[list[str]] = []
     fence: str | None = None
+    lines: list[str] = []
     for line in text.splitlines():
         match = _FENCE.match(line)
         if fence is None:
             if match:
                 fence = match.group(1)
-                blocks.append([])
+                lines = []
+                if match.group(2) not in OUTPUT_BLOCKS:
+                    blocks.append(lines)
                 prose.append("")
             else:
                 prose.append(line)
@@ -73,7 +80,7 @@ def split_blocks(text: str) -> tuple[list[str], list[list[str]]]:
             if marks[:1] == fence[:1] and len(marks) >= len(fence) and not line.strip(" `~"):
                 fence = None
             else:
-                blocks[-1].append(line)
+                lines.append(line)
             prose.append("")
     return prose, blocks
 
@@ -216,6 +223,12 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
             id="pipeline",
         ),
         pytest.param("```text\nt=120  one --response-header-timeout\n```", set(), id="timeline"),
+        pytest.param(
+            "```text\ntrio-failover 0.1.0 benchmark; command: bench.py --only json\n```",
+            set(),
+            id="output-block",
+        ),
+        pytest.param("```\ntrio-failover serve --listen :1\n```", {"--listen"}, id="plain-fence"),
     ],
 )
 def test_proxy_flags_reader(markdown: str, expected: set[str]) -> None:
