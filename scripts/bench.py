@@ -14,8 +14,8 @@ direct in the same run:
 - RSS of the proxy process idle and with 1,000 open slow streams;
 - failover precision: what a stalled node costs beyond its deadline, and
   what the next request pays while that node cools down;
-- with valgrind installed: instructions per small JSON request of the proxy,
-  the bare relay and the trio pump, counted by callgrind, ratios that do not
+- with valgrind installed: instructions per small JSON request of the proxy
+  and of the reference relays, counted by callgrind, ratios that do not
   depend on how busy the machine is.
 
 For the proxy and the reference relays, the JSON rows also give the CPU time
@@ -24,11 +24,13 @@ For the proxy and the reference relays, the JSON rows also give the CPU time
 Reference rows: ``bare relay`` is a minimal Trio + h11 relay written below
 (one upstream keep-alive connection per client connection, no timeouts, no
 failover, no logs); ``trio pump`` (JSON part only) is the same without any
-HTTP: it copies bytes, which is what Trio alone costs a proxy; ``nginx`` is
-nginx as a reverse proxy (one worker,
-upstream keep-alive, no access log), when nginx is installed. nginx then
-also serves the JSON answers (``return 200``), so the upstream is not the
-bottleneck; without it the built-in asyncio upstream does.
+HTTP: it copies bytes, which is what Trio alone costs a proxy;
+``httptools`` (JSON part only, and only when the httptools package is
+installed) is the bare relay with httptools parsing instead of h11;
+``nginx`` is nginx as a reverse proxy (one worker, upstream keep-alive, no
+access log), when nginx is installed. nginx then also serves the JSON
+answers (``return 200``), so the upstream is not the bottleneck; without it
+the built-in asyncio upstream does.
 
 ``wrk`` drives the JSON rows when it is installed; otherwise a built-in
 asyncio load generator does, which shares the CPUs with the proxy and gives
@@ -173,7 +175,7 @@ async def run_upstream() -> None:
     await asyncio.Event().wait()
 
 
-# -- the reference relays (child processes: ``bench.py relay|pump UPSTREAM_PORT``) -------
+# -- reference relays (child processes: ``bench.py relay|pump|httptools PORT``) -------
 
 
 def run_relay(upstream_port: int) -> None:
@@ -626,15 +628,15 @@ def json_load(
     args: argparse.Namespace, workdir: Path, port: int, clients: int, pid: int | None = None
 ) -> tuple[LoadResult, float | None]:
     """One JSON row after a warm-up; with ``pid``, also that process's CPU µs per request."""
-    if args.wrk:
-        wrk_load(args.wrk, workdir, port, clients, 1)  # warm-up: connections, pools, caches
-    else:
-        asyncio.run(builtin_load(port, clients, 1))
+
+    def load(duration: float) -> LoadResult:
+        if args.wrk:
+            return wrk_load(args.wrk, workdir, port, clients, duration)
+        return asyncio.run(builtin_load(port, clients, duration))
+
+    load(1)  # warm-up: connections, pools, caches
     before = cpu_seconds(pid)
-    if args.wrk:
-        result = wrk_load(args.wrk, workdir, port, clients, args.duration)
-    else:
-        result = asyncio.run(builtin_load(port, clients, args.duration))
+    result = load(args.duration)
     after = cpu_seconds(pid)
     if before is None or after is None or not result.requests:
         return result, None
