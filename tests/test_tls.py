@@ -598,8 +598,10 @@ async def test_client_that_never_finishes_the_handshake_is_closed(
                 _,
                 addresses,
             ):
-                silent = await trio.open_tcp_stream(*addresses.client)
+                # Taken before connecting: the proxy may accept, and start
+                # its clock, before this task runs again after the connect.
                 started = trio.current_time()
+                silent = await trio.open_tcp_stream(*addresses.client)
                 try:
                     closed = await silent.receive_some(65536)
                 except trio.BrokenResourceError:
