@@ -382,16 +382,17 @@ def rss_kb(pid: int) -> int:
 @contextlib.contextmanager
 def started(command: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with process:  # closes its pipes at the end
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
 
 
 @contextlib.contextmanager
