@@ -188,41 +188,31 @@ def run_relay(upstream_port: int) -> None:
             conn.receive_data(await stream.receive_some(65536))
         return event
 
-    async def relay(client: trio.SocketStream) -> None:
-        client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        node = await trio.open_tcp_stream("127.0.0.1", upstream_port)
-        node.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async def relay(client: trio.SocketStream, node: trio.SocketStream) -> None:
         down, up = h11.Connection(h11.SERVER), h11.Connection(h11.CLIENT)
-        try:
-            while isinstance(request := await next_event(client, down), h11.Request):
-                out = up.send(
-                    h11.Request(
-                        method=request.method, target=request.target, headers=list(request.headers)
-                    )
+        while isinstance(request := await next_event(client, down), h11.Request):
+            out = up.send(
+                h11.Request(
+                    method=request.method, target=request.target, headers=list(request.headers)
                 )
-                while isinstance(event := await next_event(client, down), h11.Data):
-                    out += up.send(event)
-                await node.send_all(out + up.send(h11.EndOfMessage()))
-                response = await next_event(node, up)
-                assert isinstance(response, h11.Response)
-                await client.send_all(
-                    down.send(
-                        h11.Response(
-                            status_code=response.status_code, headers=list(response.headers)
-                        )
-                    )
+            )
+            while isinstance(event := await next_event(client, down), h11.Data):
+                out += up.send(event)
+            await node.send_all(out + up.send(h11.EndOfMessage()))
+            response = await next_event(node, up)
+            assert isinstance(response, h11.Response)
+            await client.send_all(
+                down.send(
+                    h11.Response(status_code=response.status_code, headers=list(response.headers))
                 )
-                while isinstance(event := await next_event(node, up), h11.Data):
-                    await client.send_all(down.send(h11.Data(data=event.data)))
-                await client.send_all(down.send(h11.EndOfMessage()))
-                down.start_next_cycle()
-                up.start_next_cycle()
-        except (trio.BrokenResourceError, h11.ProtocolError):
-            pass
-        finally:
-            await trio.aclose_forcefully(node)
+            )
+            while isinstance(event := await next_event(node, up), h11.Data):
+                await client.send_all(down.send(h11.Data(data=event.data)))
+            await client.send_all(down.send(h11.EndOfMessage()))
+            down.start_next_cycle()
+            up.start_next_cycle()
 
-    serve_on_free_port(relay)
+    serve_relay(upstream_port, relay, h11.ProtocolError)
 
 
 def run_pump(upstream_port: int) -> None:
@@ -235,20 +225,12 @@ def run_pump(upstream_port: int) -> None:
     """
     import trio
 
-    async def pump(client: trio.SocketStream) -> None:
-        client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        node = await trio.open_tcp_stream("127.0.0.1", upstream_port)
-        node.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while data := await client.receive_some(65536):
-                await node.send_all(data)
-                await client.send_all(await node.receive_some(65536))
-        except trio.BrokenResourceError:
-            pass
-        finally:
-            await trio.aclose_forcefully(node)
+    async def pump(client: trio.SocketStream, node: trio.SocketStream) -> None:
+        while data := await client.receive_some(65536):
+            await node.send_all(data)
+            await client.send_all(await node.receive_some(65536))
 
-    serve_on_free_port(pump)
+    serve_relay(upstream_port, pump)
 
 
 class _Message:
@@ -294,44 +276,58 @@ def run_httptools_relay(upstream_port: int) -> None:
         lines.append(b"content-length: %d\r\n\r\n" % len(body))
         return b"".join(lines) + body
 
-    async def relay(client: trio.SocketStream) -> None:
-        client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        node = await trio.open_tcp_stream("127.0.0.1", upstream_port)
-        node.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async def read(stream: trio.SocketStream, parser: Any, parsed: _Message) -> bool:
+        """Feed ``parser`` until a whole message is in ``parsed``; False at EOF."""
+        parsed.reset()
+        while not parsed.done:
+            if not (data := await stream.receive_some(65536)):
+                return False
+            parser.feed_data(data)
+        return True
+
+    async def relay(client: trio.SocketStream, node: trio.SocketStream) -> None:
         request, response = _Message(), _Message()
         request_parser = httptools.HttpRequestParser(request)
         response_parser = httptools.HttpResponseParser(response)
-        try:
-            while True:
-                while not request.done:
-                    if not (data := await client.receive_some(65536)):
-                        return
-                    request_parser.feed_data(data)
-                start = b"%s %s HTTP/1.1\r\n" % (request_parser.get_method(), request.url)
-                await node.send_all(message(start, request.headers, b"".join(request.body)))
-                request.reset()
-                while not response.done:
-                    if not (data := await node.receive_some(65536)):
-                        return
-                    response_parser.feed_data(data)
-                start = b"HTTP/1.1 %d OK\r\n" % response_parser.get_status_code()
-                await client.send_all(message(start, response.headers, b"".join(response.body)))
-                response.reset()
-        except (trio.BrokenResourceError, httptools.HttpParserError):
-            pass
-        finally:
-            await trio.aclose_forcefully(node)
+        while await read(client, request_parser, request):
+            start = b"%s %s HTTP/1.1\r\n" % (request_parser.get_method(), request.url)
+            await node.send_all(message(start, request.headers, b"".join(request.body)))
+            if not await read(node, response_parser, response):
+                return
+            start = b"HTTP/1.1 %d OK\r\n" % response_parser.get_status_code()
+            await client.send_all(message(start, response.headers, b"".join(response.body)))
 
-    serve_on_free_port(relay)
+    serve_relay(upstream_port, relay, httptools.HttpParserError)
 
 
 def has_httptools() -> bool:
     return importlib.util.find_spec("httptools") is not None
 
 
-def serve_on_free_port(handler: Callable[[Any], Awaitable[None]]) -> None:
-    """Serve ``handler`` on a free loopback port, printed on the first line."""
+def serve_relay(
+    upstream_port: int,
+    exchange: Callable[[Any, Any], Awaitable[None]],
+    *errors: type[Exception],
+) -> None:
+    """Serve a reference relay on a free loopback port, printed on the first line.
+
+    Each client connection gets its own connection to the upstream (both
+    with ``TCP_NODELAY``), and ``exchange(client, node)`` relays over them
+    until it returns or the connection breaks (or raises one of ``errors``).
+    """
     import trio
+
+    async def handler(client: trio.SocketStream) -> None:
+        client.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        node = await trio.open_tcp_stream("127.0.0.1", upstream_port)
+        node.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ended: tuple[type[Exception], ...] = (trio.BrokenResourceError, *errors)
+        try:
+            await exchange(client, node)
+        except ended:
+            pass
+        finally:
+            await trio.aclose_forcefully(node)
 
     async def main() -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1", backlog=4096)
@@ -339,9 +335,6 @@ def serve_on_free_port(handler: Callable[[Any], Awaitable[None]]) -> None:
         await trio.serve_listeners(handler, listeners)
 
     trio.run(main)
-
-
-# -- processes -----------------------------------------------------------------------
 
 
 def raise_fd_limit() -> None:
