@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -56,7 +57,7 @@ def test_progress_is_first_event_line_found(
 def test_pings_after_commit_are_no_progress() -> None:
     # An engine stuck after its first token while its web server pings.
     scanner = SseScanner()
-    assert scanner.progress(b"data: {\"token\": 1}\n\n")
+    assert scanner.progress(b'data: {"token": 1}\n\n')
     assert [scanner.progress(b": ping\n\n") for _ in range(5)] == [False] * 5
     assert scanner.progress(b"data: [DONE]\n\n")
 
@@ -90,7 +91,7 @@ def expected_for(stream: bytes, cuts: Sequence[int]) -> list[int | None]:
     starts = line_starts_of_progress(stream)
     bounds = [0, *cuts, len(stream)]
     answers: list[int | None] = []
-    for low, high in zip(bounds, bounds[1:], strict=False):
+    for low, high in itertools.pairwise(bounds):
         inside = [start - low for start in starts if low <= start < high]
         answers.append(inside[0] if inside else None)
     return answers
@@ -98,7 +99,7 @@ def expected_for(stream: bytes, cuts: Sequence[int]) -> list[int | None]:
 
 def split(stream: bytes, cuts: Sequence[int]) -> list[bytes]:
     bounds = [0, *cuts, len(stream)]
-    return [stream[low:high] for low, high in zip(bounds, bounds[1:], strict=False)]
+    return [stream[low:high] for low, high in itertools.pairwise(bounds)]
 
 
 # Streams made of the bytes that matter: line ends, colons, and ordinary bytes.

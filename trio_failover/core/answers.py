@@ -105,9 +105,7 @@ def error_body(
     admin: bool = False,
 ) -> bytes:
     """``error_document`` as the bytes of a response body."""
-    return json.dumps(
-        error_document(path, status, code, message, attempts, admin=admin)
-    ).encode()
+    return json.dumps(error_document(path, status, code, message, attempts, admin=admin)).encode()
 
 
 def error_headers(code: str) -> list[tuple[bytes, bytes]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import uuid
 from collections.abc import Iterable
 
 # The client's id is passed on unchanged when it is this (the rule of
