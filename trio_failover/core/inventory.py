@@ -13,6 +13,25 @@ decided from plain data:
   model list).
 
 Node names are str, bodies bytes, times float seconds from the shell's clock.
+
+Use, in the shell:
+
+- routing: a node is a candidate when
+  ``serves(model, node.models, inventories.get(node.name))``;
+- discovery, one task per node in the server's nursery: sleep
+  ``first_check_delays(n)[i]``, then loop: note ``started``, ask
+  ``GET CHECK_PATH`` (connect timeout, then ``CHECK_ANSWER_TIMEOUT``, read at
+  most ``MAX_LISTING_BYTES + 1`` bytes), apply ``judge_check(...)`` (a node
+  event when the health changes), sleep until ``next_check_at(...)`` or a
+  re-check is asked for;
+- a pre-commit ``404`` with ``is_model_not_found(status, body)``: fail over
+  without cooldown, and ask for that node's re-check;
+- a commit: ``health_after_served()`` (a down node is ready again);
+- ``GET /v1/models``: ``advertised_ids`` per node, a live
+  ``parse_model_list`` for the nodes where it is None, then
+  ``models_document`` (None: answer 502);
+- ``GET /api/tags``: every node's body, in parallel, then ``tags_document``
+  (None: answer 502).
 """
 
 from __future__ import annotations
