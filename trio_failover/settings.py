@@ -833,13 +833,15 @@ def _node_from_table(
         except ValueError as exc:
             mistakes.add(error(_CAPACITY, raw, str(exc)))
 
-    if len(mistakes) > before or not isinstance(url, str):
+    if not isinstance(url, str) or not isinstance(name, str | None):
         return None
     try:
         node = Upstream.parse(url) if name is None else Upstream(name, url)
     except ConfigError as exc:
         key = "name" if name is not None and exc.value == name else "url"
         mistakes.add(error(key, exc.value, exc.expected))
+        return None
+    if len(mistakes) > before:
         return None
     node = attrs.evolve(
         node, models=models, headers=headers, ca_file=ca_file, insecure_skip_verify=insecure
