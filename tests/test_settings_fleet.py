@@ -807,3 +807,26 @@ def test_a_file_that_is_not_toml_stops_at_once(tmp_path: Path) -> None:
         resolve({"max_queue": "lots", "config": str(path)}, {})
     assert type(info.value) is ConfigError
     assert (info.value.source, info.value.option) == (f"{path}:2", "config")
+
+
+def test_run_server_scrubs_keys_and_token_from_its_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trio_failover import server
+
+    class Stop(Exception):
+        pass
+
+    scrubbed: list[str] = []
+
+    def configure_logging(*args: object, secrets: list[str], **kwargs: object) -> None:
+        scrubbed.extend(secrets)
+        raise Stop
+
+    monkeypatch.setattr(server, "configure_logging", configure_logging)
+    config = Config(
+        upstreams=[Upstream("a", URL, headers={"X-Key": "header-secret"})],
+        clients=[ClientKey("alice", "sk-alice-1"), ClientKey("bob", "sk-bob-22")],
+        admin_token="token-333",
+    )
+    with pytest.raises(Stop):
+        server.run_server(config)
+    assert sorted(scrubbed) == ["header-secret", "sk-alice-1", "sk-bob-22", "token-333"]

@@ -246,6 +246,8 @@ def run_server(config: Config) -> int:
     cancels what still runs and exits 1.
     """
     secrets = [value for node in config.upstreams for value in node.headers.values()]
+    secrets += [client.key for client in config.clients]
+    secrets += [config.admin_token] if config.admin_token else []
     handler = configure_logging(config.log_format, config.log_level, secrets=secrets, batched=True)
     assert isinstance(handler, BatchedStreamHandler)
     # This process is ours: log records need not look up what no line of
