@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import socket
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from trio_failover.config import ClientKey, Config, Upstream
 from trio_failover.errors import ConfigError, ConfigErrors
@@ -830,3 +832,39 @@ def test_run_server_scrubs_keys_and_token_from_its_logs(monkeypatch: pytest.Monk
     with pytest.raises(Stop):
         server.run_server(config)
     assert sorted(scrubbed) == ["header-secret", "sk-alice-1", "sk-bob-22", "token-333"]
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+@pytest.mark.parametrize("listener", ["client", "admin"])
+async def test_serve_that_cannot_listen_raises_a_config_error(listener: str) -> None:
+    from trio_failover.server import serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        if listener == "client":
+            config = Config(upstreams=[Upstream("a", URL)], listen=address, admin_listen=None)
+        else:
+            config = Config(
+                upstreams=[Upstream("a", URL)], listen="127.0.0.1:0", admin_listen=address
+            )
+        errors: list[BaseException] = []
+        with trio.fail_after(10):
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(serve, config)
+                    pytest.fail("serve listened on a taken address")
+            except BaseExceptionGroup as group:
+                errors = _leaves(group)
+    [error] = errors
+    assert isinstance(error, ConfigError)
+    option = "listen" if listener == "client" else "admin-listen"
+    assert (error.option, error.value, error.source) == (option, address, f"--{option}")
+    assert error.expected == f"cannot listen ({listener} listener): Address already in use"
+    assert isinstance(error.__cause__, OSError)
