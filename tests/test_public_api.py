@@ -24,6 +24,7 @@ PUBLIC = [
     "AttemptRecord",
     "BoundAddresses",
     "ClientError",
+    "ClientKey",
     "Config",
     "ConfigError",
     "ConnectFailed",
@@ -54,6 +55,7 @@ PUBLIC = [
 HOMES = {
     "AttemptRecord": "outcome",
     "BoundAddresses": "server",
+    "ClientKey": "config",
     "Config": "config",
     "Connector": "upstream",
     "EventBus": "events",
