@@ -1,0 +1,1 @@
+"""Pure decision modules: plain data in, decisions out; no Trio, no I/O, no clock."""
