@@ -424,18 +424,39 @@ def test_failover_into_a_full_fleet_waits_again() -> None:
 
 def test_hot_path_never_looks_at_the_queue() -> None:
     # Empty queue: release asks nothing. A node that was not full (or has no
-    # limit) frees nothing a waiter waits for, even with a queue.
+    # limit) frees nothing a waiter waits for, even with a waiter that lists
+    # it: nobody is asked about, nobody is handed anything.
     s = _scheduler("a1 b2")
     slot = _granted(s.acquire("x", "a", ready=READY_ALL))
     assert s.release(slot, ready=_forbidden) == []
     assert s.dispatch(ready=_forbidden) == []
-    _granted(s.acquire("x", "a", ready=READY_ALL))
-    _queued(s.acquire("w", "a", ready=READY_ALL))
-    on_b = _granted(s.acquire("y", "b", ready=READY_ALL))
-    on_c = _granted(s.acquire("z", "c", ready=READY_ALL))
+    only_a = {"a"}
+    _granted(s.acquire("x", "abc", ready=only_a))
+    _queued(s.acquire("w", "abc", ready=only_a))  # b and c cool: it waits for a
+    on_b = _granted(s.acquire("y", "b", ready=only_a))
+    on_c = _granted(s.acquire("z", "c", ready=only_a))
     assert s.release(on_b, ready=_forbidden) == []
     assert s.release(on_c, ready=_forbidden) == []
     assert s.release(on_c, ready=_forbidden) == []  # twice
+    assert len(s) == 1
+
+
+def test_one_dispatch_asks_about_each_node_once() -> None:
+    # Many waiters, one decision: a readiness read at "now" must give every
+    # waiter the same answer, so it is asked once per node and remembered.
+    s = _scheduler("a1 b1")
+    _granted(s.acquire("x", "ab", ready=READY_ALL))
+    _granted(s.acquire("y", "ab", ready=READY_ALL))
+    for name in ("w1", "w2", "w3"):
+        _queued(s.acquire(name, "ab", ready=READY_ALL))
+    asked: list[str] = []
+
+    def is_ready(node: str) -> bool:
+        asked.append(node)
+        return True
+
+    assert s.dispatch(ready=is_ready) == []
+    assert sorted(asked) == ["a", "b"]
 
 
 def test_drain_empties_the_queue() -> None:
@@ -532,12 +553,12 @@ def test_ledger_and_queue_invariants(
     held: list[Slot] = []
     released: list[Slot] = []
     waiters: list[Waiter[int]] = []
-    handed: set[int] = set()
+    handed: set[Waiter[int]] = set()  # the objects: an id() could be reused
 
     def took(handoffs: list[Handoff[int]]) -> None:
         for handoff in handoffs:
-            assert id(handoff.waiter) not in handed  # handed at most once
-            handed.add(id(handoff.waiter))
+            assert handoff.waiter not in handed  # handed at most once
+            handed.add(handoff.waiter)
             held.append(handoff.slot)
 
     for index, op in enumerate(ops):
