@@ -50,7 +50,9 @@ One ``SlotScheduler`` per proxy; what the shell does with it, per workload::
 where ``wake(handoffs)`` is ``for h in handoffs: h.waiter.token.set()``. The
 shell also calls ``scheduler.dispatch(ready=...)`` whenever a node changes
 between ready, cooling and down (a cooldown starting or ending, a health
-check), because that can change which waiters may use which nodes.
+check), because that can change which waiters may use which nodes. A
+cooldown ends lazily, by expiry, with no event of its own: while the queue
+is not empty, the shell must wake at the earliest cooldown end and dispatch.
 """
 
 from __future__ import annotations
@@ -104,7 +106,11 @@ class SlotLedger:
     """
 
     def __init__(self, capacities: Mapping[str, int]) -> None:
-        """Args: capacities: node name -> most attempts in flight, ``0`` = no limit."""
+        """Check and copy the capacities.
+
+        Args:
+            capacities: node name -> most attempts in flight, ``0`` = no limit.
+        """
         for node, capacity in capacities.items():
             if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
                 raise ValueError(f"capacity of {node!r} must be an int >= 0, not {capacity!r}")
@@ -222,7 +228,9 @@ def choose_node(
         ledger: capacities and in-flight counts.
         balance: ``priority`` = resolved order among the free ready nodes;
             ``least-loaded`` = lowest ``ledger.load()``, ties in resolved order.
-        preferred: the node of ``X-Failover-Node`` or of prefix affinity.
+        preferred: the node resolution moved to the front (``X-Failover-Node``,
+            else the prefix-affinity winner), or None. ``priority`` alone
+            would find it first anyway; ``least-loaded`` needs to be told.
 
     Returns:
         ``Take(node)``, ``Wait(nodes)`` or ``Exhausted()``. Nothing is taken:
@@ -342,10 +350,15 @@ class SlotScheduler(Generic[T]):
         balance: Balance = "priority",
         max_queue: int = 0,
     ) -> None:
-        """Args:
-        capacities: node name -> capacity, ``0`` = no limit.
-        balance: ``priority`` or ``least-loaded``.
-        max_queue: most workloads waiting at once, ``0`` = no limit.
+        """An empty queue and a ledger with nothing in flight.
+
+        Args:
+            capacities: node name -> capacity, ``0`` = no limit.
+            balance: ``priority`` or ``least-loaded``.
+            max_queue: most workloads waiting at once, ``0`` = no limit.
+
+        Raises:
+            ValueError: a bad capacity, balance or max_queue.
         """
         if balance not in BALANCE_MODES:
             raise ValueError(f"balance must be one of {BALANCE_MODES}, not {balance!r}")
@@ -415,7 +428,7 @@ class SlotScheduler(Generic[T]):
         """Give ``slot`` back (again: no-op) and hand the freed slot on.
 
         Returns:
-            The waiters that now hold a slot, to wake; at most one here.
+            The waiters that now hold a slot, to wake (one, as a rule).
         """
         node = slot.node
         was_full = self.ledger.is_full(node)
