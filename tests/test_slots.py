@@ -205,6 +205,7 @@ def test_each_node_is_asked_once() -> None:
 
 def test_ledger_counts_and_full() -> None:
     ledger = _ledger("a2", "")
+    assert ledger.nodes == tuple(NODES)
     assert (ledger.capacity("a"), ledger.capacity("b")) == (2, 0)
     first = ledger.take("a")
     assert (ledger.in_flight("a"), ledger.is_full("a"), ledger.load("a")) == (1, False, 0.5)
@@ -467,6 +468,14 @@ def test_drain_empties_the_queue() -> None:
     assert len(s) == 0
     assert s.release(on_a, ready=_forbidden) == []
     assert all(w.slot is None for w in waiters)
+
+
+@pytest.mark.parametrize(("balance", "nodes"), [("priority", "aabb"), ("least-loaded", "abab")])
+def test_scheduler_applies_its_balance_mode(balance: Balance, nodes: str) -> None:
+    s = _scheduler("a2 b2", balance=balance)
+    slots = [_granted(s.acquire(f"w{i}", "ab", ready=READY_ALL)) for i in range(4)]
+    assert "".join(slot.node for slot in slots) == nodes
+    assert isinstance(s.acquire("w5", "ab", ready=READY_ALL), Queued)
 
 
 def test_capacity_zero_everywhere_never_queues() -> None:
