@@ -1,1 +1,1 @@
-"""Pure decision modules: plain data in, decisions out; no Trio, no I/O, no clock."""
+"""Pure decisions of the proxy: plain data in, plain data out, standard library only."""
