@@ -8,6 +8,7 @@ on 127.0.0.1, no autojump clock.
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -19,6 +20,7 @@ import h11
 import pytest
 import trio
 import trio.testing
+from conftest import LogRecords
 from support import ProxyProcess, serve_process
 
 from trio_failover.config import Config, Upstream
@@ -104,7 +106,9 @@ def config_for(node: Upstream, *, shutdown_timeout: float) -> Config:
 # -- serve(shutdown=...) in this process -----------------------------------------------------
 
 
-async def test_drain_lets_an_in_flight_stream_finish_and_stops_accepting() -> None:
+async def test_drain_lets_an_in_flight_stream_finish_and_stops_accepting(
+    logged: LogRecords,
+) -> None:
     async with Fleet({"a": streaming(1.5)}) as fleet:
         config = config_for(await fleet.serve_tcp("a"), shutdown_timeout=10.0)
         shutdown = trio.Event()
@@ -118,7 +122,10 @@ async def test_drain_lets_an_in_flight_stream_finish_and_stops_accepting() -> No
                     clients.start_soon(fetch, bound.client, reply)
                     await reply.first_chunk.wait()
                     shutdown.set()
-                    await trio.sleep(0.1)
+                    # serve() closes its listeners and logs "draining" without
+                    # waiting on anything: once every task waits, it has.
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert "draining" in logged.messages(logging.INFO)
                     assert await refuses(bound.client)
                     assert not reply.complete
             # serve() returned by itself: the drain ended with the stream.
@@ -214,7 +221,7 @@ async def test_signal_during_a_3_second_stream_lets_it_complete_then_exits_0(
                 await reply.first_chunk.wait()
                 signalled = trio.current_time()
                 proxy.process.send_signal(signum)
-                await trio.sleep(0.3)
+                await proxy.lines.wait_for("draining")  # logged once the listener is closed
                 assert await refuses(proxy.address)  # stopped accepting
                 assert proxy.process.poll() is None  # still draining
                 returncode = await proxy.process.wait()
@@ -250,7 +257,7 @@ async def test_second_sigterm_during_a_long_stream_exits_promptly() -> None:
                 clients.start_soon(fetch, proxy.address, reply)
                 await reply.first_chunk.wait()
                 proxy.process.send_signal(signal.SIGTERM)
-                await trio.sleep(0.5)
+                await proxy.lines.wait_for("draining")  # the first signal was handled
                 assert proxy.process.poll() is None  # draining: it would wait 30 s
                 signalled = trio.current_time()
                 proxy.process.send_signal(signal.SIGTERM)
