@@ -30,6 +30,11 @@ from trio_failover.testing import FakeNode, Fleet, healthy, slow_head
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
+# How long a proxy process may take to exit once nothing holds it: far below
+# the 30 s drain a wrong exit would wait, with room for a host loaded enough
+# to give a process a fraction of a core (interpreter teardown included).
+PROMPT = 10.0
+
 CHUNKS = [b"data: %d\n\n" % i for i in range(7)]
 STREAM_BODY = b"".join(CHUNKS)
 
@@ -229,7 +234,7 @@ async def test_signal_during_a_3_second_stream_lets_it_complete_then_exits_0(
         assert reply.body == STREAM_BODY
         assert reply.complete
         assert returncode == 0, "\n".join(proxy.lines)
-        assert 2.0 < exited < 6.0  # it waited for the stream, then no longer
+        assert 2.0 < exited < 3.0 + PROMPT  # it waited for the stream, then no longer
         assert any(f"{signum.name}: shutting down" in line for line in proxy.lines)
 
 
@@ -241,7 +246,7 @@ async def test_idle_proxy_exits_0_at_once_on_sigterm() -> None:
                 signalled = trio.current_time()
                 proxy.process.send_signal(signal.SIGTERM)
                 returncode = await proxy.process.wait()
-                assert trio.current_time() - signalled < 2.0
+                assert trio.current_time() - signalled < PROMPT
         assert returncode == 0
 
 
@@ -263,7 +268,7 @@ async def test_second_sigterm_during_a_long_stream_exits_promptly() -> None:
                 proxy.process.send_signal(signal.SIGTERM)
                 returncode = await proxy.process.wait()
                 stopped = trio.current_time() - signalled
-        assert stopped < 2.0
+        assert stopped < PROMPT  # not the 30 s drain
         assert returncode == 1  # forced: not a clean drain
         assert not reply.complete  # the client sees a cut stream, not a false end
         assert any("second signal" in line for line in proxy.lines)
