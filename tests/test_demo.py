@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-import trio_failover
 from trio_failover import demo
 from trio_failover.testing import healthy
 
@@ -31,11 +30,6 @@ BEHAVIOURS = (
     "client abort: upstream work cancelled, no failover",
 )
 ONCE_LIMIT = 20.0  # seconds of real time a --once run may take
-
-CLI = Path(trio_failover.__file__).with_name("cli.py")
-needs_cli = pytest.mark.skipif(
-    not CLI.exists(), reason="trio_failover/cli.py (the `demo` command) is not written yet"
-)
 
 
 def assert_every_behaviour_shown(out: str) -> None:
@@ -74,7 +68,6 @@ def test_a_behaviour_not_seen_fails_the_run(
     assert "[ok]     failover off the frozen node" in out
 
 
-@needs_cli
 def test_demo_once_as_a_command() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "trio_failover", "demo", "--once"],
@@ -98,7 +91,6 @@ def wait_for_line(log: Path, process: subprocess.Popen[bytes], pattern: str) -> 
     raise AssertionError(f"no {pattern!r} within 30 s:\n{log.read_text()}")
 
 
-@needs_cli
 def test_demo_serves_curl_after_the_script_until_ctrl_c(tmp_path: Path) -> None:
     log = tmp_path / "demo.out"
     with log.open("wb") as out:

@@ -84,17 +84,22 @@ async def test_success_from_a_cooling_node_restores_it_early(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     node_a = FakeNode(frozen())
-    async with Fleet({"a": node_a, "b": FakeNode(frozen())}) as fleet:
+    limited = FakeNode(retry_status(429, headers=(("retry-after", "60"),)))
+    async with Fleet({"a": node_a, "b": limited}) as fleet:
         proxy = make_proxy(fleet, response_header_timeout=10.0)
         response = await request(proxy, body=BODY)
         assert response is not None
-        assert response.status == 504
-        assert trio.current_time() == 20.0
-        # Both cool; all-cooling candidates stay usable in order. "a" heals.
+        assert response.status == 429
+        assert trio.current_time() == 10.0
+        # Both cool until 20 ("a" stalled 0..10, "b" answered at 10 with a
+        # Retry-After capped at 10 s), so the next request, at 10, comes well
+        # before either cooldown would end by itself. All-cooling candidates
+        # stay usable in order; "a" heals, and its success ends its cooldown.
+        assert proxy.cooldowns.is_cooling("a", 10.0)
         node_a.behaviour = healthy(b"back")
         healed = await request(proxy, body=BODY)
         assert healed is not None
-        assert healed.body == b"back"
+        assert (healed.body, healed.at) == (b"back", 10.0)
         assert not proxy.cooldowns.is_cooling("a", trio.current_time())
         assert proxy.cooldowns.is_cooling("b", trio.current_time())
 

@@ -400,6 +400,16 @@ class KeepAliveServer:
     reset: bool = False
     connections: int = 0
     requests: int = 0
+    closed: int = 0
+    _closing: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    async def wait_closed(self, count: int) -> None:
+        """Wait until this server has closed ``count`` connections in all."""
+        for _ in range(count):  # each close sets the event once: bounded
+            if self.closed >= count:
+                return
+            await self._closing.wait()
+        assert self.closed >= count
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
@@ -437,6 +447,9 @@ class KeepAliveServer:
                     socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
                 )
             await trio.aclose_forcefully(stream)
+            self.closed += 1
+            self._closing.set()
+            self._closing = trio.Event()
 
 
 @asynccontextmanager
@@ -464,12 +477,12 @@ async def test_a_connection_the_node_closed_while_idle_is_replaced_transparently
     server = KeepAliveServer(idle=0.2, reset=reset)
     with trio.fail_after(10):
         async with proxy_to(server, pool_idle_timeout=30.0) as address:
-            for _ in range(3):
+            for served in range(1, 4):
                 response = await request_tcp(address, body=BODY)
                 assert response is not None
                 assert (response.status, response.body) == (200, b"ok")
                 assert response.header("x-failover-attempts") == "1"
-                await trio.sleep(0.5)  # the node closes the idle connection
+                await server.wait_closed(served)  # the node closed the idle connection
     assert server.connections == 3
     assert server.requests == 3  # each went out once: the stale write reached nobody
 
