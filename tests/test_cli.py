@@ -20,8 +20,8 @@ import trio
 from typer.testing import CliRunner
 
 from trio_failover import __version__
-from trio_failover.cli import app
-from trio_failover.config import Config
+from trio_failover.cli.cli import app
+from trio_failover.core.config import Config
 
 runner = CliRunner()
 NODE = ["--upstream", "http://127.0.0.1:9001"]
@@ -248,9 +248,9 @@ def test_bad_values_exit_2(
 
 
 def _fake_server(monkeypatch: pytest.MonkeyPatch, run_server: object) -> None:
-    module = types.ModuleType("trio_failover.server")
+    module = types.ModuleType("trio_failover.service.server")
     module.run_server = run_server  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "trio_failover.server", module)
+    monkeypatch.setitem(sys.modules, "trio_failover.service.server", module)
 
 
 def test_serve_runs_the_resolved_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ BEHAVIOURS = (
 )
 ONCE_LIMIT = 20.0  # seconds of real time a --once run may take
 
-CLI = Path(trio_failover.__file__).with_name("cli.py")
+CLI = Path(trio_failover.__file__).parent / "cli" / "cli.py"
 needs_cli = pytest.mark.skipif(
     not CLI.exists(), reason="trio_failover/cli.py (the `demo` command) is not written yet"
 )

@@ -16,7 +16,8 @@ import trio.testing
 import trio_websocket
 
 from trio_failover import Config
-from trio_failover.admin import (
+from trio_failover.proxy import Proxy
+from trio_failover.service.admin import (
     ADMIN_HEAD_TIMEOUT,
     CLOSE_FELL_BEHIND,
     CLOSE_GRACE,
@@ -24,9 +25,8 @@ from trio_failover.admin import (
     expire_cooldowns_every,
     serve_admin_connection,
 )
-from trio_failover.events import EventBus
-from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.events import EventBus
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -10,7 +10,7 @@ from email.utils import formatdate
 
 import pytest
 
-from trio_failover.outcome import (
+from trio_failover.core.outcome import (
     AttemptRecord,
     HeadAction,
     Outcome,

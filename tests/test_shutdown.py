@@ -21,9 +21,9 @@ import trio
 import trio.testing
 from support import ProxyProcess, serve_process
 
-from trio_failover.config import Config, Upstream
+from trio_failover.core.config import Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy, slow_head
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -39,10 +39,10 @@ from typing import Any, TextIO
 import attrs
 import trio
 
-from .config import Config, split_host_port
-from .logs import logger
-from .proxy import Proxy
-from .server import BoundAddresses, serve
+from .core.config import Config, split_host_port
+from .proxy.proxy import Proxy
+from .service.logs import logger
+from .service.server import BoundAddresses, serve
 from .testing import ClientResponse, FakeNode, Fleet, drop_before_body, frozen, openai, request_tcp
 
 Event = dict[str, Any]

@@ -26,8 +26,8 @@ import h11
 import trio
 import trio.testing
 
-from .config import Upstream
-from .proxy import Proxy
+from .core.config import Upstream
+from .proxy.proxy import Proxy
 
 Headers = list[tuple[bytes, bytes]]
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import attrs
 
-from .config import (
+from ..core.config import (
     AFFINITY_CHOICES,
     CLIENT_CLOSE_CHOICES,
     LOG_FORMAT_CHOICES,
@@ -43,8 +43,8 @@ from .config import (
     redact_url,
     split_host_port,
 )
-from .errors import ConfigError
-from .units import format_duration, format_size, parse_duration, parse_size
+from ..core.errors import ConfigError
+from ..core.units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
     "ENV_PREFIX",

@@ -21,13 +21,13 @@ from typing import Any
 import attrs
 import trio
 
-from . import sockopts
+from ..core.config import Config, split_host_port
+from ..core.errors import ConfigError
+from ..proxy.proxy import Proxy
+from ..wire import sockopts
+from ..wire.upstream import Connector
 from .admin import serve_admin
-from .config import Config, split_host_port
-from .errors import ConfigError
 from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
-from .proxy import Proxy
-from .upstream import Connector
 
 # Errors of accept() that mean "out of resources, try again later" rather
 # than "this listener is broken" (as trio.serve_listeners treats them).

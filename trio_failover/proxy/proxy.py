@@ -27,19 +27,32 @@ import attrs
 import h11
 import trio
 
-from . import __version__
-from .config import Config, Upstream, redact_url
-from .cooldown import CooldownTable
-from .downstream import ClientConnection, ClientGone, ClientRequest, Closed
-from .errors import ClientError, RetryableResponse, UpstreamError
-from .events import EventBus
-from .headers import client_response_headers, get, upstream_request_headers, workload_id
-from .logs import access_logger, log_access, logger
-from .metrics import Metrics
-from .outcome import AttemptRecord, Outcome, SavedResponse, failure_status, judge, parse_retry_after
-from .pool import ConnectionPool
-from .ranking import affinity_key, resolve_candidates
-from .upstream import Connector, OutgoingRequest, TCPConnector, UpstreamResponse, open_response
+from .. import __version__
+from ..core.config import Config, Upstream, redact_url
+from ..core.cooldown import CooldownTable
+from ..core.errors import ClientError, RetryableResponse, UpstreamError
+from ..core.headers import client_response_headers, get, upstream_request_headers, workload_id
+from ..core.outcome import (
+    AttemptRecord,
+    Outcome,
+    SavedResponse,
+    failure_status,
+    judge,
+    parse_retry_after,
+)
+from ..core.ranking import affinity_key, resolve_candidates
+from ..service.events import EventBus
+from ..service.logs import access_logger, log_access, logger
+from ..service.metrics import Metrics
+from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
+from ..wire.pool import ConnectionPool
+from ..wire.upstream import (
+    Connector,
+    OutgoingRequest,
+    TCPConnector,
+    UpstreamResponse,
+    open_response,
+)
 
 RECENT_WORKLOADS = 50
 

@@ -35,10 +35,10 @@ import h11
 import trio
 import trio_websocket
 
-from .config import split_host_port
+from ..core.config import split_host_port
+from ..proxy.proxy import Proxy
 from .events import SUBSCRIBER_BUFFER, Subscription
 from .logs import logger
-from .proxy import Proxy
 
 # A request head must arrive (and a keep-alive connection must show a next
 # request) within this long; the admin API has no slow clients worth waiting for.

@@ -27,10 +27,11 @@ import attrs
 import h11
 import trio
 
-from . import errors, sockopts
-from .config import Config, Upstream
-from .headers import Headers
-from .outcome import HeadAction, SavedResponse, classify_head, error_code
+from ..core import errors
+from ..core.config import Config, Upstream
+from ..core.headers import Headers
+from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code
+from . import sockopts
 from .pool import ConnectionPool
 
 RECEIVE_SIZE = 65536

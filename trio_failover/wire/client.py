@@ -33,7 +33,7 @@ import attrs
 import h11
 import trio
 
-from .errors import ClientError
+from ..core.errors import ClientError
 
 RECEIVE_SIZE = 65536
 PENDING_LIMIT = 65536

@@ -1,0 +1,1 @@
+"""The pure core: decisions as plain functions of data and ``now``, no I/O."""
