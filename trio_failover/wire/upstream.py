@@ -30,7 +30,7 @@ import trio
 from ..core import errors
 from ..core.config import Config, Upstream
 from ..core.headers import Headers
-from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code
+from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from . import sockopts
 from .pool import ConnectionPool
 
@@ -488,7 +488,7 @@ async def _exchange(
         if body_scope.cancelled_caught:
             raise errors.HeaderTimeout(name, "error body", "stalled after the head")
         code = error_code(body_bytes) if complete else None
-        if action is HeadAction.RETRY or (code is not None and code in config.retry_error_codes):
+        if fails_over_on(action, code, config.retry_error_codes):
             headers = list(response.headers)
             saved = (
                 SavedResponse(
