@@ -42,7 +42,7 @@ import trio
 from .core.config import Config, split_host_port
 from .proxy.proxy import Proxy
 from .service.logs import logger
-from .service.server import BoundAddresses, serve
+from .service.server import BoundAddresses, expire_cooldowns_every, serve
 from .testing import ClientResponse, FakeNode, Fleet, drop_before_body, frozen, openai, request_tcp
 
 Event = dict[str, Any]
@@ -340,7 +340,7 @@ class Demo:
             watcher = Watcher(self.screen, proxy)
             async with trio.open_nursery() as helpers:
                 helpers.start_soon(watcher.run)
-                helpers.start_soon(_expire_cooldowns, proxy)
+                helpers.start_soon(expire_cooldowns_every, proxy, TICK)
                 async with trio.open_nursery() as server:
                     addresses = await self._start_proxy(server, config, proxy)
                     self._introduce(config, addresses)
@@ -659,14 +659,6 @@ def _sse_tokens(data: bytes) -> list[str]:
         if isinstance(delta, dict) and delta.get("content"):
             tokens.append(str(delta["content"]))
     return tokens
-
-
-async def _expire_cooldowns(proxy: Proxy) -> None:
-    # Cooldowns end lazily, when the proxy next looks; asking often makes the
-    # "ready again" event appear when it happens, for the live view.
-    while True:
-        proxy.expire_cooldowns()
-        await trio.sleep(TICK)
 
 
 async def _wait_until(condition: Callable[[], bool]) -> None:

@@ -28,6 +28,7 @@ import trio.testing
 
 from .core.config import Upstream
 from .proxy.proxy import Proxy
+from .wire.http1 import next_event
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -127,10 +128,7 @@ async def _read_request(stream: trio.abc.Stream, conn: h11.Connection) -> Receiv
     head: h11.Request | None = None
     parts: list[bytes] = []
     while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            conn.receive_data(bytes(await stream.receive_some(65536)))
-            continue
+        event = await next_event(stream, conn, strict_eof=False)
         if isinstance(event, h11.Request):
             head = event
         elif isinstance(event, h11.Data):

@@ -38,8 +38,12 @@ async def next_event(
     """
     while True:
         event = conn.next_event()
+        if event is h11.PAUSED:
+            # A server reads one request at a time: bytes of a next one,
+            # before this one is answered, end the conversation.
+            return h11.ConnectionClosed()
         if event is not h11.NEED_DATA:
-            assert not isinstance(event, type)  # PAUSED only comes to a server between cycles
+            assert not isinstance(event, type)
             return event
         data = await stream.receive_some(RECEIVE_SIZE)
         conn.receive_data(bytes(data))  # no copy when it is bytes already

@@ -32,9 +32,9 @@ from ..core.config import Config, Upstream
 from ..core.headers import Headers
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from . import sockopts
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event
 from .pool import ConnectionPool
 
-RECEIVE_SIZE = 65536
 # A 4xx error body is read up to this size to look for a retryable
 # error.code; a retryable status keeps this much to relay if it is the last
 # answer. Anything longer is not an error body worth holding.
@@ -190,7 +190,7 @@ _IO_ERRORS = (
 
 def _map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
     """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
-    if isinstance(exc, _EarlyClose):
+    if isinstance(exc, EarlyClose):
         return errors.UpstreamClosedEarly(node, phase, f"{exc}")
     if isinstance(exc, h11.RemoteProtocolError):
         return errors.UpstreamProtocolError(node, phase, f"{exc}")
@@ -206,7 +206,7 @@ def _mapped(node: str, phase: str) -> Iterator[None]:
     """Map Trio, OS, TLS and h11 errors of one phase onto the error tree."""
     try:
         yield
-    except (_EarlyClose, *_IO_ERRORS) as exc:
+    except (EarlyClose, *_IO_ERRORS) as exc:
         raise _map_error(node, phase, exc) from exc
 
 
@@ -268,7 +268,7 @@ class UpstreamResponse:
             return b""
         try:
             data, self.complete = await _read_body(self._stream, self._conn)
-        except (_EarlyClose, *_IO_ERRORS) as exc:
+        except (EarlyClose, *_IO_ERRORS) as exc:
             raise _map_error(self.node.name, "body", exc) from exc
         return data
 
@@ -292,35 +292,8 @@ class UpstreamResponse:
             await trio.aclose_forcefully(self._stream)
 
 
-class _EarlyClose(Exception):
-    """The node closed the connection before the message was complete."""
-
-
 class _StaleConnection(Exception):
     """A pooled connection was closed by the node before any byte of the answer."""
-
-
-async def _next_event(stream: trio.abc.Stream, conn: h11.Connection) -> h11.Event:
-    """The next h11 event, receiving from ``stream`` as needed.
-
-    An EOF that cuts a message short is an early close (a fast failure), not
-    a protocol error, although h11 reports it as one.
-    """
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            assert not isinstance(event, type)  # PAUSED is never returned to a client
-            return event
-        data = await stream.receive_some(RECEIVE_SIZE)
-        conn.receive_data(bytes(data))  # no copy when it is bytes already
-        if not data:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise _EarlyClose("connection closed mid-message") from exc
-            if event is h11.NEED_DATA or isinstance(event, (h11.ConnectionClosed, type)):
-                raise _EarlyClose("connection closed")
-            return event
 
 
 async def _receive_answer_start(stream: trio.abc.Stream, conn: h11.Connection) -> None:
@@ -457,14 +430,14 @@ async def _exchange(
             phase = "head"
             if reused:
                 await _receive_answer_start(stream, conn)
-            event = await _next_event(stream, conn)
+            event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):
-                event = await _next_event(stream, conn)
+                event = await next_event(stream, conn)
         except (trio.BrokenResourceError, OSError) as exc:
             if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
                 raise _StaleConnection("broken on write") from exc
             raise _map_error(name, phase, exc) from exc
-        except (_EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
+        except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
             raise _map_error(name, phase, exc) from exc
     if scope.cancelled_caught:
         if phase == "write":
@@ -523,7 +496,7 @@ async def _exchange(
     else:
         try:
             first, complete = await _read_body(stream, conn)
-        except (_EarlyClose, *_IO_ERRORS) as exc:
+        except (EarlyClose, *_IO_ERRORS) as exc:
             raise _map_error(name, "first body byte", exc) from exc
     timings = Timings(started, written, head_at, trio.current_time())
     return UpstreamResponse(node, stream, conn, response, first, complete, timings, pool)
@@ -538,14 +511,14 @@ async def _read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[byt
     came in one segment is then relayed in one write, its end included.
     """
     while True:
-        event = await _next_event(stream, conn)
+        event = await next_event(stream, conn)
         if isinstance(event, h11.Data):
             if event.data:
                 break
         elif isinstance(event, h11.EndOfMessage):
             return b"", True
         else:
-            raise _EarlyClose("connection closed in the body")
+            raise EarlyClose("connection closed in the body")
     data = event.data  # h11's own copy: relayed as is, not copied again
     parts: list[bytes] | None = None
     ended = False
@@ -571,12 +544,12 @@ async def _read_prefix(
     parts: list[bytes] = []
     size = 0
     while size < limit:
-        event = await _next_event(stream, conn)
+        event = await next_event(stream, conn)
         if isinstance(event, h11.Data):
             parts.append(bytes(event.data))
             size += len(event.data)
         elif isinstance(event, h11.EndOfMessage):
             return b"".join(parts), True
         else:
-            raise _EarlyClose("connection closed in the error body")
+            raise EarlyClose("connection closed in the error body")
     return b"".join(parts), False
