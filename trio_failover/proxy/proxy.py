@@ -90,23 +90,13 @@ class Proxy:
         )
 
         async def handler(client: ClientConnection, request: ClientRequest) -> bool:
-            return await self.run_workload(client, request, client_address, scheme)
+            return await self._workloads.run(client, request, client_address, scheme)
 
         await client.serve(handler)
 
     def begin_drain(self) -> None:
         """Stop taking new requests: idle keep-alive connections close now."""
         self._drain.begin()
-
-    async def run_workload(
-        self,
-        client: ClientConnection,
-        request: ClientRequest,
-        client_address: str | None = None,
-        scheme: str = "http",
-    ) -> bool:
-        """Serve one request: attempts, failover, relay. Returns keep-alive."""
-        return await self._workloads.run(client, request, client_address, scheme)
 
     def expire_cooldowns(self, now: float | None = None) -> None:
         """Notice cooldowns that ran out (publishing ``ready`` node events)."""

@@ -34,6 +34,7 @@ import trio
 import trio_websocket
 
 from ..core.config import split_host_port
+from ..core.headers import get
 from ..proxy.proxy import Proxy
 from ..wire.http1 import error_document, next_event, send_events
 from .events import SUBSCRIBER_BUFFER, Subscription
@@ -242,7 +243,7 @@ def _csp_hashes(page: bytes, tag: bytes) -> list[str]:
 
 
 def _header(request: h11.Request, name: bytes) -> bytes | None:
-    return next((value for key, value in request.headers if key == name), None)
+    return get(request.headers, name)
 
 
 def _wants_websocket(request: h11.Request) -> bool:

@@ -1,5 +1,6 @@
-"""The client side of one connection: h11 server, request reading, response
-writing, and the byte reader that doubles as the close watcher.
+"""The client side of one connection, its whole life: the request loop with
+its keep-alive waits and deadlines, h11 server state, request reading,
+response writing, and the byte reader that doubles as the close watcher.
 
 One reader task per connection receives from the client for the whole
 connection lifetime, so a FIN or an RST is seen at any moment, also while an
