@@ -292,9 +292,9 @@ class Demo:
         )
 
     async def _step_cooldown(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
-        self.screen.heading("2. The cooldown: the next request goes straight to healthy")
-        self.screen.line(
-            "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:"
+        self._begin_step(
+            "2. The cooldown: the next request goes straight to healthy",
+            "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:",
         )
         frozen_before = len(self.nodes["frozen"].received)
         started = trio.current_time()
@@ -327,9 +327,9 @@ class Demo:
         )
 
     async def _step_drop(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
-        self.screen.heading("3. A pre-commit drop fails over without a cooldown")
-        self.screen.line(
-            "  X-Failover-Node puts dropping first; it sends a head, then closes before the body."
+        self._begin_step(
+            "3. A pre-commit drop fails over without a cooldown",
+            "  X-Failover-Node puts dropping first; it sends a head, then closes before the body.",
         )
         response, final = await self._send(
             addresses,
@@ -414,6 +414,10 @@ class Demo:
                 else "frozen's connection was not closed"
             ),
         )
+
+    def _begin_step(self, title: str, explanation: str) -> None:
+        self.screen.heading(title)
+        self.screen.line(explanation)
 
     def _node(self, name: str) -> dict[str, Any]:
         assert self.proxy is not None

@@ -46,6 +46,7 @@ from .fakes import (
     stream_then_silence,
 )
 from .proxy.proxy import Proxy
+from .wire.http1 import send_events
 
 # The fake nodes live in fakes.py; tests import them from here.
 __all__ = [
@@ -183,15 +184,11 @@ async def request(
     """
     client, server = trio.testing.memory_stream_pair()
     conn = h11.Connection(h11.CLIENT)
-    head = [(b"host", b"proxy.test")] + [(k.encode(), v.encode()) for k, v in headers]
-    if body or method in ("POST", "PUT", "PATCH"):
-        head.append((b"content-length", b"%d" % len(body)))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(proxy.handle_connection, server)
-        data = conn.send(h11.Request(method=method, target=target, headers=head))
-        data += conn.send(h11.Data(data=body)) if body else b""
-        data += conn.send(h11.EndOfMessage())
-        await client.send_all(data)
+        await send_events(
+            client, conn, *_request_events(method, target, b"proxy.test", headers, body)
+        )
         if leave_after is not None:
             await trio.sleep(leave_after)
             await client.aclose()
@@ -199,6 +196,19 @@ async def request(
         response = await read_response(client, conn)
         await client.aclose()
     return response
+
+
+def _request_events(
+    method: str, target: str, host: bytes, headers: Sequence[tuple[str, str]], body: bytes
+) -> list[h11.Event]:
+    """A test client's request as h11 events (``Content-Length`` added where a body goes)."""
+    head = [(b"host", host)] + [(k.encode(), v.encode()) for k, v in headers]
+    if body or method in ("POST", "PUT", "PATCH"):
+        head.append((b"content-length", b"%d" % len(body)))
+    events: list[h11.Event] = [h11.Request(method=method, target=target, headers=head)]
+    if body:
+        events.append(h11.Data(data=body))
+    return [*events, h11.EndOfMessage()]
 
 
 async def read_response(stream: trio.abc.Stream, conn: h11.Connection) -> ClientResponse:
@@ -301,14 +311,9 @@ async def request_tcp(
     stream = await trio.open_tcp_stream(host, port)
     conn = _ChunkReporter(on_chunk) if on_chunk else h11.Connection(h11.CLIENT)
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    head = [(b"host", authority.encode())] + [(k.encode(), v.encode()) for k, v in headers]
-    if body or method in ("POST", "PUT", "PATCH"):
-        head.append((b"content-length", b"%d" % len(body)))
     try:
-        data = conn.send(h11.Request(method=method, target=target, headers=head)) or b""
-        data += (conn.send(h11.Data(data=body)) or b"") if body else b""
-        data += conn.send(h11.EndOfMessage()) or b""
-        await stream.send_all(data)
+        events = _request_events(method, target, authority.encode(), headers, body)
+        await send_events(stream, conn, *events)
         if leave_after is not None:
             await trio.sleep(leave_after)
             return None
