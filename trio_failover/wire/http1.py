@@ -1,7 +1,8 @@
 """HTTP/1 with h11, shared by every side that speaks it: no policy here.
 
-The one receive loop (``next_event``), the one way to send a batch of
-events (``send_events``), and the proxy's JSON error body
+The one receive loop (``next_event``) and the body readers built on it
+(``read_body``, ``read_prefix``), the one way to send a batch of events
+(``send_events``), and the proxy's JSON error body
 (``error_document``, ``json_answer``). The client side (``client.py``), the
 node side (``upstream.py``), the admin API and ``testing`` all use these.
 """
@@ -55,6 +56,59 @@ async def next_event(
             if event is h11.NEED_DATA or isinstance(event, (h11.ConnectionClosed, type)):
                 raise EarlyClose("connection closed")
             return event
+
+
+async def read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[bytes, bool]:
+    """The next body bytes (at least one) and whether the body ended with them.
+
+    Returns ``(b"", True)`` at the end of the body. After the first bytes,
+    the events h11 can parse from what already arrived are taken too, without
+    another read: coalescing them delays nothing, and a small answer that
+    came in one segment is then relayed in one write, its end included.
+    """
+    while True:
+        event = await next_event(stream, conn)
+        if isinstance(event, h11.Data):
+            if event.data:
+                break
+        elif isinstance(event, h11.EndOfMessage):
+            return b"", True
+        else:
+            raise EarlyClose("connection closed in the body")
+    data = event.data  # h11's own copy: relayed as is, not copied again
+    parts: list[bytes] | None = None
+    ended = False
+    try:
+        while True:
+            more = conn.next_event()
+            if isinstance(more, h11.Data):
+                if parts is None:
+                    parts = [data]
+                parts.append(more.data)
+            else:
+                ended = isinstance(more, h11.EndOfMessage)
+                break  # NEED_DATA: nothing more yet
+    except h11.RemoteProtocolError:
+        pass  # h11 stays in ERROR and raises again on the next read
+    return (data if parts is None else b"".join(parts)), ended
+
+
+async def read_prefix(
+    stream: trio.abc.Stream, conn: h11.Connection, limit: int
+) -> tuple[bytes, bool]:
+    """Up to about ``limit`` body bytes; complete=True when the body ended within them."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        event = await next_event(stream, conn)
+        if isinstance(event, h11.Data):
+            parts.append(bytes(event.data))
+            size += len(event.data)
+        elif isinstance(event, h11.EndOfMessage):
+            return b"".join(parts), True
+        else:
+            raise EarlyClose("connection closed in the error body")
+    return b"".join(parts), False
 
 
 async def send_events(

@@ -8,8 +8,10 @@ Each deadline wraps the smallest operation that owns it:
     read the whole head    response_header_timeout   -> HeaderTimeout
     head -> first byte     first_body_timeout (opt)  -> FirstBodyTimeout
 
-Trio and OS errors are turned into ``UpstreamError`` subclasses here, phase
-by phase; what they mean for the workload is ``outcome.judge``'s call.
+Each phase is one function (``_connect``, ``_request_and_head``,
+``_error_body``, ``_first_body``). Trio, OS, TLS and h11 errors become
+``UpstreamError`` subclasses in one place, ``_map_error``, phase by phase;
+what they mean for the workload is ``outcome.judge``'s call.
 Cancellation: whatever cancels an attempt (client abort, shutdown), its
 socket is closed at once; only a connection whose response was relayed to
 its end goes back to the node's pool (``pool.py``) instead.
@@ -31,7 +33,7 @@ from ..core.headers import Headers
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from . import sockopts
 from .connect import Connector, TCPConnector, open_tcp
-from .http1 import RECEIVE_SIZE, EarlyClose, next_event
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_prefix
 from .pool import ConnectionPool
 
 __all__ = [
@@ -88,6 +90,12 @@ _IO_ERRORS = (
 
 def _map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
     """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
+    if phase == "connect":
+        if isinstance(exc, ssl.SSLError):
+            return errors.TLSError(node, phase, f"{exc}")
+        if _caused_by(exc, ssl.SSLError):
+            return errors.TLSError(node, phase, f"{exc.__cause__}")
+        return errors.ConnectFailed(node, phase, f"{exc}")
     if isinstance(exc, EarlyClose):
         return errors.UpstreamClosedEarly(node, phase, f"{exc}")
     if isinstance(exc, h11.RemoteProtocolError):
@@ -165,7 +173,7 @@ class UpstreamResponse:
         if self.complete:
             return b""
         try:
-            data, self.complete = await _read_body(self._stream, self._conn)
+            data, self.complete = await read_body(self._stream, self._conn)
         except (EarlyClose, *_IO_ERRORS) as exc:
             raise _map_error(self.node.name, "body", exc) from exc
         return data
@@ -219,12 +227,8 @@ async def _connect(node: Upstream, connector: Connector, config: Config) -> trio
     with trio.move_on_after(config.connect_timeout) as connect_scope:
         try:
             return await connector.connect(node)
-        except ssl.SSLError as exc:
-            raise errors.TLSError(node.name, "connect", f"{exc}") from exc
-        except (OSError, trio.BrokenResourceError) as exc:
-            if _caused_by(exc, ssl.SSLError):
-                raise errors.TLSError(node.name, "connect", f"{exc.__cause__}") from exc
-            raise errors.ConnectFailed(node.name, "connect", f"{exc}") from exc
+        except (OSError, trio.BrokenResourceError) as exc:  # ssl.SSLError is an OSError
+            raise _map_error(node.name, "connect", exc) from exc
     assert connect_scope.cancelled_caught
     raise errors.ConnectTimeout(node.name, "connect", f"no connection in {config.connect_timeout}s")
 
@@ -294,35 +298,43 @@ async def _exchange(
     *,
     reused: bool,
 ) -> UpstreamResponse:
-    name = node.name
-    header_timeout = config.response_header_timeout
+    """The phases after connect: request and head, then the error body or the first byte."""
+    response, written = await _request_and_head(node.name, stream, conn, request, config, reused)
+    head_at = trio.current_time()
+    action = classify_head(
+        response.status_code,
+        retry_status=config.retry_status,
+        retry_error_codes=config.retry_error_codes,
+    )
+    if action is HeadAction.COMMIT:
+        first, complete = await _first_body(node.name, stream, conn, config)
+    else:
+        first, complete = await _error_body(node.name, stream, conn, response, action, config)
+    timings = Timings(started, written, head_at, trio.current_time())
+    return UpstreamResponse(node, stream, conn, response, first, complete, timings, pool)
 
-    # One scope, two deadlines of the same length: first for the write (a
-    # node that does not even take the request is as stalled as one that
-    # takes it and never answers), then, moved, from the request fully
-    # written to the whole head read, 1xx skipped.
+
+async def _request_and_head(
+    name: str,
+    stream: trio.abc.Stream,
+    conn: h11.Connection,
+    request: OutgoingRequest,
+    config: Config,
+    reused: bool,
+) -> tuple[h11.Response, float]:
+    """Write the request and read the whole head (1xx skipped); the head and when it was written.
+
+    One scope, two deadlines of the same length: first for the write (a node
+    that does not even take the request is as stalled as one that takes it
+    and never answers), then, moved, from the request fully written to the
+    whole head read.
+    """
+    header_timeout = config.response_header_timeout
     phase = "write"
     written = 0.0
     with trio.move_on_after(header_timeout) as scope:
         try:
-            # _parsed: skip h11's header regexes; OutgoingRequest documents
-            # why its parts are valid already.
-            head = conn.send(
-                h11.Request(
-                    method=request.method,
-                    target=request.target,
-                    headers=request.headers,
-                    _parsed=True,
-                )
-            )
-            body = conn.send(h11.Data(data=request.body)) if request.body else b""
-            end = conn.send(h11.EndOfMessage())
-            if len(request.body) <= RECEIVE_SIZE:
-                await stream.send_all(head + body + end)
-            else:  # do not copy a large body just to save a syscall
-                await stream.send_all(head)
-                await stream.send_all(body)
-                await stream.send_all(end)
+            await _write_request(stream, conn, request)
             written = trio.current_time()
             scope.deadline = written + header_timeout
             phase = "head"
@@ -343,111 +355,83 @@ async def _exchange(
         raise errors.HeaderTimeout(name, "head", f"no complete response head in {header_timeout}s")
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
-    response = event
-    head_at = trio.current_time()
+    return event, written
 
-    action = classify_head(
-        response.status_code,
-        retry_status=config.retry_status,
-        retry_error_codes=config.retry_error_codes,
+
+async def _write_request(
+    stream: trio.abc.Stream, conn: h11.Connection, request: OutgoingRequest
+) -> None:
+    # _parsed: skip h11's header regexes; OutgoingRequest documents why its
+    # parts are valid already.
+    head = conn.send(
+        h11.Request(
+            method=request.method, target=request.target, headers=request.headers, _parsed=True
+        )
     )
-    if action is not HeadAction.COMMIT:
-        # A short error body decides; it must come within one more header
-        # duration (a node that sends "503" and stalls is still stalled).
-        with trio.move_on_after(header_timeout) as body_scope, _mapped(name, "error body"):
-            body_bytes, complete = await _read_prefix(stream, conn, ERROR_BODY_LIMIT)
-        if body_scope.cancelled_caught:
-            raise errors.HeaderTimeout(name, "error body", "stalled after the head")
-        code = error_code(body_bytes) if complete else None
-        if fails_over_on(action, code, config.retry_error_codes):
-            headers = list(response.headers)
-            saved = (
-                SavedResponse(
-                    node=name,
-                    status=response.status_code,
-                    reason=response.reason,
-                    headers=headers,
-                    body=body_bytes,
-                )
-                if complete
-                else None
-            )
-            detail = f"answered {response.status_code}" + (f" {code}" if code else "")
-            raise errors.RetryableResponse(
-                name, "head", detail, response.status_code, headers, saved
-            )
-        timings = Timings(started, written, head_at, trio.current_time())
-        return UpstreamResponse(node, stream, conn, response, body_bytes, complete, timings, pool)
-
-    # First body byte: unbounded unless the operator opted in, because a
-    # node may send its head at once and then prefill for minutes.
-    if config.first_body_timeout:
-        with (
-            trio.move_on_after(config.first_body_timeout) as first_scope,
-            _mapped(name, "first body byte"),
-        ):
-            first, complete = await _read_body(stream, conn)
-        if first_scope.cancelled_caught:
-            raise errors.FirstBodyTimeout(
-                name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
-            )
-    else:
-        try:
-            first, complete = await _read_body(stream, conn)
-        except (EarlyClose, *_IO_ERRORS) as exc:
-            raise _map_error(name, "first body byte", exc) from exc
-    timings = Timings(started, written, head_at, trio.current_time())
-    return UpstreamResponse(node, stream, conn, response, first, complete, timings, pool)
+    body = conn.send(h11.Data(data=request.body)) if request.body else b""
+    end = conn.send(h11.EndOfMessage())
+    if len(request.body) <= RECEIVE_SIZE:
+        await stream.send_all(head + body + end)
+    else:  # do not copy a large body just to save a syscall
+        await stream.send_all(head)
+        await stream.send_all(body)
+        await stream.send_all(end)
 
 
-async def _read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[bytes, bool]:
-    """The next body bytes (at least one) and whether the body ended with them.
-
-    Returns ``(b"", True)`` at the end of the body. After the first bytes,
-    the events h11 can parse from what already arrived are taken too, without
-    another read: coalescing them delays nothing, and a small answer that
-    came in one segment is then relayed in one write, its end included.
-    """
-    while True:
-        event = await next_event(stream, conn)
-        if isinstance(event, h11.Data):
-            if event.data:
-                break
-        elif isinstance(event, h11.EndOfMessage):
-            return b"", True
-        else:
-            raise EarlyClose("connection closed in the body")
-    data = event.data  # h11's own copy: relayed as is, not copied again
-    parts: list[bytes] | None = None
-    ended = False
-    try:
-        while True:
-            more = conn.next_event()
-            if isinstance(more, h11.Data):
-                if parts is None:
-                    parts = [data]
-                parts.append(more.data)
-            else:
-                ended = isinstance(more, h11.EndOfMessage)
-                break  # NEED_DATA: nothing more yet
-    except h11.RemoteProtocolError:
-        pass  # h11 stays in ERROR and raises again on the next read
-    return (data if parts is None else b"".join(parts)), ended
-
-
-async def _read_prefix(
-    stream: trio.abc.Stream, conn: h11.Connection, limit: int
+async def _error_body(
+    name: str,
+    stream: trio.abc.Stream,
+    conn: h11.Connection,
+    response: h11.Response,
+    action: HeadAction,
+    config: Config,
 ) -> tuple[bytes, bool]:
-    """Up to about ``limit`` body bytes; complete=True when the body ended within them."""
-    parts: list[bytes] = []
-    size = 0
-    while size < limit:
-        event = await next_event(stream, conn)
-        if isinstance(event, h11.Data):
-            parts.append(bytes(event.data))
-            size += len(event.data)
-        elif isinstance(event, h11.EndOfMessage):
-            return b"".join(parts), True
-        else:
-            raise EarlyClose("connection closed in the error body")
-    return b"".join(parts), False
+    """Read a short error body; raise ``RetryableResponse`` if it means "fail over".
+
+    The body must come within one more header duration (a node that sends
+    "503" and stalls is still stalled). Returns the body and whether it is
+    complete, to relay as the answer.
+    """
+    with (
+        trio.move_on_after(config.response_header_timeout) as body_scope,
+        _mapped(name, "error body"),
+    ):
+        body_bytes, complete = await read_prefix(stream, conn, ERROR_BODY_LIMIT)
+    if body_scope.cancelled_caught:
+        raise errors.HeaderTimeout(name, "error body", "stalled after the head")
+    code = error_code(body_bytes) if complete else None
+    if not fails_over_on(action, code, config.retry_error_codes):
+        return body_bytes, complete
+    headers = list(response.headers)
+    saved = (
+        SavedResponse(
+            node=name,
+            status=response.status_code,
+            reason=response.reason,
+            headers=headers,
+            body=body_bytes,
+        )
+        if complete
+        else None
+    )
+    detail = f"answered {response.status_code}" + (f" {code}" if code else "")
+    raise errors.RetryableResponse(name, "head", detail, response.status_code, headers, saved)
+
+
+async def _first_body(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config
+) -> tuple[bytes, bool]:
+    """The first body bytes of a committing response.
+
+    Unbounded unless the operator opted in (``first_body_timeout``), because
+    a node may send its head at once and then prefill for minutes.
+    """
+    if not config.first_body_timeout:
+        with _mapped(name, "first body byte"):
+            return await read_body(stream, conn)
+    with trio.move_on_after(config.first_body_timeout), _mapped(name, "first body byte"):
+        return await read_body(stream, conn)
+    # Only the deadline gets here.
+    raise errors.FirstBodyTimeout(
+        name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
+    )
