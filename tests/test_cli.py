@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -211,6 +212,34 @@ BAD: list[tuple[str, list[str], dict[str, str], str | None, tuple[str, ...]]] = 
         CONFIG_OK + 'headers = { Authorization = "Bearer ${NOT_SET_ANYWHERE}" }\n',
         ("config.toml:3", "upstream.headers.Authorization", "NOT_SET_ANYWHERE is not set"),
     ),
+    (
+        "a success status to retry",
+        [*NODE, "--retry-status", "200"],
+        {},
+        None,
+        ("--retry-status", "'200'", "400-599"),
+    ),
+    (
+        "port out of range",
+        ["--upstream", "http://10.0.0.5:70000"],
+        {},
+        None,
+        ("--upstream", "port 70000 is out of range"),
+    ),
+    (
+        "capacity of no node",
+        [*NODE, "--capacity", "gpu-z=2"],
+        {},
+        None,
+        ("--capacity", "'gpu-z=2'", "gpu-z is no node"),
+    ),
+    (
+        "empty client key",
+        NODE,
+        {"TRIO_FAILOVER_API_KEYS": "alice="},
+        None,
+        ("TRIO_FAILOVER_API_KEYS", "'alice'", "the key of client alice is empty"),
+    ),
 ]
 
 
@@ -242,6 +271,65 @@ def test_bad_values_exit_2(
     assert lines[0].startswith("trio-failover: error: ")
     for fact in facts:
         assert fact in lines[0]
+
+
+@pytest.mark.parametrize("command", ["serve", "check"])
+def test_several_mistakes_one_line_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    _fake_server(monkeypatch, lambda config: pytest.fail("serve started with a bad config"))
+    file = tmp_path / "config.toml"
+    file.write_text(
+        'listen = "0.0.0.0:80800"\n[timeouts]\nconnect = "5"\nqueue = "x"\n'
+        '[[upstream]]\nurl = "http://h:1"\ncapacity = -1\n'
+    )
+    result = runner.invoke(app, [command, "--config", str(file), "--max-queue", "-1"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert [line.split(": ")[2] for line in lines] == [
+        "--max-queue",
+        f"{file}:1",
+        f"{file}:3",
+        f"{file}:4",
+        f"{file}:7",
+    ]
+    assert all(line.startswith("trio-failover: error: ") for line in lines)
+
+
+def test_check_takes_repeated_capacity_and_keys_and_masks_them() -> None:
+    args = [
+        "check",
+        "--upstream",
+        "a=http://10.0.0.5:8000",
+        "--upstream",
+        "b=http://10.0.0.6:8000",
+        "--capacity",
+        "2",
+        "--capacity",
+        "a=4",
+        "--api-key",
+        "alice=sk-alice-secret",
+        "--api-key",
+        "sk-other-secret",
+        "--admin-token",
+        "tok-secret",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = table(result.stdout)
+    assert rows["capacity a"] == ("4", "flag --capacity")
+    assert rows["capacity b"] == ("2", "flag --capacity")
+    assert rows["api-key alice"] == ("***", "flag --api-key")
+    assert rows["api-key key-2"] == ("***", "flag --api-key")
+    assert rows["admin-token"] == ("***", "flag --admin-token")
+    assert rows["balance"] == ("priority", "default")
+    assert rows["queue-timeout"] == ("2m", "default")
+    assert rows["max-queue"] == ("1000", "default")
+    assert rows["discovery-interval"] == ("30s", "default")
+    assert rows["unstreamed-timeout"] == ("10m", "default")
+    for secret in ("sk-alice-secret", "sk-other-secret", "tok-secret"):
+        assert secret not in result.output
 
 
 # --- serve and demo hand over to their modules ----------------------------------------------------
@@ -327,6 +415,28 @@ def test_subprocess_bad_value_exits_2_within_a_second() -> None:
         "trio-failover: error: TRIO_FAILOVER_DEAD_PEER_TIMEOUT: invalid value '30' for "
         "dead-peer-timeout: a duration needs a unit (h, m, s, ms, us or ns), as in 10s; "
         "only 0 may go without"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("option", "listener", "other"),
+    [
+        ("--listen", "client", ["--admin-listen", "off"]),
+        ("--admin-listen", "admin", ["--listen", "127.0.0.1:0"]),
+    ],
+)
+def test_subprocess_cannot_listen_exits_2_naming_the_listener(
+    option: str, listener: str, other: list[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result, _ = _run("serve", "--upstream", "http://127.0.0.1:9001", option, address, *other)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"trio-failover: error: {option}: invalid value {address!r} for {option[2:]}: "
+        f"cannot listen ({listener} listener): Address already in use"
     ]
 
 

@@ -24,6 +24,7 @@ PUBLIC = [
     "AttemptRecord",
     "BoundAddresses",
     "ClientError",
+    "ClientKey",
     "Config",
     "ConfigError",
     "ConnectFailed",
@@ -54,6 +55,7 @@ PUBLIC = [
 HOMES = {
     "AttemptRecord": "core.outcome",
     "BoundAddresses": "service.server",
+    "ClientKey": "core.config",
     "Config": "core.config",
     "Connector": "wire.upstream",
     "EventBus": "service.events",

@@ -160,8 +160,9 @@ def test_text_values(name: str, text: str, value: object) -> None:
 
 def test_every_config_field_has_an_option() -> None:
     fields = {field.name for field in attrs.fields(Config)}
-    # pool_max_idle has no option yet (not in the issue); upstreams is --upstream.
-    assert fields - {"upstreams", "pool_max_idle"} == {
+    # pool_max_idle has no option yet (not in the issue); upstreams is
+    # --upstream, clients is --api-key (both read by resolve() itself).
+    assert fields - {"upstreams", "pool_max_idle", "clients"} == {
         opt.field for opt in OPTIONS if opt.field is not None
     }
 
@@ -169,9 +170,11 @@ def test_every_config_field_has_an_option() -> None:
 def test_every_option_follows_the_naming_rule() -> None:
     for opt in OPTIONS:
         assert opt.flag == "--" + opt.name.replace("_", "-")
-        if opt.name != "upstream":
+        if opt.name not in ("upstream", "api_key"):
             assert opt.env == "TRIO_FAILOVER_" + opt.flag[2:].upper().replace("-", "_")
+    # The two lists take the plural (SPEC section 3).
     assert option("upstream").env == "TRIO_FAILOVER_UPSTREAMS"
+    assert option("api_key").env == "TRIO_FAILOVER_API_KEYS"
 
 
 # --- The config file ------------------------------------------------------------------------------
@@ -267,11 +270,13 @@ def test_docs_example_resolves(tmp_path: Path) -> None:
     pem.write_text("")
     # The example's paths are illustrations; any existing file will do here.
     text = re.sub(r'"/[^"]+\.pem"', f'"{pem}"', example)
-    environ = {"GPU_A_KEY": "k", "REMOTE_KEY": "r"}
+    environ = {"GPU_A_KEY": "k", "REMOTE_KEY": "r", "ALICE_KEY": "a", "CI_KEY": "c"}
     config, sources = resolve({}, environ, ConfigFile.parse(text))
     assert len(config.upstreams) >= 2
     assert any(node.headers for node in config.upstreams)
     assert any(node.models for node in config.upstreams)
+    assert any(node.capacity for node in config.upstreams)
+    assert config.clients
     for opt in OPTIONS:
         if opt.field and opt.toml:
             shown = sources[opt.field].kind == "file" or f"# {opt.toml[-1]} = " in example
@@ -295,9 +300,11 @@ def test_docs_describe_every_option(opt: Option) -> None:
     assert opt.flag in rows, f"{opt.flag} missing from the docs' option table"
     _, env, key, default, meaning = rows[opt.flag]
     assert env == opt.env
-    assert key == ("[[upstream]]" if opt.name == "upstream" else opt.toml_key)
+    assert key == {"upstream": "[[upstream]]", "api_key": "[[client]]"}.get(opt.name, opt.toml_key)
     assert meaning
-    if opt.default is None:
+    if opt.default_note:
+        assert default == opt.default_note
+    elif opt.default is None:
         assert default == "none"
     else:
         assert opt.kind.from_text(default) == opt.default
@@ -357,7 +364,6 @@ EXPANSIONS: list[tuple[str, str]] = [
     ("plain", "plain"),
     ("Bearer ${KEY}", "Bearer k1"),
     ("${KEY}${OTHER}", "k1o2"),
-    ("${EMPTY}", ""),
     ("$KEY", "$KEY"),
     ("cost $5", "cost $5"),
     ("$", "$"),
@@ -371,6 +377,8 @@ def test_expand_env(template: str, value: str) -> None:
 
 EXPANSION_REJECTS: list[tuple[str, str]] = [
     ("${MISSING}", "environment variable MISSING is not set"),
+    ("${EMPTY}", "environment variable EMPTY is empty"),
+    ("Bearer ${EMPTY}", "environment variable EMPTY is empty"),
     ("Bearer ${KEY} ${MISSING}", "MISSING is not set"),
     ("${}", "not a valid variable reference"),
     ("${1X}", "not a valid variable reference"),
@@ -382,7 +390,7 @@ EXPANSION_REJECTS: list[tuple[str, str]] = [
 @pytest.mark.parametrize(("template", "message"), EXPANSION_REJECTS)
 def test_expand_env_rejects(template: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        expand_env(template, {"KEY": "k1"})
+        expand_env(template, {"KEY": "k1", "EMPTY": ""})
 
 
 # --- Bad values -----------------------------------------------------------------------------------
@@ -542,6 +550,26 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
         "'5xx' is not an HTTP status code",
     ),
     (
+        "a success status is no retry status, flag",
+        {**NODE, "retry_status": "503,200"},
+        {},
+        None,
+        "--retry-status",
+        "retry-status",
+        "503,200",
+        "200 is outside 400-599: only error statuses fail over",
+    ),
+    (
+        "a 3xx is no retry status, file",
+        {},
+        {},
+        "retry_status = [399]\n" + N,
+        "config.toml:1",
+        "retry_status",
+        [399],
+        "399 is outside 400-599",
+    ),
+    (
         "status out of range, file",
         {},
         {},
@@ -549,7 +577,7 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
         "config.toml:1",
         "retry_status",
         [429, 600],
-        "600 is not an HTTP status code",
+        "600 is outside 400-599",
     ),
     (
         "bad listen address",
@@ -780,7 +808,18 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
         "config.toml:3",
         "upstream.headers.Authorization",
         "${GPU_KEY}",
-        "environment variable GPU_KEY is not set",
+        "environment variable GPU_KEY is not set; node h:1 needs it for its Authorization header",
+    ),
+    (
+        "empty variable in a header, named node",
+        {},
+        {"GPU_KEY": ""},
+        '[[upstream]]\nname = "gpu-a"\nurl = "http://h:1"\n'
+        'headers = { Authorization = "Bearer ${GPU_KEY}" }\n',
+        "config.toml:4",
+        "upstream.headers.Authorization",
+        "${GPU_KEY}",
+        "environment variable GPU_KEY is empty; node gpu-a needs it for its Authorization header",
     ),
     (
         "bad header name",
@@ -946,10 +985,17 @@ def test_describe_masks_secrets_and_names_sources() -> None:
     assert rows["log-level"] == ("debug", "env TRIO_FAILOVER_LOG_LEVEL")
     assert rows["connect-timeout"] == ("10s", "default")
     assert rows["config"] == ("config.toml", "file config.toml")
+    labels = [opt.label for opt in OPTIONS]
+    capacity = labels.index("capacity")
     assert list(rows) == [
         "config",
         "listen",
         "admin-listen",
         "upstream a",
-        *(opt.label for opt in OPTIONS[4:]),
+        *labels[4:capacity],
+        "capacity a",
+        *labels[capacity + 1 :],
     ]
+    assert rows["capacity a"] == ("0", "default")
+    assert rows["api-key"] == ("none", "default")
+    assert rows["admin-token"] == ("none", "default")

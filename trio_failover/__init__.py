@@ -2,7 +2,7 @@
 
 The library API (SPEC section 7; see docs/embedding.md):
 
-- ``Config`` and ``Upstream``: the settings, frozen and validated.
+- ``Config``, ``Upstream`` and ``ClientKey``: the settings, frozen and validated.
 - ``serve(config, ...)``: run the listeners in your nursery
   (``await nursery.start(serve, config)`` gives the ``BoundAddresses``).
 - ``Proxy(config, connector=...)``: the proxy itself, serving any
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .core.config import Config, Upstream
+from .core.config import ClientKey, Config, Upstream
 from .core.errors import (
     ClientError,
     ConfigError,
@@ -67,6 +67,7 @@ __all__ = [
     "AttemptRecord",
     "BoundAddresses",
     "ClientError",
+    "ClientKey",
     "Config",
     "ConfigError",
     "ConnectFailed",

@@ -20,7 +20,7 @@ import typer
 
 from .. import __version__
 from ..core.config import Config
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, ConfigErrors
 from .settings import OPTIONS, Source, describe, resolve
 
 __all__ = ["app", "main"]
@@ -40,12 +40,12 @@ app = typer.Typer(
 def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
     """Give ``func`` one keyword parameter per row of ``OPTIONS``, for typer to turn into flags.
 
-    Every flag is a plain string (a list for ``--upstream``) defaulting to
-    None, meaning "not given": the default belongs to lower-precedence sources.
+    Every flag is a plain string (a list for the repeatable ones) defaulting
+    to None, meaning "not given": the default belongs to lower-precedence sources.
     """
     params = []
     for opt in OPTIONS:
-        annotation: Any = list[str] | None if opt.name == "upstream" else str | None
+        annotation: Any = list[str] | None if opt.repeat else str | None
         default = typer.Option(
             None,
             opt.flag,
@@ -63,14 +63,15 @@ def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
 
 
 def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
-    """Resolve the settings, or print the one-line error and exit with status 2."""
+    """Resolve the settings, or print one line per mistake and exit with status 2."""
     given = {name: value for name, value in flags.items() if value is not None and value != []}
     try:
         return resolve(given, os.environ)
     except ConfigError as exc:
-        # One line, whatever the value held: scripts grep it, humans read it.
-        message = " ".join(str(exc).splitlines())
-        typer.echo(f"trio-failover: error: {message}", err=True)
+        for error in exc.errors if isinstance(exc, ConfigErrors) else (exc,):
+            # One line each, whatever the value held: scripts grep it, humans read it.
+            message = " ".join(str(error).splitlines())
+            typer.echo(f"trio-failover: error: {message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
 
 

@@ -21,15 +21,23 @@ from .errors import ConfigError
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]
 LogFormat = Literal["text", "json"]
+Balance = Literal["priority", "least-loaded"]
 
 CLIENT_CLOSE_CHOICES: tuple[str, ...] = ("abort", "rst-only", "ignore")
 AFFINITY_CHOICES: tuple[str, ...] = ("off", "prefix")
+BALANCE_CHOICES: tuple[str, ...] = ("priority", "least-loaded")
 LOG_FORMAT_CHOICES: tuple[str, ...] = ("text", "json")
 LOG_LEVEL_CHOICES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 
 # RFC 9110 token characters; a node name goes into a header (X-Failover-Node).
 _NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~:-]{1,128}$")
 WILDCARD_MODEL = "*"
+# ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+_PORT_RE = re.compile(r"[0-9]+")
+# What a key or token may hold: it travels in a header value
+# (``Authorization: Bearer KEY``), whose surrounding blanks HTTP strips.
+_SECRET_RE = re.compile(r"[\x21-\x7e]+")
+HOST_PORT_EXPECTED = "expected HOST:PORT with a port from 0 to 65535"
 
 
 def split_host_port(value: str, option: str = "listen") -> tuple[str, int]:
@@ -41,9 +49,39 @@ def split_host_port(value: str, option: str = "listen") -> tuple[str, int]:
     host, sep, port_text = value.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(option, value, "expected HOST:PORT with a port from 0 to 65535")
-    return host, int(port_text)
+    if not sep or not host or not _PORT_RE.fullmatch(port_text):
+        raise ConfigError(option, value, HOST_PORT_EXPECTED)
+    port = int(port_text)
+    if port > 65535:
+        raise ConfigError(
+            option, value, f"port {port} is out of range: 1-65535, or 0 for any free port"
+        )
+    return host, port
+
+
+def url_port(url: str) -> int | None:
+    """The port written in an http(s) URL, or None when it names none.
+
+    ``urlsplit`` would say "could not be cast to integer" for a port that is
+    merely too big, and take ``:0`` for "no port"; a node's port is 1-65535.
+
+    Raises:
+        ValueError: the port is not a number or is out of range; the message says which.
+    """
+    authority = urlsplit(url).netloc.rpartition("@")[2]
+    if authority.startswith("["):
+        after = authority.partition("]")[2]
+        port_text = after[1:] if after.startswith(":") else ""
+    else:
+        port_text = authority.rpartition(":")[2] if ":" in authority else ""
+    if not port_text:
+        return None
+    if not _PORT_RE.fullmatch(port_text):
+        raise ValueError(f"the URL's port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range: a node's port is 1-65535")
+    return port
 
 
 def _models_converter(value: Any) -> Mapping[str, str] | None:
@@ -100,6 +138,11 @@ def _check_name(instance: Upstream, attribute: attrs.Attribute[str], value: str)
         raise ConfigError("upstream", value, "a node name is 1-128 token characters, no spaces")
 
 
+def _check_capacity(instance: Upstream, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or value < 0:
+        raise ConfigError("capacity", value, "a whole number of attempts, 0 (no limit) or more")
+
+
 def _check_url(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
     # The host goes into the Host header and the path before every request
     # target as they are, and the proxy sends its own headers to nodes
@@ -109,13 +152,17 @@ def _check_url(instance: Upstream, attribute: attrs.Attribute[str], value: str) 
         raise ConfigError(
             "upstream", value, "a node URL holds no blanks or non-ASCII (percent-encode them)"
         )
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError("upstream", value, "expected an http:// or https:// URL with a host")
     try:
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        raise ConfigError("upstream", value, "the URL's port is not a number 0-65535") from None
+        parts = urlsplit(value)
+        hostname = parts.hostname  # raises ValueError on a broken IPv6 literal
+    except ValueError as exc:
+        raise ConfigError("upstream", value, f"not a valid URL ({exc})") from None
+    try:
+        url_port(value)
+    except ValueError as exc:
+        raise ConfigError("upstream", value, str(exc)) from None
+    if parts.scheme not in ("http", "https") or not hostname:
+        raise ConfigError("upstream", value, "expected an http:// or https:// URL with a host")
     if parts.query or parts.fragment:
         raise ConfigError("upstream", value, "a node URL takes no query or fragment")
 
@@ -143,6 +190,8 @@ class Upstream:
     )
     ca_file: str | None = attrs.field(default=None, kw_only=True)
     insecure_skip_verify: bool = attrs.field(default=False, kw_only=True)
+    capacity: int = attrs.field(default=0, kw_only=True, validator=_check_capacity)
+    """The most attempts this proxy keeps in flight at this node; 0 = no limit."""
 
     # Parts of the URL, computed once: requests read them on every attempt.
     scheme: str = attrs.field(init=False, eq=False, repr=False)
@@ -190,14 +239,15 @@ class Upstream:
             url, name = spec, ""
         url = url.strip()
         if not name:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ConfigError("upstream", spec, "expected [NAME=]http://HOST:PORT")
             try:
-                port = parts.port or (443 if parts.scheme == "https" else 80)
-            except ValueError:
-                raise ConfigError("upstream", spec, "the URL's port is not a number") from None
-            name = f"{parts.hostname}:{port}"
+                parts = urlsplit(url)
+                hostname = parts.hostname
+                port = url_port(url) or (443 if parts.scheme == "https" else 80)
+            except ValueError as exc:
+                raise ConfigError("upstream", spec, str(exc)) from None
+            if parts.scheme not in ("http", "https") or not hostname:
+                raise ConfigError("upstream", spec, "expected [NAME=]http://HOST:PORT")
+            name = f"{hostname}:{port}"
         return cls(name.strip(), url)
 
 
@@ -247,9 +297,77 @@ def _statuses(value: Iterable[int]) -> frozenset[int]:
 def _check_statuses(
     instance: Config, attribute: attrs.Attribute[frozenset[int]], value: frozenset[int]
 ) -> None:
+    # Only an error answer may be retried: a 2xx or 3xx is the node's real answer.
     for status in value:
-        if not 100 <= status <= 599:
-            raise ConfigError(attribute.name, status, "HTTP status codes are 100-599")
+        if not 400 <= status <= 599:
+            raise ConfigError(attribute.name, status, "retryable statuses are 400-599")
+
+
+def _check_client_name(instance: ClientKey, attribute: attrs.Attribute[str], value: str) -> None:
+    # The name goes into logs, events and a metrics label.
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise ConfigError("clients", value, "a client name is 1-128 token characters, no spaces")
+
+
+def _check_key(instance: ClientKey, attribute: attrs.Attribute[str], value: str) -> None:
+    # The errors name the client, never the key.
+    if not isinstance(value, str) or not value:
+        raise ConfigError("clients", instance.name, f"the key of client {instance.name} is empty")
+    if not _SECRET_RE.fullmatch(value):
+        raise ConfigError(
+            "clients",
+            instance.name,
+            f"the key of client {instance.name} holds blanks, control or non-ASCII characters",
+        )
+
+
+@attrs.frozen
+class ClientKey:
+    """One client API key. ``name`` is the workload's ``client`` in logs, events and /status.
+
+    ``repr()`` leaves the key out.
+    """
+
+    name: str = attrs.field(validator=_check_client_name)
+    key: str = attrs.field(validator=_check_key, repr=False)
+
+
+def _clients_converter(value: Iterable[ClientKey]) -> tuple[ClientKey, ...]:
+    return tuple(value)
+
+
+def _check_clients(
+    instance: Config, attribute: attrs.Attribute[Any], value: tuple[ClientKey, ...]
+) -> None:
+    names: set[str] = set()
+    keys: dict[str, str] = {}
+    for client in value:
+        if not isinstance(client, ClientKey):
+            raise ConfigError("clients", type(client).__name__, "expected ClientKey items")
+        if client.name in names:
+            raise ConfigError("clients", client.name, "client names must be unique")
+        if client.key in keys:
+            # Which client sent a request must never be ambiguous.
+            other = keys[client.key]
+            raise ConfigError("clients", client.name, f"the same key as client {other}")
+        names.add(client.name)
+        keys[client.key] = client.name
+
+
+def _check_token(instance: Config, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not _SECRET_RE.fullmatch(value):
+        # Never the value itself: it is a secret.
+        raise ConfigError(
+            attribute.name,
+            "***",
+            "a token is 1 or more visible ASCII characters (no blanks, no control characters)",
+        )
+
+
+def _show_token(value: str | None) -> str:
+    return "None" if value is None else "'***'"
 
 
 MiB = 1024 * 1024
@@ -276,6 +394,15 @@ class Config:
     )
     max_attempts: int = attrs.field(default=0, validator=_non_negative)
     affinity: Affinity = attrs.field(default="off", validator=_choice(AFFINITY_CHOICES))
+    balance: Balance = attrs.field(default="priority", validator=_choice(BALANCE_CHOICES))
+    queue_timeout: float = attrs.field(default=120.0, validator=_non_negative)
+    """Longest wait in the queue for a slot; 0 = no limit."""
+    max_queue: int = attrs.field(default=1000, validator=_non_negative)
+    """Workloads waiting at once; 0 = no limit."""
+    discovery_interval: float = attrs.field(default=30.0, validator=_non_negative)
+    """Seconds between inventory and health checks of each node; 0 = off."""
+    unstreamed_timeout: float = attrs.field(default=600.0, validator=_positive)
+    """Replaces response_header_timeout for requests that are not streamed."""
     retry_status: frozenset[int] = attrs.field(
         default=frozenset({429, 500, 502, 503, 504}), converter=_statuses, validator=_check_statuses
     )
@@ -292,6 +419,13 @@ class Config:
 
     pool_idle_timeout: float = attrs.field(default=4.0, validator=_non_negative)
     pool_max_idle: int = attrs.field(default=256, validator=_non_negative)
+
+    clients: tuple[ClientKey, ...] = attrs.field(
+        default=(), converter=_clients_converter, validator=_check_clients
+    )
+    """Client API keys; with none, nothing is checked."""
+    admin_token: str | None = attrs.field(default=None, validator=_check_token, repr=_show_token)
+    """Required on every admin route but /healthz; None = open."""
 
     tls_cert: str | None = None
     tls_key: str | None = None

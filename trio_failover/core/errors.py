@@ -9,6 +9,8 @@ Trio and OS errors are mapped into this tree once, at the I/O boundary, in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .outcome import Outcome, SavedResponse
 
 
@@ -25,6 +27,20 @@ class ConfigError(FailoverError, ValueError):
         self.expected = expected
         self.source = source or option
         super().__init__(f"{self.source}: invalid value {value!r} for {option}: {expected}")
+
+
+class ConfigErrors(ConfigError):
+    """Several settings are invalid at once; ``errors`` holds each, one line apiece.
+
+    The first one's ``option``, ``value`` and ``source`` are this error's own,
+    so that code which expects a single ``ConfigError`` still reads sense.
+    """
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        self.errors = tuple(errors)
+        first = self.errors[0]
+        super().__init__(first.option, first.value, first.expected, first.source)
+        self.args = ("\n".join(str(error) for error in self.errors),)
 
 
 class ClientError(FailoverError):

@@ -21,6 +21,7 @@ from typing import Any
 import h11
 import trio
 
+from ..core.answers import error_document
 from ..core.config import Config, Upstream
 from ..core.errors import RetryableResponse, UpstreamError
 from ..core.headers import client_response_headers, get, upstream_request_headers, workload_id
@@ -40,7 +41,6 @@ from ..core.rewrite import body_json, node_body, node_target, requested_model
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
-from ..wire.http1 import error_document
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
 from .report import Report, Workload
@@ -302,8 +302,9 @@ class WorkloadRunner:
     ) -> None:
         work.status = status
         attempts = [record.to_json() for record in work.attempts]
-        document = error_document(status, code, message, attempts=attempts)
-        document["attempts"] = attempts
+        # No path: the OpenAI shape on every path, as before (/api/ answers
+        # in Ollama's shape are core.answers' to give once the shell asks).
+        document = error_document("", status, code, message, attempts)
         headers = [
             (b"x-request-id", work.id.encode()),
             (b"x-failover-attempts", b"%d" % len(work.attempts)),

@@ -33,10 +33,11 @@ import h11
 import trio
 import trio_websocket
 
+from ..core.answers import error_document
 from ..core.config import split_host_port
 from ..core.headers import get
 from ..proxy.proxy import Proxy
-from ..wire.http1 import error_document, next_event, send_events
+from ..wire.http1 import next_event, send_events
 from .events import SUBSCRIBER_BUFFER, Subscription
 from .logs import logger
 
@@ -179,7 +180,7 @@ async def _send_reply(
 
 
 def _error(status: int, code: str, message: str) -> Reply:
-    body = json.dumps(error_document(status, code, message, type_="admin_error"))
+    body = json.dumps(error_document("", status, code, message, admin=True))
     return Reply(status, body.encode())
 
 

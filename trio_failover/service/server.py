@@ -150,7 +150,10 @@ async def serve(
     proxy = proxy or Proxy(config, connector=connector)
     context = server_ssl_context(config)  # bad files fail before anything listens
     host, port = split_host_port(config.listen)
-    listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise _cannot_listen("client", "listen", config.listen, exc) from exc
     scheme = "https" if context else "http"
     bound = listeners[0].socket.getsockname()
     limiter = trio.CapacityLimiter(config.max_connections)
@@ -159,7 +162,10 @@ async def serve(
             services.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
             admin = None
             if config.admin_listen is not None:
-                admin = await services.start(serve_admin, proxy, config.admin_listen)
+                try:
+                    admin = await services.start(serve_admin, proxy, config.admin_listen)
+                except OSError as exc:
+                    raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
             addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
@@ -183,6 +189,15 @@ async def serve(
         for listener in listeners:
             await trio.aclose_forcefully(listener)
         await proxy.pool.aclose()
+
+
+def _cannot_listen(listener: str, option: str, address: str, exc: OSError) -> ConfigError:
+    # A taken or foreign address is a setting to change, like any bad value:
+    # exit 2, naming the listener and the option that chose the address.
+    reason = exc.strerror or str(exc)
+    return ConfigError(
+        option, address, f"cannot listen ({listener} listener): {reason}", "--" + option
+    )
 
 
 async def _accept_loop(
@@ -248,6 +263,8 @@ def run_server(config: Config) -> int:
     cancels what still runs and exits 1.
     """
     secrets = [value for node in config.upstreams for value in node.headers.values()]
+    secrets += [client.key for client in config.clients]
+    secrets += [config.admin_token] if config.admin_token else []
     handler = configure_logging(config.log_format, config.log_level, secrets=secrets, batched=True)
     assert isinstance(handler, BatchedStreamHandler)
     # This process is ours: log records need not look up what no line of

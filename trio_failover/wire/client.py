@@ -34,10 +34,11 @@ import attrs
 import h11
 import trio
 
+from ..core.answers import error_document
 from ..core.errors import ClientError
 from ..core.screen import check_framing, screen_head
 from .drain import Drain
-from .http1 import error_document, json_answer, with_close
+from .http1 import json_answer, with_close
 
 RECEIVE_SIZE = 65536
 PENDING_LIMIT = 65536
@@ -394,7 +395,7 @@ class ClientConnection:
         """Answer a bad request with its JSON error; the connection then closes."""
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        document = error_document(error.status, error.code, str(error))
+        document = error_document("", error.status, error.code, str(error))
         try:
             await self.send_json(error.status, document, close=True)
         except (ClientGone, h11.LocalProtocolError):

@@ -2,8 +2,8 @@
 
 The one receive loop (``next_event``) and the body readers built on it
 (``read_body``, ``read_prefix``), the one way to send a batch of events
-(``send_events``), and the proxy's JSON error body
-(``error_document``, ``json_answer``). The client side (``client.py``), the
+(``send_events``), and the JSON answer (``json_answer``; the error
+documents are ``core.answers``'). The client side (``client.py``), the
 node side (``upstream.py``), the admin API and ``testing`` all use these.
 """
 
@@ -142,28 +142,6 @@ def with_close(response: h11.Response) -> h11.Response:
         reason=response.reason,
         http_version=response.http_version,
     )
-
-
-def error_type(status: int) -> str:
-    """The ``error.type`` of the proxy's own answers: whose fault it was."""
-    return "upstream_error" if status >= 500 else "invalid_request_error"
-
-
-def error_document(
-    status: int, code: str, message: str, *, type_: str | None = None, **extra: object
-) -> dict[str, object]:
-    """The OpenAI-style error body ``{"error": {"message", "type", "code", ...}}``.
-
-    ``extra`` items go inside ``error``; ``type_`` overrides ``error_type``
-    (the admin API's answers say ``admin_error``).
-    """
-    error: dict[str, object] = {
-        "message": message,
-        "type": type_ or error_type(status),
-        "code": code,
-        **extra,
-    }
-    return {"error": error}
 
 
 def json_answer(

@@ -1,0 +1,493 @@
+"""Table tests of inventories, health and model lists (trio_failover.core.inventory), SPEC 5a."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_failover.core.inventory import (
+    MAX_LISTING_BYTES,
+    MAX_NOT_FOUND_BODY,
+    CheckFailure,
+    CheckVerdict,
+    Configured,
+    Health,
+    Inventory,
+    Listing,
+    advertised_ids,
+    first_check_delays,
+    health_after_served,
+    inventory_of,
+    is_model_not_found,
+    judge_check,
+    models_document,
+    needs_live_listing,
+    next_check_at,
+    parse_model_list,
+    serves,
+    tags_document,
+)
+
+
+def listing(*ids: str) -> bytes:
+    return json.dumps(
+        {"object": "list", "data": [{"id": i, "object": "model"} for i in ids]}
+    ).encode()
+
+
+# -- parsing a model list --------------------------------------------------------------
+
+LISTINGS = [
+    pytest.param(listing("m1", "m2"), Listing(("m1", "m2")), id="two"),
+    pytest.param(listing("m1", "m2", "m1"), Listing(("m1", "m2")), id="duplicates-once"),
+    pytest.param(listing(), Listing(()), id="empty"),
+    pytest.param(b'{"object": "list", "data": null}', Listing(()), id="ollama-null-data"),
+    pytest.param(b'{"data": [{"id": "m", "extra": 1}]}', Listing(("m",)), id="extra-fields"),
+    pytest.param(b"<html>502</html>", Listing(None, "not a model list: not JSON"), id="html"),
+    pytest.param(b"", Listing(None, "not a model list: not JSON"), id="empty-body"),
+    pytest.param(b'"\xff"', Listing(None, "not a model list: not UTF-8 text"), id="bad-utf-8"),
+    pytest.param(b"[" * 100_000, Listing(None, "not a model list: not JSON"), id="nesting"),
+    pytest.param(
+        b'[{"id": "m"}]', Listing(None, "not a model list: a JSON array, not an object"), id="array"
+    ),
+    pytest.param(b"3", Listing(None, "not a model list: a JSON number, not an object"), id="num"),
+    pytest.param(b"true", Listing(None, "not a model list: a JSON boolean, not an object"), id="b"),
+    pytest.param(b"null", Listing(None, "not a model list: a JSON null, not an object"), id="null"),
+    pytest.param(b'"x"', Listing(None, "not a model list: a JSON string, not an object"), id="s"),
+    pytest.param(b"{}", Listing(None, 'not a model list: no "data" list'), id="no-data"),
+    pytest.param(
+        b'{"error": "down"}', Listing(None, 'not a model list: no "data" list'), id="error-object"
+    ),
+    pytest.param(
+        b'{"data": {"id": "m"}}', Listing(None, 'not a model list: no "data" list'), id="data-obj"
+    ),
+    pytest.param(
+        b'{"data": [{"id": "m"}, {"name": "n"}]}',
+        Listing(None, 'not a model list: data[1] has no "id" string'),
+        id="item-without-id",
+    ),
+    pytest.param(
+        b'{"data": ["m"]}', Listing(None, 'not a model list: data[0] has no "id" string'), id="str"
+    ),
+    pytest.param(
+        b'{"data": [{"id": ""}]}',
+        Listing(None, 'not a model list: data[0] has no "id" string'),
+        id="e",
+    ),
+    pytest.param(
+        b'{"data": [{"id": 7}]}',
+        Listing(None, 'not a model list: data[0] has no "id" string'),
+        id="n",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), LISTINGS)
+def test_parse_model_list(body: bytes, expected: Listing) -> None:
+    assert parse_model_list(body) == expected
+
+
+def test_parse_model_list_refuses_a_huge_body() -> None:
+    body = listing("m") + b" " * MAX_LISTING_BYTES
+    assert parse_model_list(body) == Listing(
+        None, f"not a model list: larger than {MAX_LISTING_BYTES} bytes"
+    )
+
+
+@given(st.binary(max_size=200))
+def test_parse_model_list_never_raises(body: bytes) -> None:
+    result = parse_model_list(body)
+    assert (result.ids is None) == bool(result.error)
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"), [(("a",), ("a",)), ((), None), (None, None), (["a", "b"], ("a", "b"))]
+)
+def test_inventory_of(ids: tuple[str, ...] | None, expected: tuple[str, ...] | None) -> None:
+    assert inventory_of(ids) == expected
+
+
+# -- candidates ----------------------------------------------------------------------
+
+MAPPING = {"qwen3:32b": "Qwen/Qwen3-32B"}
+MAPPING_STAR = {"qwen3:32b": "Qwen/Qwen3-32B", "*": "Qwen/Qwen3-32B"}
+
+# (model, configured, inventory) -> candidate?
+SERVES = [
+    # No model named: every node, whatever it serves.
+    pytest.param(None, ["a"], ("b",), True, id="no-model-configured"),
+    pytest.param(None, None, ("b",), True, id="no-model-inventory"),
+    # Configured models always win over the inventory.
+    pytest.param("a", ["a"], None, True, id="list-hit"),
+    pytest.param("b", ["a"], ("b",), False, id="list-miss-inventory-ignored"),
+    pytest.param("a", ["a"], ("b",), True, id="list-hit-inventory-ignored"),
+    pytest.param("qwen3:32b", MAPPING, None, True, id="mapping-key"),
+    pytest.param("Qwen/Qwen3-32B", MAPPING, ("Qwen/Qwen3-32B",), False, id="mapping-value-no"),
+    pytest.param("anything", MAPPING_STAR, ("x",), True, id="wildcard"),
+    pytest.param("a", [], ("a",), False, id="empty-list-serves-nothing"),
+    pytest.param("a", "a", None, True, id="lone-string-hit"),
+    pytest.param("ab", "abc", None, False, id="lone-string-is-not-substring"),
+    # No configured models: the inventory, once known.
+    pytest.param("m1", None, ("m1", "m2"), True, id="inventory-hit"),
+    pytest.param("m3", None, ("m1", "m2"), False, id="inventory-miss"),
+    pytest.param("m3", None, frozenset({"m1"}), False, id="inventory-frozenset"),
+    pytest.param("m3", None, None, True, id="unknown-every-model"),
+    pytest.param("m3", None, (), True, id="empty-inventory-is-none"),
+]
+
+
+@pytest.mark.parametrize(("model", "configured", "inventory", "expected"), SERVES)
+def test_serves(
+    model: str | None, configured: Configured, inventory: Inventory, expected: bool
+) -> None:
+    assert serves(model, configured, inventory) is expected
+
+
+# (configured, inventory) -> ids a client may ask for
+ADVERTISED = [
+    pytest.param(["b", "a", "b"], ("x",), ("b", "a"), id="list-wins-each-once"),
+    pytest.param(MAPPING_STAR, ("Qwen/Qwen3-32B",), ("qwen3:32b",), id="mapping-keys-not-star"),
+    pytest.param({"*": "m"}, ("m",), (), id="star-alone-advertises-nothing"),
+    pytest.param([], ("x",), (), id="empty-list"),
+    pytest.param("a", None, ("a",), id="lone-string"),
+    pytest.param(None, ("m1", "m2"), ("m1", "m2"), id="inventory"),
+    pytest.param(None, None, None, id="unknown"),
+    pytest.param(None, (), None, id="empty-inventory-unknown"),
+]
+
+
+@pytest.mark.parametrize(("configured", "inventory", "expected"), ADVERTISED)
+def test_advertised_ids(
+    configured: Configured, inventory: Inventory, expected: tuple[str, ...] | None
+) -> None:
+    assert advertised_ids(configured, inventory) == expected
+    assert needs_live_listing(configured, inventory) is (expected is None)
+
+
+# -- a stale inventory's 404 ---------------------------------------------------------
+
+NOT_FOUND = [
+    pytest.param(404, {"error": {"code": "model_not_found", "message": "x"}}, True, id="openai"),
+    pytest.param(404, {"error": "model 'llama3' not found, try pulling it first"}, True, id="ol"),
+    pytest.param(404, {"error": 'model "llama3" not found'}, True, id="ollama-double-quotes"),
+    pytest.param(404, {"error": "Model 'x' Not Found"}, True, id="any-case"),
+    pytest.param(404, {"error": {"code": "not_found"}}, False, id="other-code"),
+    pytest.param(404, {"error": {"message": "model not found"}}, False, id="message-not-code"),
+    pytest.param(404, {"error": "route not found"}, False, id="route"),
+    pytest.param(404, {"error": "models not found"}, False, id="models-prefix"),
+    pytest.param(404, {"error": "model 'x' is loading"}, False, id="model-other"),
+    pytest.param(404, {"detail": "Not Found"}, False, id="fastapi-404"),
+    pytest.param(404, ["model x not found"], False, id="array"),
+    pytest.param(400, {"error": {"code": "model_not_found"}}, False, id="not-404"),
+    pytest.param(200, {"error": "model 'x' not found"}, False, id="200"),
+]
+
+
+@pytest.mark.parametrize(("status", "document", "expected"), NOT_FOUND)
+def test_is_model_not_found(status: int, document: object, expected: bool) -> None:
+    assert is_model_not_found(status, json.dumps(document).encode()) is expected
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"404 page not found", b"", b"\xff\xfe", b"[" * 100_000],
+    ids=["text", "empty", "bytes", "nesting"],
+)
+def test_is_model_not_found_with_garbage(body: bytes) -> None:
+    assert is_model_not_found(404, body) is False
+
+
+def test_is_model_not_found_refuses_a_large_body() -> None:
+    body = json.dumps({"error": {"code": "model_not_found"}}).encode()
+    assert is_model_not_found(404, body + b" " * (MAX_NOT_FOUND_BODY - len(body)))
+    assert not is_model_not_found(404, body + b" " * (MAX_NOT_FOUND_BODY - len(body) + 1))
+
+
+# -- health after a check ---------------------------------------------------------
+
+KEEP = (False, None)  # replace_inventory, inventory: the node's inventory stays
+UNKNOWN = (True, None)  # the inventory becomes unknown
+
+# judge_check arguments -> verdict
+CHECKS = [
+    pytest.param(
+        {"status": 200, "body": listing("m1", "m2")},
+        CheckVerdict(Health.READY, "health_check", True, ("m1", "m2"), None, "ok"),
+        id="model-list",
+    ),
+    pytest.param(
+        {"status": 200, "body": listing("m1"), "streaming": True},
+        CheckVerdict(Health.READY, "health_check", True, ("m1",), None, "ok"),
+        id="model-list-while-streaming",
+    ),
+    pytest.param(
+        {"status": 203, "body": listing()},
+        CheckVerdict(Health.READY, "health_check", *UNKNOWN, None, "ok"),
+        id="empty-list-ready-inventory-none",
+    ),
+    pytest.param(
+        {"failure": CheckFailure.CONNECT_FAILED, "detail": "connection refused"},
+        CheckVerdict(
+            Health.DOWN,
+            "health_check",
+            *KEEP,
+            "health check cannot connect (connection refused)",
+            "connect_failed",
+        ),
+        id="connect-failed",
+    ),
+    pytest.param(
+        {"failure": CheckFailure.CONNECT_FAILED, "streaming": True},
+        CheckVerdict(
+            Health.DOWN, "health_check", *KEEP, "health check cannot connect", "connect_failed"
+        ),
+        id="connect-failed-while-streaming-counts",
+    ),
+    pytest.param(
+        {"failure": CheckFailure.TIMED_OUT},
+        CheckVerdict(Health.DOWN, "health_check", *KEEP, "health check timed out", "timed_out"),
+        id="timed-out",
+    ),
+    pytest.param(
+        {"failure": CheckFailure.TIMED_OUT, "streaming": True},
+        CheckVerdict(Health.UNCHANGED, None, *KEEP, None, "timeout_while_streaming"),
+        id="timed-out-while-streaming-does-not-count",
+    ),
+    pytest.param(
+        {"status": 503, "body": b"loading", "streaming": True},
+        CheckVerdict(
+            Health.DOWN,
+            "health_check",
+            *KEEP,
+            "health check: /v1/models answered 503",
+            "server_error",
+        ),
+        id="5xx",
+    ),
+    pytest.param(
+        {"status": 500, "detail": "boom"},
+        CheckVerdict(
+            Health.DOWN,
+            "health_check",
+            *KEEP,
+            "health check: /v1/models answered 500 (boom)",
+            "server_error",
+        ),
+        id="5xx-detail",
+    ),
+    pytest.param(
+        {"status": 401, "body": b'{"error": "no key"}'},
+        CheckVerdict(
+            Health.UNCHANGED, None, *UNKNOWN, "health check: /v1/models answered 401", "bad_status"
+        ),
+        id="4xx",
+    ),
+    pytest.param(
+        {"status": 404},
+        CheckVerdict(
+            Health.UNCHANGED, None, *UNKNOWN, "health check: /v1/models answered 404", "bad_status"
+        ),
+        id="404-no-such-route",
+    ),
+    pytest.param(
+        {"status": 302},
+        CheckVerdict(
+            Health.UNCHANGED, None, *UNKNOWN, "health check: /v1/models answered 302", "bad_status"
+        ),
+        id="redirect",
+    ),
+    pytest.param(
+        {"status": 200, "body": b"<html>hi</html>"},
+        CheckVerdict(
+            Health.UNCHANGED,
+            None,
+            *UNKNOWN,
+            "health check: /v1/models answered 200, not a model list: not JSON",
+            "bad_body",
+        ),
+        id="garbage-body",
+    ),
+    pytest.param(
+        {"status": 200, "body": b'{"models": []}'},
+        CheckVerdict(
+            Health.UNCHANGED,
+            None,
+            *UNKNOWN,
+            'health check: /v1/models answered 200, not a model list: no "data" list',
+            "bad_body",
+        ),
+        id="wrong-shape",
+    ),
+]
+
+
+@pytest.mark.parametrize(("arguments", "expected"), CHECKS)
+def test_judge_check(arguments: dict[str, object], expected: CheckVerdict) -> None:
+    assert judge_check(**arguments) == expected  # type: ignore[arg-type]
+
+
+def test_judge_check_needs_a_result() -> None:
+    with pytest.raises(ValueError, match="failure or a status"):
+        judge_check()
+
+
+def test_a_served_request_makes_a_node_ready() -> None:
+    assert health_after_served() is Health.READY
+
+
+# -- the schedule ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 50, 1000])
+def test_first_checks_are_spread_within_a_second(count: int) -> None:
+    delays = first_check_delays(count)
+    assert len(delays) == count
+    assert delays[0] == 0.0
+    assert all(0.0 <= delay < 1.0 for delay in delays)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(delays)]
+    assert all(gap == pytest.approx(1.0 / count) for gap in gaps)  # none together
+
+
+def test_first_checks_of_no_nodes() -> None:
+    assert first_check_delays(0) == []
+
+
+@pytest.mark.parametrize(
+    ("started", "finished", "interval", "jitter", "expected"),
+    [
+        (0.0, 0.1, 30.0, 0.0, 30.0),  # start to start, not end to start
+        (0.0, 0.1, 30.0, 1.0, 27.0),  # at most 10 % early
+        (0.0, 0.1, 30.0, 0.5, 28.5),
+        (10.0, 20.0, 5.0, 0.0, 20.0),  # a check longer than the interval: never two at once
+        (0.0, 1.0, 30.0, 7.0, 27.0),  # jitter clamped
+        (0.0, 1.0, 30.0, -1.0, 30.0),
+    ],
+)
+def test_next_check_at(
+    started: float, finished: float, interval: float, jitter: float, expected: float
+) -> None:
+    got = next_check_at(started=started, finished=finished, interval=interval, jitter=jitter)
+    assert got == pytest.approx(expected)
+
+
+@given(
+    st.floats(0, 1e6),
+    st.floats(0, 20),
+    st.floats(0.001, 3600),
+    st.floats(0, 1),
+)
+def test_next_check_within_one_interval_never_overlapping(
+    started: float, took: float, interval: float, jitter: float
+) -> None:
+    finished = started + took
+    got = next_check_at(started=started, finished=finished, interval=interval, jitter=jitter)
+    assert got >= finished
+    assert got <= max(started + interval, finished)
+    assert got >= started + 0.9 * interval - 1e-6 or got == finished
+
+
+# -- the fleet-wide lists ---------------------------------------------------------------
+
+
+def entry(model: str, *nodes: str) -> dict[str, object]:
+    return {
+        "id": model,
+        "object": "model",
+        "created": 0,
+        "owned_by": "trio-failover",
+        "nodes": list(nodes),
+    }
+
+
+MODELS = [
+    pytest.param(
+        [("a", ("m1",)), ("b", ("m2",))],
+        [entry("m1", "a"), entry("m2", "b")],
+        id="two-nodes-two-models",
+    ),
+    pytest.param(
+        [("a", ("m1", "m2")), ("b", ("m2", "m3", "m2"))],
+        [entry("m1", "a"), entry("m2", "a", "b"), entry("m3", "b")],
+        id="each-id-once-nodes-in-ranking-order",
+    ),
+    pytest.param([("a", None), ("b", ("m",))], [entry("m", "b")], id="unreachable-left-out"),
+    pytest.param([("a", ()), ("b", None)], [], id="an-empty-answer-is-an-answer"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "data"), MODELS)
+def test_models_document(
+    nodes: list[tuple[str, tuple[str, ...] | None]], data: list[dict[str, object]]
+) -> None:
+    assert models_document(nodes) == {"object": "list", "data": data}
+
+
+def test_models_document_with_no_answer_is_none() -> None:
+    assert models_document([("a", None), ("b", None)]) is None
+    assert models_document([]) is None
+
+
+def test_models_document_from_configuration_and_live_answers() -> None:
+    # a: a mapping with "*"; b: a list; c: nothing configured, asked live.
+    nodes = [
+        ("a", advertised_ids(MAPPING_STAR, None)),
+        ("b", advertised_ids(["qwen3:32b", "llama3"], ("ignored",))),
+        ("c", parse_model_list(listing("llama3", "phi4")).ids),
+    ]
+    document = models_document(nodes, owned_by="fleet")
+    assert document is not None
+    assert [(e["id"], e["nodes"], e["owned_by"]) for e in document["data"]] == [  # type: ignore[attr-defined]
+        ("qwen3:32b", ["a", "b"], "fleet"),
+        ("llama3", ["b", "c"], "fleet"),
+        ("phi4", ["c"], "fleet"),
+    ]
+
+
+def tags(*names: str, digest: str = "") -> bytes:
+    models = [{"name": n, "model": n, "size": 1, "digest": digest or n} for n in names]
+    return json.dumps({"models": models}).encode()
+
+
+TAGS = [
+    pytest.param(
+        [tags("a:1", "b:1", digest="first"), tags("b:1", "c:1", digest="second")],
+        [("a:1", "first"), ("b:1", "first"), ("c:1", "second")],
+        id="first-node-wins",
+    ),
+    pytest.param([None, tags("x")], [("x", "x")], id="unreachable-left-out"),
+    pytest.param([b"<html>", tags("x")], [("x", "x")], id="garbage-left-out"),
+    pytest.param([b'{"data": []}', tags("x")], [("x", "x")], id="openai-shape-left-out"),
+    pytest.param([b'{"models": null}'], [], id="ollama-null-models"),
+    pytest.param(
+        [b'{"models": [{"name": "a"}, 3, {"size": 1}]}'], [("a", None)], id="junk-entries"
+    ),
+    pytest.param([b'{"models": [{"model": "m"}]}'], [("m", None)], id="model-without-name"),
+]
+
+
+@pytest.mark.parametrize(("bodies", "expected"), TAGS)
+def test_tags_document(bodies: list[bytes | None], expected: list[tuple[str, str | None]]) -> None:
+    document = tags_document(bodies)
+    assert document is not None
+    models = document["models"]
+    assert isinstance(models, list)
+    assert [(m.get("name", m.get("model")), m.get("digest")) for m in models] == expected
+
+
+@pytest.mark.parametrize(
+    "bodies",
+    [[], [None, None], [b"garbage", b'{"models": 3}', b"[]", b"[" * 100_000]],
+    ids=["none", "unreachable", "garbage"],
+)
+def test_tags_document_with_no_answer_is_none(bodies: list[bytes | None]) -> None:
+    assert tags_document(bodies) is None
+
+
+def test_tags_entries_are_kept_as_the_node_sent_them() -> None:
+    entry = {"name": "a", "model": "a", "details": {"family": "llama"}, "modified_at": "t"}
+    document = tags_document([json.dumps({"models": [entry]}).encode()])
+    assert document == {"models": [entry]}

@@ -1,0 +1,143 @@
+"""Table tests of request facts (trio_failover.core.requests), SPEC 5.3 and 5.5."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_failover.core.requests import (
+    client_workload_id,
+    is_ollama_path,
+    is_unstreamed,
+    new_workload_id,
+    request_document,
+    request_model,
+    uuid4_text,
+    workload_id,
+)
+
+# (path, body) -> unstreamed?
+UNSTREAMED = [
+    # OpenAI-style APIs answer whole unless asked to stream.
+    pytest.param("/v1/chat/completions", {"model": "m"}, True, id="openai-default"),
+    pytest.param("/v1/chat/completions", {"stream": False}, True, id="openai-false"),
+    pytest.param("/v1/chat/completions", {"stream": True}, False, id="openai-true"),
+    pytest.param("/v1/chat/completions", {"stream": None}, True, id="openai-null"),
+    pytest.param("/v1/completions", {"stream": 1}, True, id="openai-one-is-not-true"),
+    pytest.param("/v1/embeddings", {"input": "x"}, True, id="embeddings"),
+    # Ollama's native API streams unless told not to.
+    pytest.param("/api/chat", {"model": "m"}, False, id="ollama-default"),
+    pytest.param("/api/generate", {"stream": False}, True, id="ollama-false"),
+    pytest.param("/api/chat", {"stream": True}, False, id="ollama-true"),
+    pytest.param("/api/chat", {"stream": None}, False, id="ollama-null"),
+    pytest.param("/api/chat", {"stream": 0}, False, id="ollama-zero-is-not-false"),
+    # No JSON object body: keep the response-header timeout.
+    pytest.param("/v1/chat/completions", None, False, id="no-body"),
+    pytest.param("/v1/chat/completions", [{"stream": False}], False, id="json-array"),
+    pytest.param("/v1/models", "text", False, id="json-string"),
+    # "/api" alone, and look-alikes, are not Ollama's native API.
+    pytest.param("/api", {"model": "m"}, True, id="bare-api"),
+    pytest.param("/apis/x", {"model": "m"}, True, id="look-alike"),
+]
+
+
+@pytest.mark.parametrize(("path", "document", "expected"), UNSTREAMED)
+def test_is_unstreamed(path: str, document: object, expected: bool) -> None:
+    assert is_unstreamed(path, document) is expected
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("/api/chat", True), ("/api/", True), ("/api", False), ("/v1/api/x", False), ("/", False)],
+)
+def test_is_ollama_path(path: str, expected: bool) -> None:
+    assert is_ollama_path(path) is expected
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"model": "m", "stream": true}', {"model": "m", "stream": True}),
+        (b'  \n{"a": 1}', {"a": 1}),
+        (b"", None),
+        (b"[1, 2]", None),  # not an object: not worth a parse
+        (b"{not json", None),
+        (b'{"a": "\xff"}', None),  # bad UTF-8
+        (b"{" + b'"a":' * 1 + b"[" * 100_000 + b"]" * 100_000 + b"}", None),  # nesting
+        (b"model=m&stream=true", None),
+    ],
+)
+def test_request_document(body: bytes, expected: object) -> None:
+    assert request_document(body) == expected
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [({"model": "m"}, "m"), ({"model": 3}, None), ({}, None), (None, None), (["m"], None)],
+)
+def test_request_model(document: object, expected: str | None) -> None:
+    assert request_model(document) == expected
+
+
+CANONICAL_V4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def test_new_workload_id_is_a_canonical_version_4_uuid() -> None:
+    ids = {new_workload_id() for _ in range(200)}
+    assert len(ids) == 200
+    for text in ids:
+        assert CANONICAL_V4.fullmatch(text), text
+        parsed = uuid.UUID(text)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == text
+
+
+@given(st.integers(min_value=0, max_value=(1 << 128) - 1))
+def test_uuid4_text_is_what_the_uuid_module_makes(bits: int) -> None:
+    assert uuid4_text(bits) == str(uuid.UUID(int=bits, version=4))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (b"abc", "abc"),
+        (b"A-Z.a_z:0-9", "A-Z.a_z:0-9"),
+        (b"x" * 128, "x" * 128),
+        (b"x" * 129, None),
+        (b"", None),
+        (b"has space", None),
+        (b"abc\n", None),  # fullmatch, not match-to-$
+        (b"caf\xc3\xa9", None),
+        (b'"quoted"', None),
+        (None, None),
+    ],
+)
+def test_client_workload_id(value: bytes | None, expected: str | None) -> None:
+    assert client_workload_id(value) == expected
+
+
+def test_workload_id_keeps_a_valid_client_id() -> None:
+    assert workload_id([(b"x-request-id", b"req-1"), (b"x-request-id", b"req-2")]) == "req-1"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(b"x-request-id", b"bad id")],
+        [(b"x-request-id", b"bad id"), (b"x-request-id", b"good")],  # only the first counts
+        [(b"x-other", b"good")],
+    ],
+)
+def test_workload_id_makes_a_uuid_otherwise(headers: list[tuple[bytes, bytes]]) -> None:
+    assert CANONICAL_V4.fullmatch(workload_id(headers))
+
+
+def test_request_document_round_trips_a_large_body() -> None:
+    document = {"model": "m", "messages": [{"role": "user", "content": "x" * 100_000}]}
+    assert request_document(json.dumps(document).encode()) == document

@@ -1,0 +1,404 @@
+"""Pure: inventories, health checks and the fleet-wide model lists (SPEC 5a).
+
+The discovery loop of the shell asks each node ``GET /v1/models`` on its own
+schedule and hands the result here; what a node is a candidate for, whether
+a check makes it down or ready, and what the two list routes answer are
+decided from plain data:
+
+- a node's ``configured`` models, as in its configuration: None, a list of
+  names, or a mapping of the client's name to the node's name where ``"*"``
+  maps every other name;
+- its ``inventory``: the ids of its last good model list, or None while
+  unknown (never listed, an empty list, or a last answer that was not a
+  model list).
+
+Node names are str, bodies bytes, times float seconds from the shell's clock.
+
+Use, in the shell:
+
+- routing: a node is a candidate when
+  ``serves(model, node.models, inventories.get(node.name))``;
+- discovery, one task per node in the server's nursery: sleep
+  ``first_check_delays(n)[i]``, then loop: note ``started``, ask
+  ``GET CHECK_PATH`` (connect timeout, then ``CHECK_ANSWER_TIMEOUT``, read at
+  most ``MAX_LISTING_BYTES + 1`` bytes), apply ``judge_check(...)`` (a node
+  event when the health changes), sleep until ``next_check_at(...)`` or a
+  re-check is asked for;
+- a pre-commit ``404`` with ``is_model_not_found(status, body)``: fail over
+  without cooldown, and ask for that node's re-check;
+- a commit: ``health_after_served()`` (a down node is ready again);
+- ``GET /v1/models``: ``advertised_ids`` per node, a live
+  ``parse_model_list`` for the nodes where it is None, then
+  ``models_document`` (None: answer 502);
+- ``GET /api/tags``: every node's body, in parallel, then ``tags_document``
+  (None: answer 502).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+WILDCARD = "*"
+DOWN_REASON = "health_check"  # the reason of a node event and of /status
+READY_REASON_CHECK = "health_check"
+READY_REASON_SERVED = "success"  # as a committed attempt ending a cooldown
+CHECK_PATH = "/v1/models"
+CHECK_ANSWER_TIMEOUT = 10.0  # from request written to whole answer read
+MAX_LISTING_BYTES = 1 << 20  # a longer answer is not a model list
+MAX_NOT_FOUND_BODY = 65536  # as much of a 404 as is worth reading
+FIRST_CHECK_WINDOW = 1.0  # every node's first check begins within it
+CHECK_JITTER = 0.1  # a later check comes up to this fraction of an interval early
+
+Configured = Mapping[str, str] | Sequence[str] | None
+Inventory = Collection[str] | None
+
+
+# -- model lists ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A parsed ``GET /v1/models`` answer body.
+
+    Attributes:
+        ids: the ``data[].id`` values in order, each once (``()`` for an empty
+            list); None when the body is not a model list.
+        error: why it is not a model list ("" when it is), for ``last_error``.
+    """
+
+    ids: tuple[str, ...] | None
+    error: str = ""
+
+
+def parse_model_list(body: bytes) -> Listing:
+    """Parse an OpenAI-style model list; never raises.
+
+    ``"data": null`` counts as an empty list (Ollama sends it with no model).
+    """
+    if len(body) > MAX_LISTING_BYTES:
+        return Listing(None, f"not a model list: larger than {MAX_LISTING_BYTES} bytes")
+    try:
+        document = json.loads(body)
+    except UnicodeDecodeError:
+        return Listing(None, "not a model list: not UTF-8 text")
+    except (ValueError, RecursionError):
+        return Listing(None, "not a model list: not JSON")
+    if not isinstance(document, dict):
+        return Listing(None, f"not a model list: a JSON {_kind(document)}, not an object")
+    data = document.get("data", False)  # False: missing, told from null
+    if data is None:
+        data = []
+    if not isinstance(data, list):
+        return Listing(None, 'not a model list: no "data" list')
+    ids: dict[str, None] = {}  # ordered and unique
+    for index, item in enumerate(data):
+        model = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(model, str) or not model:
+            return Listing(None, f'not a model list: data[{index}] has no "id" string')
+        ids[model] = None
+    return Listing(tuple(ids))
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return "boolean" if isinstance(value, bool) else "number"
+
+
+def inventory_of(ids: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The inventory a listing gives: None for no listing or an empty one."""
+    return tuple(ids) if ids else None
+
+
+# -- candidates --------------------------------------------------------------------
+
+
+def serves(model: str | None, configured: Configured, inventory: Inventory) -> bool:
+    """Whether a node is a candidate for a request naming ``model``.
+
+    Args:
+        model: the request's ``"model"`` (None: it names none, every node).
+        configured: the node's configured ``models`` (they always win).
+        inventory: its inventory; None or empty while unknown (every model).
+    """
+    if model is None:
+        return True
+    if configured is not None:
+        if isinstance(configured, Mapping):
+            return model in configured or WILDCARD in configured
+        if isinstance(configured, str):  # a lone name given where a list belongs
+            return model == configured
+        return model in configured
+    if not inventory:
+        return True
+    return model in inventory
+
+
+def advertised_ids(configured: Configured, inventory: Inventory) -> tuple[str, ...] | None:
+    """The model ids a client may ask this node for (``/status`` ``models``).
+
+    The keys of a mapping other than ``"*"`` (a mapping of ``"*"`` alone
+    gives ``()``), the entries of a list, else the inventory. None when
+    neither is known: then the fleet's ``/v1/models`` asks the node live.
+    """
+    if configured is not None:
+        if isinstance(configured, str):
+            return (configured,)
+        names = configured.keys() if isinstance(configured, Mapping) else configured
+        return tuple(dict.fromkeys(name for name in names if name != WILDCARD))
+    if inventory:
+        return tuple(inventory)
+    return None
+
+
+def needs_live_listing(configured: Configured, inventory: Inventory) -> bool:
+    """Whether the fleet's ``/v1/models`` must ask this node when it is built."""
+    return advertised_ids(configured, inventory) is None
+
+
+def is_model_not_found(status: int, body: bytes) -> bool:
+    """Whether a node's answer says the model is unknown to it (a stale inventory).
+
+    True for a ``404`` whose JSON body (at most ``MAX_NOT_FOUND_BODY``
+    bytes) has ``error.code == "model_not_found"`` (OpenAI) or an ``error``
+    string that starts with ``model `` and contains ``not found`` (Ollama's
+    ``model 'x' not found``). Never raises.
+    """
+    if status != 404 or len(body) > MAX_NOT_FOUND_BODY:
+        return False
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(document, dict):
+        return False
+    error = document.get("error")
+    if isinstance(error, dict):
+        return error.get("code") == "model_not_found"
+    if isinstance(error, str):
+        text = error.lower()
+        return text.startswith("model ") and "not found" in text
+    return False
+
+
+# -- health ---------------------------------------------------------------------------
+
+
+class CheckFailure(enum.StrEnum):
+    """A check that got no answer."""
+
+    CONNECT_FAILED = "connect_failed"  # refused, unreachable, TLS, reset or closed early
+    TIMED_OUT = "timed_out"  # connect timeout, or no whole answer in time
+
+
+class Health(enum.StrEnum):
+    """What a check or a served request does to a node's health."""
+
+    READY = "ready"
+    DOWN = "down"
+    UNCHANGED = "unchanged"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckVerdict:
+    """What one finished check means for its node.
+
+    Attributes:
+        health: the node's health from now (UNCHANGED: leave it as it is).
+        reason: the reason to show with a new health (None with UNCHANGED).
+        replace_inventory: whether ``inventory`` replaces the node's one.
+        inventory: the new inventory when replaced (None: unknown).
+        last_error: the node's new ``last_error``; None leaves it as is.
+        result: a short label for the checks metric and logs.
+    """
+
+    health: Health
+    reason: str | None
+    replace_inventory: bool
+    inventory: tuple[str, ...] | None
+    last_error: str | None
+    result: str
+
+
+def judge_check(
+    *,
+    failure: CheckFailure | None = None,
+    status: int | None = None,
+    body: bytes = b"",
+    streaming: bool = False,
+    detail: str = "",
+) -> CheckVerdict:
+    """Decide what a check of one node means (SPEC 5a).
+
+    Args:
+        failure: set when the check got no answer.
+        status: the answer's status (when ``failure`` is None).
+        body: the answer's body, read up to ``MAX_LISTING_BYTES + 1`` bytes.
+        streaming: an attempt of this proxy at this node is relaying bytes
+            now; then a timeout is no sign of death (the node is busy).
+        detail: the shell's words for the failure (no secrets), for
+            ``last_error``.
+
+    Returns:
+        Down on connect failure, on a timeout while nothing streams, on a
+        5xx (the inventory is kept: the node's models did not change by
+        going away). Ready with the listed inventory on a 2xx model list.
+        Health unchanged and the inventory unknown on any other answer.
+        A timeout while streaming changes nothing.
+
+    Raises:
+        ValueError: neither ``failure`` nor ``status`` was given.
+    """
+    suffix = f" ({detail})" if detail else ""
+    if failure is CheckFailure.TIMED_OUT and streaming:
+        return CheckVerdict(Health.UNCHANGED, None, False, None, None, "timeout_while_streaming")
+    if failure is not None:
+        words = "timed out" if failure is CheckFailure.TIMED_OUT else "cannot connect"
+        return _down(f"health check {words}{suffix}", str(failure))
+    if status is None:
+        raise ValueError("judge_check needs a failure or a status")
+    if status >= 500:
+        return _down(f"health check: {CHECK_PATH} answered {status}{suffix}", "server_error")
+    if 200 <= status < 300:
+        listing = parse_model_list(body)
+        if listing.ids is not None:
+            inventory = inventory_of(listing.ids)
+            return CheckVerdict(Health.READY, READY_REASON_CHECK, True, inventory, None, "ok")
+        error = f"health check: {CHECK_PATH} answered {status}, {listing.error}"
+        return CheckVerdict(Health.UNCHANGED, None, True, None, error, "bad_body")
+    error = f"health check: {CHECK_PATH} answered {status}{suffix}"
+    return CheckVerdict(Health.UNCHANGED, None, True, None, error, "bad_status")
+
+
+def _down(error: str, result: str) -> CheckVerdict:
+    return CheckVerdict(Health.DOWN, DOWN_REASON, False, None, error, result)
+
+
+def health_after_served() -> Health:
+    """A node that committed an attempt is ready (reason ``READY_REASON_SERVED``).
+
+    Call it where the shell ends a cooldown on commit: a down node becomes
+    ready at once, with a node event only when it was down.
+    """
+    return Health.READY
+
+
+# -- schedule ------------------------------------------------------------------------
+
+
+def first_check_delays(count: int, *, window: float = FIRST_CHECK_WINDOW) -> list[float]:
+    """Seconds from start to each node's first check, in ranking order.
+
+    Spread evenly over ``[0, window)``: node ``i`` of ``count`` at
+    ``window * i / count``, so no two begin together and all within the window.
+    """
+    return [window * index / count for index in range(count)]
+
+
+def next_check_at(
+    *, started: float, finished: float, interval: float, jitter: float = 0.0
+) -> float:
+    """When a node's next check begins (an absolute time of the shell's clock).
+
+    Args:
+        started: when the previous check began.
+        finished: when it ended (answer, failure or timeout).
+        interval: ``--discovery-interval``.
+        jitter: a random number in ``[0, 1]`` (clamped): the next check comes
+            up to ``CHECK_JITTER`` of an interval early, never late, so that
+            "within one interval" holds and proxies sharing nodes drift apart.
+
+    Returns:
+        One interval (less jitter) after ``started``, but never before
+        ``finished``: one check per node at a time.
+    """
+    jitter = min(max(jitter, 0.0), 1.0)
+    return max(started + interval * (1.0 - CHECK_JITTER * jitter), finished)
+
+
+# -- the fleet-wide lists ---------------------------------------------------------
+
+
+def models_document(
+    nodes: Iterable[tuple[str, Sequence[str] | None]], *, owned_by: str = "trio-failover"
+) -> dict[str, object] | None:
+    """The fleet's ``GET /v1/models`` answer.
+
+    Args:
+        nodes: ``(name, ids)`` in ranking order; ``ids`` from
+            ``advertised_ids``, or for a node asked live the ``ids`` of
+            ``parse_model_list`` of its answer; None for a node that could
+            not be asked or gave no model list (it is left out).
+        owned_by: the ``owned_by`` of every entry.
+
+    Returns:
+        ``{"object": "list", "data": [{"id", "object": "model", "created",
+        "owned_by", "nodes"}]}``, each id once (in order of first appearance)
+        with its nodes in ranking order; None when no node answered (502).
+    """
+    serving: dict[str, list[str]] = {}
+    answered = False
+    for name, ids in nodes:
+        if ids is None:
+            continue
+        answered = True
+        for model in dict.fromkeys(ids):
+            serving.setdefault(model, []).append(name)
+    if not answered:
+        return None
+    data = [
+        # "created" is not in SPEC; strict OpenAI clients want the field.
+        {"id": model, "object": "model", "created": 0, "owned_by": owned_by, "nodes": names}
+        for model, names in serving.items()
+    ]
+    return {"object": "list", "data": data}
+
+
+def tags_document(bodies: Iterable[bytes | None]) -> dict[str, object] | None:
+    """The fleet's ``GET /api/tags`` answer, merged from the nodes' answers.
+
+    Args:
+        bodies: each node's ``/api/tags`` body in ranking order; None for a
+            node that did not answer ``2xx`` in time.
+
+    Returns:
+        ``{"models": [...]}`` with one entry per ``name`` (the first node's
+        entry wins, as the node sent it); None when no node gave an Ollama
+        tags answer (502).
+    """
+    merged: dict[str, object] = {}
+    answered = False
+    for body in bodies:
+        entries = _tags_entries(body)
+        if entries is None:
+            continue
+        answered = True
+        for entry in entries:
+            name = entry.get("name", entry.get("model"))
+            if isinstance(name, str) and name not in merged:
+                merged[name] = entry
+    return {"models": list(merged.values())} if answered else None
+
+
+def _tags_entries(body: bytes | None) -> list[dict[str, object]] | None:
+    if body is None or len(body) > MAX_LISTING_BYTES:
+        return None
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    models = document.get("models", False)  # False: missing, told from null
+    if models is None:
+        return []  # Ollama with nothing pulled may send null
+    if not isinstance(models, list):
+        return None
+    return [entry for entry in models if isinstance(entry, dict)]

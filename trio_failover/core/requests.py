@@ -1,0 +1,123 @@
+"""Pure: facts of a client request that its handling depends on (SPEC 5.3, 5.5).
+
+- ``request_document``: the JSON object of a request body, if it is one;
+- ``is_unstreamed``: whether the node will send its head only once the whole
+  answer is done (then ``--unstreamed-timeout`` replaces the response-header
+  timeout for the wait);
+- ``workload_id``: the client's own ``X-Request-Id`` when acceptable, else a
+  new canonical version-4 UUID.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterable
+
+# The client's id is passed on unchanged when it is this (the rule of
+# headers.workload_id, kept): no spaces, quotes or control bytes that could
+# break a log line or a node's header parser.
+_CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def is_ollama_path(path: str) -> bool:
+    """Whether ``path`` (no query) is under ``/api/``, Ollama's native API."""
+    return path.startswith("/api/")
+
+
+def request_document(body: bytes) -> object | None:
+    """The parsed JSON of a request body that is a JSON object, else None.
+
+    Never raises: bad JSON, bad UTF-8 and absurd nesting all give None.
+    """
+    if body.lstrip()[:1] != b"{":
+        return None  # cheap: no parse for form posts, uploads, empty bodies
+    try:
+        document: object = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return document
+
+
+def request_model(document: object) -> str | None:
+    """The ``"model"`` of a request document, when it is a string."""
+    if isinstance(document, dict):
+        model = document.get("model")
+        if isinstance(model, str):
+            return model
+    return None
+
+
+def is_unstreamed(path: str, document: object) -> bool:
+    """Whether the node answers ``document`` only when the whole generation is done.
+
+    Args:
+        path: the request path, without the query.
+        document: the parsed request body (``request_document``), or None.
+
+    Returns:
+        True for a JSON object whose ``"stream"`` is ``false``, or, outside
+        ``/api/``, is anything but JSON ``true`` (OpenAI-style APIs answer
+        whole by default; Ollama's native API streams unless told not to).
+        False without a JSON object body: such a request keeps the
+        response-header timeout.
+    """
+    if not isinstance(document, dict):
+        return False
+    stream = document.get("stream")
+    if stream is False:
+        return True
+    if is_ollama_path(path):
+        return False
+    # Only JSON true streams: a "stream": 1 that a lenient engine may take as
+    # true only gets the longer deadline, the safe side.
+    return stream is not True
+
+
+def client_workload_id(value: bytes | None) -> str | None:
+    """The client's ``X-Request-Id`` value when it is 1-128 of ``[A-Za-z0-9._:-]``."""
+    # fullmatch: with match() and "$", a trailing newline would pass.
+    if value is not None and _CLIENT_ID.fullmatch(value):
+        return value.decode("ascii")
+    return None
+
+
+# Version 4 (bits 76-79 = 0100) and the RFC 9562 variant (bits 62-63 = 10).
+_KEEP = ((1 << 128) - 1) & ~(0xF << 76) & ~(0x3 << 62)
+_SET = (0x4 << 76) | (0x2 << 62)
+
+
+def new_workload_id() -> str:
+    """A new random version-4 UUID in canonical form (``8-4-4-4-12`` lowercase hex).
+
+    Some engines (llama-cpp-python's request-id middleware among them) refuse
+    any other id with a ``400``. The bits come from ``random``, not
+    ``secrets``: an id is not a secret (a client may choose its own), and
+    ``secrets``/``uuid.uuid4`` make a system call per request, which the
+    seeded Mersenne Twister avoids; ``random`` is reseeded in a forked child,
+    so two processes do not share a sequence. 122 random bits make a clash
+    practically impossible.
+    """
+    return uuid4_text(random.getrandbits(128))
+
+
+def uuid4_text(bits: int) -> str:
+    """The canonical text of the version-4 UUID made from 128 random ``bits``.
+
+    The same as ``str(uuid.UUID(int=bits, version=4))`` in under half the time.
+    """
+    digits = f"{bits & _KEEP | _SET:032x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+
+
+def workload_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The workload id: the client's ``X-Request-Id`` (its first) if valid, else a new one.
+
+    Args:
+        headers: the request headers as h11 gives them (lowercase names).
+    """
+    for name, value in headers:
+        if name == b"x-request-id":
+            return client_workload_id(value) or new_workload_id()
+    return new_workload_id()
