@@ -1,0 +1,530 @@
+"""Pure: node capacity, the queue of waiting workloads, and load-aware order.
+
+Decide first, then act. Every call here decides synchronously from plain
+data (node names, counts, an answer to "is this node ready?") and changes
+only this module's own tables; the Trio shell acts afterwards: it opens the
+connection of a granted slot and sets the event of each woken waiter. Nothing
+here reads a clock, blocks or imports outside the standard library.
+
+Two rules hold throughout:
+
+1. A ready untried candidate always beats a cooling or down one, even when it
+   is full (the workload then waits for it). Only when every untried
+   candidate is cooling or down are those used, in their resolved order.
+2. A slot is taken in the ledger at the moment it is decided, for a newcomer
+   as for a woken waiter, so no two workloads are ever handed the same slot;
+   a freed slot that some waiter may use is handed on in the same call that
+   frees it, so a newcomer never finds a free slot a waiter was owed.
+
+One ``SlotScheduler`` per proxy; what the shell does with it, per workload::
+
+    tried: set[str] = set()
+    budget = QueueBudget(queue_timeout)
+    while True:
+        order = [...]          # candidate names, see choose_node()
+        result = scheduler.acquire(trio.Event(), order, tried=tried,
+                                   ready=is_ready, preferred=preferred)
+        if isinstance(result, Exhausted): ...      # all tried: 502/504 as today
+        if isinstance(result, QueueFull): ...      # 503 queue_full at once
+        if isinstance(result, Queued):
+            waiter, started = result.waiter, trio.current_time()
+            try:
+                with trio.move_on_at(budget.deadline(started)):
+                    await waiter.token.wait()
+            except BaseException:              # client left, shutdown
+                wake(scheduler.leave(waiter, ready=is_ready))
+                raise
+            budget = budget.spent(started, trio.current_time())
+            if waiter.slot is None:            # the budget ran out
+                wake(scheduler.leave(waiter, ready=is_ready))
+                ...                            # 503 queue_timeout
+            slot = waiter.slot
+        else:
+            slot = result.slot
+        try:
+            ...                                # the attempt at slot.node
+        finally:
+            wake(scheduler.release(slot, ready=is_ready))
+        tried.add(slot.node)
+
+where ``wake(handoffs)`` is ``for h in handoffs: h.waiter.token.set()``. The
+shell also calls ``scheduler.dispatch(ready=...)`` whenever a node changes
+between ready, cooling and down (a cooldown starting or ending, a health
+check), because that can change which waiters may use which nodes. A
+cooldown ends lazily, by expiry, with no event of its own: while the queue
+is not empty, the shell must wake at the earliest cooldown end and dispatch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Generic, Literal, NamedTuple, TypeAlias, TypeVar
+
+Balance = Literal["priority", "least-loaded"]
+BALANCE_MODES: tuple[Balance, ...] = ("priority", "least-loaded")
+
+Readiness: TypeAlias = Callable[[str], bool] | AbstractSet[str]
+"""Which nodes are ready now: a predicate on the name, or the set of ready names."""
+
+T = TypeVar("T")
+
+
+class NodeFull(RuntimeError):
+    """``SlotLedger.take`` on a node that has no free slot."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node!r} is full")
+        self.node = node
+
+
+# -- the ledger ------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One attempt's hold on one node, from connect to the end of its relay.
+
+    Release it exactly once, in ``finally``; a second release is a no-op
+    (``SlotLedger.release`` returns False), so releasing early before a
+    failover and again in ``finally`` is safe.
+    """
+
+    node: str
+    ledger: SlotLedger = field(repr=False)
+    released: bool = False
+
+
+class SlotLedger:
+    """Capacity and in-flight count per node; take and release in O(1).
+
+    Counts only this proxy's attempts: other clients of the same engine are
+    invisible to it. Every name passed in must be one of ``capacities``
+    (``KeyError`` otherwise).
+    """
+
+    def __init__(self, capacities: Mapping[str, int]) -> None:
+        """Check and copy the capacities.
+
+        Args:
+            capacities: node name -> most attempts in flight, ``0`` = no limit.
+        """
+        for node, capacity in capacities.items():
+            if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+                raise ValueError(f"capacity of {node!r} must be an int >= 0, not {capacity!r}")
+        self._capacity = dict(capacities)
+        self._in_flight = dict.fromkeys(capacities, 0)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes, in the order they were given."""
+        return tuple(self._capacity)
+
+    def capacity(self, node: str) -> int:
+        """The node's capacity (``0`` = no limit)."""
+        return self._capacity[node]
+
+    def in_flight(self, node: str) -> int:
+        """This proxy's attempts holding a slot at ``node`` now."""
+        return self._in_flight[node]
+
+    def is_full(self, node: str) -> bool:
+        """Whether ``node`` is at its capacity; never true with capacity 0."""
+        capacity = self._capacity[node]
+        return capacity > 0 and self._in_flight[node] >= capacity
+
+    def load(self, node: str) -> float:
+        """``in_flight / max(capacity, 1)``, what ``least-loaded`` minimises.
+
+        Float division is exact enough for ties: two equal ratios of small
+        ints round to the same float, so "ties in resolved order" holds.
+        """
+        return self._in_flight[node] / max(self._capacity[node], 1)
+
+    def take(self, node: str) -> Slot:
+        """Hold one slot at ``node``.
+
+        Raises:
+            NodeFull: the node is at its capacity.
+        """
+        if self.is_full(node):
+            raise NodeFull(node)
+        self._in_flight[node] += 1
+        return Slot(node, self)
+
+    def release(self, slot: Slot) -> bool:
+        """Give ``slot`` back. Returns False if it was already released.
+
+        Raises:
+            ValueError: the slot comes from another ledger.
+        """
+        if slot.ledger is not self:
+            raise ValueError("slot belongs to another ledger")
+        if slot.released:
+            return False
+        slot.released = True
+        self._in_flight[slot.node] -= 1
+        return True
+
+
+# -- the order of one attempt ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """Take a slot at ``node`` now."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Every node this workload may use now is full: ``nodes``, in order."""
+
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """No untried candidate is left."""
+
+
+Choice: TypeAlias = Take | Wait | Exhausted
+
+
+def choose_node(
+    order: Sequence[str],
+    *,
+    tried: AbstractSet[str],
+    ready: Readiness,
+    ledger: SlotLedger,
+    balance: Balance = "priority",
+    preferred: str | None = None,
+) -> Choice:
+    """Where the next attempt of one workload goes, or why it cannot go now.
+
+    The untried candidates are split, stably, into those ready now and the
+    rest (cooling or down). If any is ready, only the ready ones count: the
+    first that is not full by ``balance``, else ``Wait`` for them. Otherwise
+    the rest count, in ``order`` whatever ``balance`` says (SPEC: an
+    all-cooling fleet is used in ranking order), else ``Wait`` for them.
+    ``preferred`` goes first while it has a free slot and is in the group
+    that counts; when it is full the next free node is taken (availability
+    beats cache reuse). With capacity 0 everywhere and ``priority`` the
+    answer is the first untried candidate of today's order, never ``Wait``.
+
+    Args:
+        order: the workload's candidate names in resolved order (model
+            filter, affinity and selection applied). Already partitioned or
+            not: readiness is applied here again, one question per node. For
+            a waiter, pass the order *before* the partition
+            (``resolve_candidates(..., is_cooling=lambda _: False)``): a
+            node that recovers while it waits then regains its place, as in
+            a fresh resolution. Names are unique and known to ``ledger``.
+        tried: the nodes this workload has already tried.
+        ready: which nodes are ready now.
+        ledger: capacities and in-flight counts.
+        balance: ``priority`` = resolved order among the free ready nodes;
+            ``least-loaded`` = lowest ``ledger.load()``, ties in resolved order.
+        preferred: the node resolution moved to the front (``X-Failover-Node``,
+            else the prefix-affinity winner), or None. ``priority`` alone
+            would find it first anyway; ``least-loaded`` needs to be told.
+
+    Returns:
+        ``Take(node)``, ``Wait(nodes)`` or ``Exhausted()``. Nothing is taken:
+        ``SlotScheduler.acquire`` does that.
+    """
+    is_ready = _predicate(ready)
+    ready_group: list[str] = []
+    other_group: list[str] = []
+    for node in order:
+        if node not in tried:
+            (ready_group if is_ready(node) else other_group).append(node)
+    if ready_group:
+        return _pick(ready_group, ledger, balance, preferred)
+    if other_group:
+        return _pick(other_group, ledger, "priority", preferred)
+    return Exhausted()
+
+
+def _pick(group: list[str], ledger: SlotLedger, balance: Balance, preferred: str | None) -> Choice:
+    free = [node for node in group if not ledger.is_full(node)]
+    if not free:
+        return Wait(tuple(group))
+    if preferred is not None and preferred in free:
+        return Take(preferred)
+    if balance == "priority":
+        return Take(free[0])
+    return Take(min(free, key=ledger.load))  # min() keeps the first of equals
+
+
+def _predicate(ready: Readiness) -> Callable[[str], bool]:
+    if callable(ready):
+        return ready
+    return ready.__contains__
+
+
+def _asked_once(ready: Readiness) -> Callable[[str], bool]:
+    # One decision over many waiters must see one answer per node: a
+    # predicate reading a cooldown at "now" could flip between two waiters.
+    ask = _predicate(ready)
+    answers: dict[str, bool] = {}
+
+    def is_ready(node: str) -> bool:
+        answer = answers.get(node)
+        if answer is None:
+            answer = answers[node] = ask(node)
+        return answer
+
+    return is_ready
+
+
+# -- the queue -------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Waiter(Generic[T]):
+    """One workload waiting for a slot (identity, not value, is its key).
+
+    Attributes:
+        token: what the shell passed to ``acquire`` (e.g. its ``trio.Event``).
+        order, tried, preferred: as passed to ``acquire``, frozen.
+        position: its place when it started waiting, 1 = next (the
+            ``position`` of its ``queued`` event).
+        slot: set when a hand-off gives it a slot (taken for it already).
+    """
+
+    token: T
+    order: tuple[str, ...]
+    tried: frozenset[str]
+    preferred: str | None
+    position: int
+    untried: frozenset[str] = field(repr=False)
+    slot: Slot | None = None
+
+
+class Handoff(NamedTuple, Generic[T]):
+    """``waiter`` now holds ``slot``: the shell wakes it (``waiter.slot`` is set too)."""
+
+    waiter: Waiter[T]
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A slot is taken for the workload: attempt ``slot.node`` now."""
+
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Queued(Generic[T]):
+    """The workload waits as ``waiter``; a hand-off will set ``waiter.slot``."""
+
+    waiter: Waiter[T]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFull:
+    """The queue is at max-queue: answer ``503`` ``queue_full`` at once."""
+
+
+Acquired: TypeAlias = Granted | Queued[T] | QueueFull | Exhausted
+
+
+class SlotScheduler(Generic[T]):
+    """The ledger and the FIFO queue of one proxy, deciding together.
+
+    Costs: ``acquire`` is O(candidates); ``release`` with an empty queue,
+    or of a node that was not full, is O(1) and never asks ``ready``;
+    ``leave`` of a waiting workload is O(1). A hand-off scans the waiters
+    in arrival order and stops as soon as the freed node is full again.
+    """
+
+    def __init__(
+        self,
+        capacities: Mapping[str, int],
+        *,
+        balance: Balance = "priority",
+        max_queue: int = 0,
+    ) -> None:
+        """An empty queue and a ledger with nothing in flight.
+
+        Args:
+            capacities: node name -> capacity, ``0`` = no limit.
+            balance: ``priority`` or ``least-loaded``.
+            max_queue: most workloads waiting at once, ``0`` = no limit.
+
+        Raises:
+            ValueError: a bad capacity, balance or max_queue.
+        """
+        if balance not in BALANCE_MODES:
+            raise ValueError(f"balance must be one of {BALANCE_MODES}, not {balance!r}")
+        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
+            raise ValueError(f"max_queue must be an int >= 0, not {max_queue!r}")
+        self.ledger = SlotLedger(capacities)
+        self.balance: Balance = balance
+        self.max_queue = max_queue
+        # An insertion-ordered dict is the FIFO: arrival order to iterate,
+        # O(1) removal from the middle when a waiter leaves.
+        self._waiters: dict[Waiter[T], None] = {}
+
+    def __len__(self) -> int:
+        """Workloads waiting now (``queued`` of ``/status``)."""
+        return len(self._waiters)
+
+    def waiting(self) -> list[Waiter[T]]:
+        """The waiting workloads, longest-waiting first (a copy)."""
+        return list(self._waiters)
+
+    def acquire(
+        self,
+        token: T,
+        order: Sequence[str],
+        *,
+        tried: Iterable[str] = (),
+        ready: Readiness,
+        preferred: str | None = None,
+    ) -> Acquired[T]:
+        """Decide and reserve the next attempt of one workload.
+
+        Args: as ``choose_node``; ``token`` is kept on the waiter if it waits.
+
+        Returns:
+            ``Granted(slot)``: the slot is taken, attempt its node.
+            ``Queued(waiter)``: all it may use is full; it waits at
+            ``waiter.position``. ``QueueFull()``: it would make the queue
+            longer than ``max_queue``. ``Exhausted()``: nothing untried left.
+        """
+        tried = frozenset(tried)
+        choice = choose_node(
+            order,
+            tried=tried,
+            ready=ready,
+            ledger=self.ledger,
+            balance=self.balance,
+            preferred=preferred,
+        )
+        if isinstance(choice, Take):
+            return Granted(self.ledger.take(choice.node))
+        if isinstance(choice, Exhausted):
+            return choice
+        if self.max_queue and len(self._waiters) >= self.max_queue:
+            return QueueFull()
+        waiter = Waiter(
+            token=token,
+            order=tuple(order),
+            tried=tried,
+            preferred=preferred,
+            position=len(self._waiters) + 1,
+            untried=frozenset(order) - tried,
+        )
+        self._waiters[waiter] = None
+        return Queued(waiter)
+
+    def release(self, slot: Slot, *, ready: Readiness) -> list[Handoff[T]]:
+        """Give ``slot`` back (again: no-op) and hand the freed slot on.
+
+        Returns:
+            The waiters that now hold a slot, to wake (one, as a rule).
+        """
+        node = slot.node
+        was_full = self.ledger.is_full(node)
+        if not self.ledger.release(slot) or not was_full or not self._waiters:
+            # Not full before: no waiter was waiting for this node (rule 2),
+            # so nobody's options changed. This is the hot path.
+            return []
+        return self._hand_off(_asked_once(ready), freed=node)
+
+    def leave(self, waiter: Waiter[T], *, ready: Readiness) -> list[Handoff[T]]:
+        """The workload gives up (client gone, timeout, shutdown, error).
+
+        Removes it from the queue if it still waits (O(1)). If a hand-off
+        already gave it a slot it will not use, that slot is released and
+        handed on. Call it only when the workload will not use the slot;
+        a second call is a no-op.
+        """
+        if waiter in self._waiters:
+            del self._waiters[waiter]
+            return []
+        if waiter.slot is None:  # left already
+            return []
+        return self.release(waiter.slot, ready=ready)
+
+    def dispatch(self, *, ready: Readiness) -> list[Handoff[T]]:
+        """Hand out what the waiters may use now, after a node changed state.
+
+        A node turning cooling can let a waiter use a cooling node that is
+        free (when none of its untried candidates stays ready); a node
+        turning ready can give a waiter a free node it could not use.
+        O(waiters x candidates): call it on state changes, not per request.
+        """
+        if not self._waiters:
+            return []
+        return self._hand_off(_asked_once(ready), freed=None)
+
+    def drain(self) -> list[Waiter[T]]:
+        """Empty the queue (shutdown); the waiters, longest-waiting first."""
+        waiters = list(self._waiters)
+        self._waiters.clear()
+        return waiters
+
+    def _hand_off(self, is_ready: Callable[[str], bool], freed: str | None) -> list[Handoff[T]]:
+        handoffs: list[Handoff[T]] = []
+        for waiter in self._waiters:
+            if freed is not None:
+                if self.ledger.is_full(freed):
+                    break
+                if freed not in waiter.untried:
+                    continue  # cheap skip: this one can never use the freed node
+            choice = choose_node(
+                waiter.order,
+                tried=waiter.tried,
+                ready=is_ready,
+                ledger=self.ledger,
+                balance=self.balance,
+                preferred=waiter.preferred,
+            )
+            if isinstance(choice, Take):
+                waiter.slot = self.ledger.take(choice.node)
+                handoffs.append(Handoff(waiter, waiter.slot))
+        for handoff in handoffs:
+            del self._waiters[handoff.waiter]
+        return handoffs
+
+
+# -- the queue-timeout budget ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBudget:
+    """What is left of one workload's queue timeout across all its waits.
+
+    A failed-over workload that must wait again waits within the same
+    budget, so a client never waits longer than the queue timeout in all.
+    """
+
+    timeout: float
+    """The queue timeout in seconds, ``0`` = no limit."""
+    waited: float = 0.0
+    """Seconds this workload has waited so far (for the access log too)."""
+
+    def __post_init__(self) -> None:
+        if not self.timeout >= 0 or not self.waited >= 0:  # also rejects NaN
+            raise ValueError(f"timeout and waited must be >= 0: {self.timeout}, {self.waited}")
+
+    def remaining(self) -> float:
+        """Seconds the next wait may last; ``math.inf`` without limit, never < 0."""
+        if self.timeout == 0:
+            return math.inf
+        return max(self.timeout - self.waited, 0.0)
+
+    def deadline(self, now: float) -> float:
+        """Absolute time at which a wait starting at ``now`` ends (for ``move_on_at``)."""
+        return now + self.remaining()
+
+    def spent(self, started: float, now: float) -> QueueBudget:
+        """The budget after a wait from ``started`` to ``now``."""
+        return QueueBudget(self.timeout, self.waited + max(now - started, 0.0))
