@@ -37,9 +37,9 @@ from typing import Any
 import h11
 import trio
 
-from trio_failover.config import Config, Upstream
+from trio_failover.core.config import Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 
 FIRST_ADDRESS = "127.0.0.2"
 SECOND_ADDRESS = "127.0.0.3"

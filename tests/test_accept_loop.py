@@ -19,9 +19,9 @@ import trio
 from conftest import LogRecords
 from support import serve_process
 
-from trio_failover.config import Config
+from trio_failover.core.config import Config
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 
 GET = b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n\r\n"

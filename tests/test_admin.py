@@ -17,9 +17,9 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from trio_failover import Config
-from trio_failover.admin import serve_admin_connection
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.admin import serve_admin_connection
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, slow_head
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

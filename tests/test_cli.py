@@ -21,8 +21,8 @@ import trio
 from typer.testing import CliRunner
 
 from trio_failover import __version__
-from trio_failover.cli import app
-from trio_failover.config import Config
+from trio_failover.cli.cli import app
+from trio_failover.core.config import Config
 
 runner = CliRunner()
 NODE = ["--upstream", "http://127.0.0.1:9001"]
@@ -336,9 +336,9 @@ def test_check_takes_repeated_capacity_and_keys_and_masks_them() -> None:
 
 
 def _fake_server(monkeypatch: pytest.MonkeyPatch, run_server: object) -> None:
-    module = types.ModuleType("trio_failover.server")
+    module = types.ModuleType("trio_failover.service.server")
     module.run_server = run_server  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "trio_failover.server", module)
+    monkeypatch.setitem(sys.modules, "trio_failover.service.server", module)
 
 
 def test_serve_runs_the_resolved_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,9 +20,8 @@ import pytest
 import trio
 
 from trio_failover import Config, Subscription
-from trio_failover.downstream import ClientConnection, Closed
 from trio_failover.proxy import Proxy
-from trio_failover.server import serve
+from trio_failover.service.server import serve
 from trio_failover.testing import (
     FakeNode,
     Fleet,
@@ -33,6 +32,7 @@ from trio_failover.testing import (
     read_response,
     request,
 )
+from trio_failover.wire.client import ClientConnection, Closed
 
 REQUEST = b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -20,9 +20,9 @@ import pytest
 import trio
 import trio.testing
 
-from trio_failover.config import Config
+from trio_failover.core.config import Config
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 
 OK_BODY = b'{"ok": true}'

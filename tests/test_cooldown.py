@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from trio_failover.cooldown import Cooldown, CooldownTable
+from trio_failover.core.cooldown import Cooldown, CooldownTable
 
 
 def _table(*entries: tuple[str, float, float, str]) -> CooldownTable:

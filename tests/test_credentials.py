@@ -24,13 +24,13 @@ import trio
 import trio.testing
 from typer.testing import CliRunner
 
-from trio_failover.cli import app
-from trio_failover.config import Config, Upstream
-from trio_failover.errors import ConfigError
-from trio_failover.logs import JSONFormatter, TextFormatter
+from trio_failover.cli.cli import app
+from trio_failover.cli.settings import resolve
+from trio_failover.core.config import Config, Upstream
+from trio_failover.core.errors import ConfigError
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
-from trio_failover.settings import resolve
+from trio_failover.service.logs import JSONFormatter, TextFormatter
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     FakeNode,
     Fleet,

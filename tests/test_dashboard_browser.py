@@ -35,7 +35,7 @@ import trio
 import trio_websocket
 
 from trio_failover import Config
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

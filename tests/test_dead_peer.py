@@ -23,9 +23,9 @@ import httpx
 import pytest
 import trio
 
-from trio_failover.config import Config, Upstream
+from trio_failover.core.config import Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 
 SCENARIO = Path(__file__).with_name("netns_scenario.py")
 REQUIRE_NETNS = os.environ.get("TRIO_FAILOVER_REQUIRE_NETNS", "") not in ("", "0")

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from trio_failover.settings import OPTIONS
+from trio_failover.cli.settings import OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from trio_failover import Config, Upstream
-from trio_failover.server import serve
+from trio_failover.service.server import serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 from trio_failover.testing import openai as openai_node
 

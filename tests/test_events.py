@@ -16,17 +16,20 @@ import trio.testing
 import trio_websocket
 
 from trio_failover import Config
-from trio_failover.admin import (
+from trio_failover.proxy import Proxy
+from trio_failover.service.admin import (
     ADMIN_HEAD_TIMEOUT,
     CLOSE_FELL_BEHIND,
     CLOSE_GRACE,
-    EXPIRY_TICK,
-    expire_cooldowns_every,
     serve_admin_connection,
 )
-from trio_failover.events import EventBus
-from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.events import EventBus
+from trio_failover.service.server import (
+    EXPIRY_TICK,
+    BoundAddresses,
+    expire_cooldowns_every,
+    serve,
+)
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -303,3 +306,29 @@ async def test_events_over_the_real_admin_listener() -> None:
         ("committed", "good"),
         ("completed", "good"),
     ]
+
+
+async def test_the_ticker_runs_with_the_admin_listener_off(autojump_clock: trio.abc.Clock) -> None:
+    # The ticker belongs to serve(), not to the admin API: with
+    # --admin-listen off an idle proxy still says when a node is ready.
+    async with Fleet({"frozen": FakeNode(frozen()), "good": FakeNode(healthy())}) as fleet:
+        config = Config(
+            upstreams=fleet.upstreams(),
+            listen="127.0.0.1:0",
+            admin_listen=None,
+            response_header_timeout=10.0,
+        )
+        proxy = Proxy(config, connector=fleet.connector)
+        with proxy.events.subscribe(0) as subscription:
+            async with trio.open_nursery() as nursery:
+                addresses = await nursery.start(functools.partial(serve, config, proxy=proxy))
+                assert addresses.admin is None
+                await request(proxy, body=BODY)  # at 10 s: frozen cools until 20 s
+                with trio.fail_after(60):  # virtual seconds: no ticker, no event
+                    async for event in subscription:
+                        if event["type"] == "node" and event["state"] == "ready":
+                            break
+                assert trio.current_time() == 20.0
+                assert event["node"] == "frozen"
+                assert event["reason"] == "expired"
+                nursery.cancel_scope.cancel()

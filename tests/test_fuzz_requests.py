@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from test_client_limits import RawResult, exchange, parse_responses
 
-from trio_failover.config import Config
-from trio_failover.headers import HOP_BY_HOP, connection_tokens
+from trio_failover.core.config import Config
+from trio_failover.core.headers import HOP_BY_HOP, connection_tokens
 from trio_failover.proxy import Proxy
 from trio_failover.testing import FakeNode, Fleet, ReceivedRequest, healthy
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from trio_failover.headers import (
+from trio_failover.core.headers import (
     FRAMING,
     HOP_BY_HOP,
     Headers,

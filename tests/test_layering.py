@@ -26,7 +26,12 @@ import pytest
 PACKAGE = "trio_failover"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
 
-PURE_MODULES = ["ranking", "cooldown", "outcome", "headers", "units", "config"]
+# Every module of core/, also those added later: the folder is the rule.
+PURE_MODULES = sorted(
+    f"core.{path.stem}" for path in (PACKAGE_DIR / "core").glob("*.py") if path.stem != "__init__"
+)
+# Known members, so that an emptied or renamed folder cannot pass vacuously.
+KNOWN_PURE = ["ranking", "cooldown", "outcome", "headers", "units", "config", "workload"]
 FORBIDDEN = frozenset({"trio", "h11", "socket", "time", "asyncio", "trio_websocket"})
 
 # -- the import graph -------------------------------------------------------------------
@@ -102,8 +107,16 @@ def test_pure_module_reaches_no_io(module: str) -> None:
 
 def test_pure_modules_exist() -> None:
     # A renamed module would otherwise make its guard pass vacuously.
+    for name in KNOWN_PURE:
+        assert f"core.{name}" in PURE_MODULES, name
     for module in PURE_MODULES:
-        assert (PACKAGE_DIR / f"{module}.py").is_file(), module
+        assert (PACKAGE_DIR / f"{module.replace('.', '/')}.py").is_file(), module
+
+
+def test_the_core_package_init_imports_nothing() -> None:
+    # Importing any core module runs core/__init__.py first.
+    tree = ast.parse((PACKAGE_DIR / "core" / "__init__.py").read_text(encoding="utf-8"))
+    assert list(_imports(ast.unparse(tree), f"{PACKAGE}.core.__init__")) == []
 
 
 FAKE_PACKAGES = [

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_failover import Config, Upstream
-from trio_failover.logs import (
+from trio_failover.proxy import Proxy
+from trio_failover.service.logs import (
     BatchedStreamHandler,
     FlushLogs,
     JSONFormatter,
@@ -24,7 +25,6 @@ from trio_failover.logs import (
     logger,
     redact,
 )
-from trio_failover.proxy import Proxy
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

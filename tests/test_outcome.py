@@ -10,16 +10,22 @@ from email.utils import formatdate
 
 import pytest
 
-from trio_failover.outcome import (
+from trio_failover.core.outcome import (
+    RULES,
     AttemptRecord,
     HeadAction,
     Outcome,
     Verdict,
+    after_commit,
     classify_head,
     error_code,
+    fails_over_on,
+    failure_code,
     failure_status,
     judge,
+    may_pool,
     parse_retry_after,
+    retry_after_of,
 )
 
 RHT = 120.0  # the response-header timeout of every case below
@@ -326,3 +332,85 @@ def test_failure_status(outcomes: list[Outcome], status: int) -> None:
     records = _records(*outcomes)
     assert failure_status(records) == status
     assert failure_status(iter(records)) == status  # any iterable
+
+
+# -- the rules table and the decisions taken from the shell -------------------------------
+
+
+def test_every_outcome_has_one_rules_row() -> None:
+    assert set(RULES) == set(Outcome)
+
+
+@pytest.mark.parametrize("outcome", list(Outcome), ids=str)
+def test_a_row_s_status_follows_its_deadline_before_commit(outcome: Outcome) -> None:
+    rule = RULES[outcome]
+    if rule.fails_over:
+        assert rule.status == (504 if rule.timed_out else 502)
+    else:
+        assert rule.status is None  # the proxy never answers for such an ending
+
+
+RETRY_AFTERS = [
+    pytest.param(429, [(b"retry-after", b"7")], 7.0, id="429-seconds"),
+    pytest.param(503, [(b"retry-after", b"7")], None, id="503-ignored"),
+    pytest.param(429, [], None, id="429-without"),
+    pytest.param(
+        429,
+        [
+            (b"retry-after", b"Mon, 30 Nov 2026 12:00:30 GMT"),
+            (b"date", b"Mon, 30 Nov 2026 12:00:00 GMT"),
+        ],
+        30.0,
+        id="429-date",
+    ),
+    pytest.param(429, [(b"retry-after", b"Mon, 30 Nov 2026 12:00:30 GMT")], None, id="date-alone"),
+]
+
+
+@pytest.mark.parametrize(("status", "headers", "seconds"), RETRY_AFTERS)
+def test_retry_after_of(
+    status: int, headers: list[tuple[bytes, bytes]], seconds: float | None
+) -> None:
+    assert retry_after_of(status, headers) == seconds
+
+
+@pytest.mark.parametrize(
+    ("outcome", "ending"),
+    [
+        (Outcome.DEAD_PEER, Outcome.DEAD_PEER),
+        (Outcome.RESET, Outcome.STREAM_BROKEN),
+        (Outcome.CLOSED_EARLY, Outcome.STREAM_BROKEN),
+        (Outcome.PROTOCOL_ERROR, Outcome.STREAM_BROKEN),
+    ],
+)
+def test_after_commit(outcome: Outcome, ending: Outcome) -> None:
+    assert after_commit(outcome) is ending
+
+
+@pytest.mark.parametrize(
+    ("relayed", "client_gone", "pooled"),
+    [(True, False, True), (True, True, False), (False, False, False), (False, True, False)],
+)
+def test_may_pool(relayed: bool, client_gone: bool, pooled: bool) -> None:
+    assert may_pool(relayed=relayed, client_gone=client_gone) is pooled
+
+
+@pytest.mark.parametrize(
+    ("action", "code", "fails_over"),
+    [
+        (HeadAction.RETRY, None, True),
+        (HeadAction.RETRY, "other", True),
+        (HeadAction.INSPECT, "context_length_exceeded", True),
+        (HeadAction.INSPECT, "other", False),
+        (HeadAction.INSPECT, None, False),
+    ],
+)
+def test_fails_over_on(action: HeadAction, code: str | None, fails_over: bool) -> None:
+    assert fails_over_on(action, code, DEFAULT_CODES) is fails_over
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(502, "upstream_unavailable"), (504, "upstream_timeout")]
+)
+def test_failure_code(status: int, code: str) -> None:
+    assert failure_code(status) == code

@@ -22,9 +22,8 @@ import trio
 import trio.testing
 
 from trio_failover import Config, Upstream
-from trio_failover.pool import ConnectionPool, is_reusable, put_idle, take_idle
 from trio_failover.proxy import Proxy
-from trio_failover.server import serve
+from trio_failover.service.server import serve
 from trio_failover.testing import (
     FakeNode,
     Fleet,
@@ -37,6 +36,7 @@ from trio_failover.testing import (
     retry_status,
     stream_then_silence,
 )
+from trio_failover.wire.pool import ConnectionPool, is_reusable, put_idle, take_idle
 
 BODY = b'{"model": "m"}'
 

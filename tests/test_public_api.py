@@ -17,7 +17,7 @@ import pytest
 import trio
 
 import trio_failover
-from trio_failover import errors
+from trio_failover.core import errors
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, request_tcp
 
 PUBLIC = [
@@ -53,19 +53,19 @@ PUBLIC = [
 
 # Where each public name is defined: the package re-exports the same objects.
 HOMES = {
-    "AttemptRecord": "outcome",
-    "BoundAddresses": "server",
-    "ClientKey": "config",
-    "Config": "config",
-    "Connector": "upstream",
-    "EventBus": "events",
-    "Outcome": "outcome",
+    "AttemptRecord": "core.outcome",
+    "BoundAddresses": "service.server",
+    "ClientKey": "core.config",
+    "Config": "core.config",
+    "Connector": "wire.upstream",
+    "EventBus": "service.events",
+    "Outcome": "core.outcome",
     "Proxy": "proxy",
-    "Subscription": "events",
-    "TCPConnector": "upstream",
-    "Upstream": "config",
-    "run_server": "server",
-    "serve": "server",
+    "Subscription": "service.events",
+    "TCPConnector": "wire.upstream",
+    "Upstream": "core.config",
+    "run_server": "service.server",
+    "serve": "service.server",
 }
 
 
@@ -76,7 +76,7 @@ def test_all_is_pinned() -> None:
 @pytest.mark.parametrize("name", PUBLIC)
 def test_public_name_resolves_to_its_defining_object(name: str) -> None:
     value = getattr(trio_failover, name)
-    home = HOMES.get(name, "errors" if name != "__version__" else None)
+    home = HOMES.get(name, "core.errors" if name != "__version__" else None)
     if home is not None:
         module = importlib.import_module(f"trio_failover.{home}")
         assert value is getattr(module, name)

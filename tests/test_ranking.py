@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 import pytest
 
-from trio_failover.config import Upstream
-from trio_failover.ranking import (
+from trio_failover.core.config import Upstream
+from trio_failover.core.ranking import (
     AFFINITY_PREFIX_BYTES,
     affinity_key,
     rendezvous_choice,

@@ -11,7 +11,8 @@ import pytest
 import trio
 from support import serve_process
 
-from trio_failover import Config, Upstream, reexec
+from trio_failover import Config, Upstream
+from trio_failover.cli import reexec
 from trio_failover.testing import FakeNode, Fleet, healthy, request_tcp
 
 has_memfd = pytest.mark.skipif(
@@ -30,7 +31,7 @@ async def test_serve_runs_without_the_command_line_imports() -> None:
             maps = await trio.Path(f"/proc/{pid}/maps").read_text()
             assert "pydantic_core" not in maps
             arguments = (await trio.Path(f"/proc/{pid}/cmdline").read_bytes()).split(b"\0")
-            assert b"trio_failover.reexec" in arguments
+            assert b"trio_failover.cli.reexec" in arguments
             # ps still shows what was asked for.
             assert f"--upstream=a={node.url}".encode() in arguments
             response = await request_tcp(proxy.address, body=b"{}")
@@ -105,7 +106,7 @@ def test_no_exec_when_the_new_image_would_import_another_copy(
 ) -> None:
     # A zipapp, or a checkout run with python -m from its folder while
     # another copy is installed: the new image must not serve other code.
-    package_root = str(Path(reexec.__file__).parent.parent)
+    package_root = str(Path(reexec.__file__).parent.parent.parent)
     monkeypatch.setattr(sys, "path", [package_root, str(tmp_path)])
     assert not reexec._new_image_imports_this_package()
     other = tmp_path / "trio_failover"

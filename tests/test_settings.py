@@ -10,9 +10,7 @@ from typing import Any
 import attrs
 import pytest
 
-from trio_failover.config import Config
-from trio_failover.errors import ConfigError
-from trio_failover.settings import (
+from trio_failover.cli.settings import (
     OPTIONS,
     ConfigFile,
     Option,
@@ -23,6 +21,8 @@ from trio_failover.settings import (
     option,
     resolve,
 )
+from trio_failover.core.config import Config
+from trio_failover.core.errors import ConfigError
 
 NODE = {"upstream": ["http://127.0.0.1:9001"]}
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"

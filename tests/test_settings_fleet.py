@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import trio
 
-from trio_failover.config import ClientKey, Config, Upstream
-from trio_failover.errors import ConfigError, ConfigErrors
-from trio_failover.settings import ConfigFile, describe, resolve
+from trio_failover.cli.settings import ConfigFile, describe, resolve
+from trio_failover.core.config import ClientKey, Config, Upstream
+from trio_failover.core.errors import ConfigError, ConfigErrors
 
 NODE = {"upstream": ["http://127.0.0.1:9001"]}
 URL = "http://127.0.0.1:9001"
@@ -812,7 +812,7 @@ def test_a_file_that_is_not_toml_stops_at_once(tmp_path: Path) -> None:
 
 
 def test_run_server_scrubs_keys_and_token_from_its_logs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trio_failover import server
+    from trio_failover.service import server
 
     class Stop(Exception):
         pass
@@ -842,7 +842,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 @pytest.mark.parametrize("listener", ["client", "admin"])
 async def test_serve_that_cannot_listen_raises_a_config_error(listener: str) -> None:
-    from trio_failover.server import serve
+    from trio_failover.service.server import serve
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -23,9 +23,9 @@ import trio.testing
 from conftest import LogRecords
 from support import ProxyProcess, serve_process
 
-from trio_failover.config import Config, Upstream
+from trio_failover.core.config import Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, serve
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy, slow_head
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

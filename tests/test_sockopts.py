@@ -14,15 +14,15 @@ import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from trio_failover import sockopts
-from trio_failover.sockopts import (
+from trio_failover.wire import sockopts
+from trio_failover.wire.sockopts import (
     KeepalivePlan,
     apply_client_options,
     apply_upstream_options,
     is_dead_peer_error,
     keepalive_plan,
 )
-from trio_failover.upstream import open_tcp
+from trio_failover.wire.upstream import open_tcp
 
 linux_only = pytest.mark.skipif(
     sys.platform != "linux", reason="reads back Linux-only TCP options (TCP_USER_TIMEOUT)"

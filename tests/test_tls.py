@@ -36,10 +36,10 @@ import trustme
 from conftest import LogRecords
 from cryptography.hazmat.primitives import serialization
 
-from trio_failover.config import Config, Upstream
-from trio_failover.errors import ConfigError
+from trio_failover.core.config import Config, Upstream
+from trio_failover.core.errors import ConfigError
 from trio_failover.proxy import Proxy
-from trio_failover.server import BoundAddresses, log_tls_warnings, serve, server_ssl_context
+from trio_failover.service.server import BoundAddresses, log_tls_warnings, serve, server_ssl_context
 from trio_failover.testing import (
     Behaviour,
     FakeNode,
@@ -51,7 +51,7 @@ from trio_failover.testing import (
     request,
     slow_head,
 )
-from trio_failover.upstream import TCPConnector
+from trio_failover.wire.upstream import TCPConnector
 
 LIMIT = 20.0  # real seconds for any one test
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trio_failover.units import format_duration, format_size, parse_duration, parse_size
+from trio_failover.core.units import format_duration, format_size, parse_duration, parse_size
 
 DURATIONS: list[tuple[str, float]] = [
     ("0", 0.0),

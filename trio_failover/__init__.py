@@ -26,8 +26,8 @@ __version__ = "0.1.0"
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .config import ClientKey, Config, Upstream
-from .errors import (
+from .core.config import ClientKey, Config, Upstream
+from .core.errors import (
     ClientError,
     ConfigError,
     ConnectFailed,
@@ -43,24 +43,24 @@ from .errors import (
     UpstreamProtocolError,
     UpstreamReset,
 )
-from .outcome import AttemptRecord, Outcome
+from .core.outcome import AttemptRecord, Outcome
 
 if TYPE_CHECKING:
-    from .events import EventBus, Subscription
     from .proxy import Proxy
-    from .server import BoundAddresses, run_server, serve
-    from .upstream import Connector, TCPConnector
+    from .service.events import EventBus, Subscription
+    from .service.server import BoundAddresses, run_server, serve
+    from .wire.upstream import Connector, TCPConnector
 
 # Public name -> the module that defines it, imported when first asked for.
 _LAZY = {
-    "BoundAddresses": "server",
-    "Connector": "upstream",
-    "EventBus": "events",
+    "BoundAddresses": "service.server",
+    "Connector": "wire.upstream",
+    "EventBus": "service.events",
     "Proxy": "proxy",
-    "Subscription": "events",
-    "TCPConnector": "upstream",
-    "run_server": "server",
-    "serve": "server",
+    "Subscription": "service.events",
+    "TCPConnector": "wire.upstream",
+    "run_server": "service.server",
+    "serve": "service.server",
 }
 
 __all__ = [

@@ -1,1 +1,1 @@
-"""Pure decisions of the proxy: plain data in, plain data out, standard library only."""
+"""The pure core: decisions as plain functions of data and ``now``, no I/O."""

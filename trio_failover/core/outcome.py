@@ -3,7 +3,7 @@
 Two questions are answered here and nowhere else:
 
 1. May the workload move on to the next candidate, and does the node cool
-   down (``judge``)?
+   down (``judge``, from the outcome's row in ``RULES``)?
 2. Does a response head, and perhaps a small error body, count as an answer
    to relay or as a reason to fail over (``classify_head``, ``error_code``)?
 
@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from email.utils import parsedate_to_datetime
 
 import attrs
+
+from .headers import Headers, get
 
 
 class Outcome(enum.StrEnum):
@@ -42,14 +44,68 @@ class Outcome(enum.StrEnum):
     STREAM_BROKEN = "stream_broken"
 
 
+class Cooling(enum.Enum):
+    """How long an outcome demotes its node."""
+
+    NONE = "none"  # not at all
+    STALL = "stall"  # one response-header timeout
+    RETRY_AFTER = "retry_after"  # the node's own Retry-After, capped at one header timeout
+
+
+@attrs.frozen
+class Rule:
+    """What one outcome means (one row of ``RULES``).
+
+    Attributes:
+        fails_over: the workload may move on to the next candidate.
+        cools: whether, and for how long, the node is demoted.
+        timed_out: a deadline ended the attempt (or the stream).
+        status: the proxy's own answer when every attempt ended like this
+            (504 for a deadline before commit, else 502); None where the
+            proxy never answers for the node (after commit, client gone).
+    """
+
+    fails_over: bool
+    cools: Cooling
+    timed_out: bool
+    status: int | None
+
+
+_FAST = Rule(fails_over=True, cools=Cooling.NONE, timed_out=False, status=502)
+# A stall proves the node cannot serve right now; a dead peer is gone for a
+# while (it is restarting). Both demote for one response-header duration.
+_STALL = Rule(fails_over=True, cools=Cooling.STALL, timed_out=True, status=504)
+# Client abort, commit and the endings after commit never fail over (nothing
+# is replayed once bytes went out); a client leaving is never the node's fault.
+_SETTLED = Rule(fails_over=False, cools=Cooling.NONE, timed_out=False, status=None)
+
+RULES: dict[Outcome, Rule] = {
+    Outcome.CONNECT_FAILED: _FAST,
+    Outcome.CONNECT_TIMEOUT: attrs.evolve(_FAST, timed_out=True, status=504),
+    Outcome.TLS_ERROR: _FAST,
+    Outcome.HEADER_TIMEOUT: _STALL,
+    Outcome.FIRST_BODY_TIMEOUT: _STALL,
+    Outcome.RESET: _FAST,
+    Outcome.CLOSED_EARLY: _FAST,
+    Outcome.PROTOCOL_ERROR: _FAST,
+    Outcome.DEAD_PEER: _STALL,
+    Outcome.RETRYABLE_RESPONSE: attrs.evolve(_FAST, cools=Cooling.RETRY_AFTER),
+    Outcome.CLIENT_ABORT: _SETTLED,
+    Outcome.COMPLETED: _SETTLED,
+    # After commit a stall still demotes, but nothing is replayed.
+    Outcome.STREAM_IDLE_TIMEOUT: attrs.evolve(_SETTLED, cools=Cooling.STALL, timed_out=True),
+    Outcome.STREAM_BROKEN: _SETTLED,
+}
+
+
 @attrs.frozen
 class Verdict:
-    """What to do after an attempt ended.
+    """What to do after an attempt ended: its ``RULES`` row, applied to the settings.
 
     Attributes:
         fail_over: try the next candidate (pre-commit failures only).
         cooldown: demote the node for this many seconds (0: no demotion).
-        timed_out: the attempt ran into a deadline (makes the final answer 504).
+        timed_out: a deadline ended the attempt (the row's ``timed_out``).
     """
 
     fail_over: bool
@@ -57,30 +113,10 @@ class Verdict:
     timed_out: bool
 
 
-_FAST_ERRORS = frozenset(
-    {
-        Outcome.CONNECT_FAILED,
-        Outcome.TLS_ERROR,
-        Outcome.RESET,
-        Outcome.CLOSED_EARLY,
-        Outcome.PROTOCOL_ERROR,
-    }
-)
-# A stall proves the node cannot serve right now; a dead peer is gone for a
-# while (it is restarting). Both demote for one response-header duration.
-_STALLS = frozenset(
-    {
-        Outcome.HEADER_TIMEOUT,
-        Outcome.FIRST_BODY_TIMEOUT,
-        Outcome.DEAD_PEER,
-    }
-)
-
-
 def judge(
     outcome: Outcome, *, response_header_timeout: float, retry_after: float | None = None
 ) -> Verdict:
-    """Decide failover and cooldown for one attempt's outcome.
+    """Decide failover and cooldown for one attempt's outcome, from its ``RULES`` row.
 
     Args:
         outcome: how the attempt ended.
@@ -88,20 +124,41 @@ def judge(
             length of a stall's cooldown and the cap of a ``Retry-After``.
         retry_after: seconds from a 429's ``Retry-After`` header, if any.
     """
-    if outcome in _FAST_ERRORS:
-        return Verdict(fail_over=True, cooldown=0.0, timed_out=False)
-    if outcome is Outcome.CONNECT_TIMEOUT:
-        return Verdict(fail_over=True, cooldown=0.0, timed_out=True)
-    if outcome in _STALLS:
-        return Verdict(fail_over=True, cooldown=response_header_timeout, timed_out=True)
-    if outcome is Outcome.RETRYABLE_RESPONSE:
-        cooldown = min(retry_after, response_header_timeout) if retry_after else 0.0
-        return Verdict(fail_over=True, cooldown=cooldown, timed_out=False)
-    if outcome is Outcome.STREAM_IDLE_TIMEOUT:
-        return Verdict(fail_over=False, cooldown=response_header_timeout, timed_out=True)
-    # Client abort, cancellation, commit and the post-commit endings never
-    # fail over; a client leaving is never the node's fault.
-    return Verdict(fail_over=False, cooldown=0.0, timed_out=False)
+    rule = RULES[outcome]
+    cooldown = 0.0
+    if rule.cools is Cooling.STALL:
+        cooldown = response_header_timeout
+    elif rule.cools is Cooling.RETRY_AFTER and retry_after:
+        cooldown = min(retry_after, response_header_timeout)
+    return Verdict(fail_over=rule.fails_over, cooldown=cooldown, timed_out=rule.timed_out)
+
+
+def retry_after_of(status: int, headers: Headers) -> float | None:
+    """Seconds a retryable answer asks the proxy to leave its node alone, if any.
+
+    Only a 429's ``Retry-After`` demotes the node (SPEC 5); other
+    retryable answers fail over without a cooldown.
+    """
+    value = get(headers, b"retry-after")
+    if status != 429 or value is None:
+        return None
+    date = get(headers, b"date")
+    return parse_retry_after(value.decode("latin-1"), date=date.decode("latin-1") if date else None)
+
+
+def after_commit(outcome: Outcome) -> Outcome:
+    """The outcome of a stream that broke after commit, from its error's outcome."""
+    return Outcome.DEAD_PEER if outcome is Outcome.DEAD_PEER else Outcome.STREAM_BROKEN
+
+
+def may_pool(*, relayed: bool, client_gone: bool) -> bool:
+    """Whether a node connection may carry another request after this one.
+
+    Only a response relayed to its end, to a client still there, frees a
+    connection for reuse; a workload whose client left (FIN or RST, whatever
+    ``--client-close`` says) counts as abandoned and closes it.
+    """
+    return relayed and not client_gone
 
 
 class HeadAction(enum.Enum):
@@ -121,6 +178,11 @@ def classify_head(
     if 400 <= status < 500 and any(True for _ in retry_error_codes):
         return HeadAction.INSPECT
     return HeadAction.COMMIT
+
+
+def fails_over_on(action: HeadAction, code: str | None, retry_error_codes: Iterable[str]) -> bool:
+    """Whether an inspected or retryable head (and its body's error code) means "fail over"."""
+    return action is HeadAction.RETRY or (code is not None and code in retry_error_codes)
 
 
 def error_code(body: bytes) -> str | None:
@@ -197,13 +259,8 @@ class AttemptRecord:
 
     @property
     def timed_out(self) -> bool:
-        """Whether this attempt ended on a deadline."""
-        return self.outcome in (
-            Outcome.CONNECT_TIMEOUT,
-            Outcome.HEADER_TIMEOUT,
-            Outcome.FIRST_BODY_TIMEOUT,
-            Outcome.DEAD_PEER,
-        )
+        """Whether this attempt ran into a deadline before commit (its row's 504)."""
+        return RULES[self.outcome].status == 504
 
     def to_json(self) -> dict[str, object]:
         """The ``{"node", "outcome", "elapsed_ms"}`` form of SPEC 5.7."""
@@ -222,3 +279,8 @@ class AttemptRecord:
 def failure_status(attempts: Iterable[AttemptRecord]) -> int:
     """504 if any attempt ran into a deadline, else 502 (SPEC 5.7)."""
     return 504 if any(record.timed_out for record in attempts) else 502
+
+
+def failure_code(status: int) -> str:
+    """The ``error.code`` of the proxy's own 502/504 after every node failed."""
+    return "upstream_timeout" if status == 504 else "upstream_unavailable"

@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import attrs
 
-from .config import (
+from ..core.config import (
     AFFINITY_CHOICES,
     BALANCE_CHOICES,
     CLIENT_CLOSE_CHOICES,
@@ -57,8 +57,8 @@ from .config import (
     redact_url,
     split_host_port,
 )
-from .errors import ConfigError, ConfigErrors
-from .units import format_duration, format_size, parse_duration, parse_size
+from ..core.errors import ConfigError, ConfigErrors
+from ..core.units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
     "ENV_PREFIX",

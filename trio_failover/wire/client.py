@@ -1,5 +1,6 @@
-"""The client side of one connection: h11 server, request reading, response
-writing, and the byte reader that doubles as the close watcher.
+"""The client side of one connection, its whole life: the request loop with
+its keep-alive waits and deadlines, h11 server state, request reading,
+response writing, and the byte reader that doubles as the close watcher.
 
 One reader task per connection receives from the client for the whole
 connection lifetime, so a FIN or an RST is seen at any moment, also while an
@@ -24,16 +25,20 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
+import logging
+import math
 import re
-from collections.abc import Callable
-from http import HTTPStatus
+from collections.abc import Awaitable, Callable
 
 import attrs
 import h11
 import trio
 
-from .errors import ClientError
+from ..core.answers import error_document
+from ..core.errors import ClientError
+from ..core.screen import check_framing, screen_head
+from .drain import Drain
+from .http1 import json_answer, with_close
 
 RECEIVE_SIZE = 65536
 PENDING_LIMIT = 65536
@@ -47,6 +52,8 @@ LINGER_IDLE_TIMEOUT = 1.0  # without a byte from the client
 # Where a head ends, found the way h11 finds it, so that the screened bytes
 # are exactly the bytes h11 then parses as the head.
 _HEAD_END = re.compile(rb"\n\r?\n")
+
+logger = logging.getLogger("trio_failover")
 
 
 class ClientGone(Exception):
@@ -71,8 +78,17 @@ class ClientRequest:
     http_version: bytes
 
 
+Handler = Callable[["ClientConnection", ClientRequest], Awaitable[bool]]
+
+
 class ClientConnection:
-    """h11 server state plus a bounded receive buffer for one client stream."""
+    """One client connection: its reader, h11 server state, keep-alive and deadlines.
+
+    ``serve(handler)`` runs the whole connection: it waits for each request
+    (within ``client_header_timeout`` for the first, ``keepalive_timeout``
+    between requests), reads it, and hands it to ``handler``, which answers
+    and says whether the connection may carry another.
+    """
 
     def __init__(
         self,
@@ -81,13 +97,15 @@ class ClientConnection:
         max_head: int,
         max_body: int,
         client_header_timeout: float,
-        closing: Callable[[], bool] | None = None,
+        keepalive_timeout: float = math.inf,
+        drain: Drain | None = None,
     ) -> None:
         self.stream = stream
-        # Asked before each answer: when it says yes (the proxy is draining),
-        # the answer says "Connection: close", so that a keep-alive client
-        # does not send a next request into a connection about to close.
-        self._closing = closing
+        # Read before each answer: once the server drains, the answer says
+        # "Connection: close", so that a keep-alive client does not send a
+        # next request into a connection about to close.
+        self._drain = drain or Drain()
+        self._keepalive_timeout = keepalive_timeout
         self._max_head = max_head
         self.conn = self._new_h11()
         self._max_body = max_body
@@ -112,6 +130,44 @@ class ClientConnection:
 
     def _new_h11(self) -> h11.Connection:
         return h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_head)
+
+    # -- the connection's life -----------------------------------------------
+
+    async def serve(self, handler: Handler) -> None:
+        """Serve requests with ``handler`` until the connection ends; closes the stream."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.run_reader)
+                await self._serve_requests(handler)
+                nursery.cancel_scope.cancel()
+        finally:
+            await self.aclose()
+
+    async def _serve_requests(self, handler: Handler) -> None:
+        while self.prepare_next():
+            if not await self._wait_for_request():
+                return
+            try:
+                request = await self.read_request()
+            except ClientError as exc:
+                logger.info(
+                    "bad request", extra={"fields": {"status": exc.status, "error": str(exc)}}
+                )
+                await self.send_client_error(exc)
+                return
+            if request is None:
+                return
+            if not await handler(self, request):
+                return
+
+    async def _wait_for_request(self) -> bool:
+        """Wait (idle) for the first byte of a next request; False: give up."""
+        if self.has_buffered():
+            return True
+        timeout = self._header_timeout if self.requests_read == 0 else self._keepalive_timeout
+        with self._drain.idle(timeout):
+            await self.wait_input()
+        return self.has_buffered() and not (self._drain.active and self.closed is not None)
 
     # -- the reader task -----------------------------------------------------
 
@@ -163,7 +219,7 @@ class ClientConnection:
                     return False
                 # Cut short by the client: h11 tells what the bytes amount to.
             else:
-                _screen_head(bytes(self._pending[: match.end()]), self._max_head)
+                screen_head(bytes(self._pending[: match.end()]), self._max_head)
             self._head_screened = True
         if self._pending:
             self.conn.receive_data(bytes(self._pending))
@@ -257,7 +313,7 @@ class ClientConnection:
         # h11's Headers is a Sequence read item by item in Python: listed
         # once, then read as a list.
         headers = list(event.headers)
-        _check_framing(headers, event.http_version)
+        check_framing(headers, event.http_version)
         self.requests_read += 1
         body = await self._read_body(headers)
         return ClientRequest(
@@ -315,8 +371,8 @@ class ClientConnection:
                 # h11 refuses body bytes after a HEAD (and then sends nothing
                 # at all); an answer the proxy makes itself keeps its head only.
                 events = tuple(event for event in events if not isinstance(event, h11.Data))
-            if self._closing is not None and self._closing():
-                events = (_closing(start), *events[1:])
+            if self._drain.active:
+                events = (with_close(start), *events[1:])
         data = b"".join(self.conn.send(event) or b"" for event in events)
         try:
             await self.stream.send_all(data)
@@ -333,24 +389,13 @@ class ClientConnection:
         close: bool = False,
     ) -> None:
         """Send a complete JSON response."""
-        body = json.dumps(document).encode()
-        head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        head += headers or []
-        if close:
-            head.append((b"connection", b"close"))
-        await self.send(
-            h11.Response(status_code=status, reason=_phrase(status), headers=head),
-            h11.Data(data=body),
-            h11.EndOfMessage(),
-        )
+        await self.send(*json_answer(status, document, headers, close=close))
 
     async def send_client_error(self, error: ClientError) -> None:
         """Answer a bad request with its JSON error; the connection then closes."""
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        document: dict[str, object] = {
-            "error": {"message": str(error), "type": "invalid_request_error", "code": error.code}
-        }
+        document = error_document("", error.status, error.code, str(error))
         try:
             await self.send_json(error.status, document, close=True)
         except (ClientGone, h11.LocalProtocolError):
@@ -383,67 +428,6 @@ class ClientConnection:
     async def aclose(self) -> None:
         """Close the connection (abortive, never blocks)."""
         await trio.aclose_forcefully(self.stream)
-
-
-def _phrase(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
-
-
-def _closing(response: h11.Response) -> h11.Response:
-    """``response`` with ``Connection: close`` (h11 then closes after it)."""
-    headers = list(response.headers)
-    if (b"connection", b"close") in headers:
-        return response
-    return h11.Response(
-        status_code=response.status_code,
-        headers=[*headers, (b"connection", b"close")],
-        reason=response.reason,
-        http_version=response.http_version,
-    )
-
-
-def _screen_head(head: bytes, max_head: int) -> None:
-    """Refuse a complete raw head that h11 would accept but a proxy must not.
-
-    Raises:
-        ClientError: 431 over ``max_head`` bytes (h11 measures only heads
-            still incomplete, so one that crosses the limit and ends in the
-            same read would pass); 400 for a bare CR or LF (RFC 9112 section
-            2.2 lets a recipient take a lone LF as a line end, the classic way
-            to smuggle a header past a stricter parser) or an obs-fold
-            (section 5.2: reject it, or unfold it as h11 does silently).
-    """
-    if len(head) > max_head:
-        raise ClientError(431, "request header fields too large", "headers_too_large")
-    crlf = head.count(b"\r\n")
-    if head.count(b"\n") != crlf or head.count(b"\r") != crlf:
-        raise ClientError(400, "malformed request: bare CR or LF in the head", "bad_request")
-    if b"\r\n " in head or b"\r\n\t" in head:
-        raise ClientError(400, "malformed request: obsolete line folding", "bad_request")
-
-
-def _check_framing(headers: list[tuple[bytes, bytes]], http_version: bytes) -> None:
-    """Refuse a request whose body framing two parsers could read differently.
-
-    RFC 9112 section 6.1: ``Transfer-Encoding`` with ``Content-Length``, or
-    in an HTTP/1.0 request, is faulty framing; h11 goes by the
-    ``Transfer-Encoding``, a node or another hop may not.
-
-    Raises:
-        ClientError: 400.
-    """
-    names = {name for name, _ in headers}
-    if b"transfer-encoding" not in names:
-        return
-    if b"content-length" in names:
-        message = "malformed request: both Transfer-Encoding and Content-Length"
-        raise ClientError(400, message, "bad_request")
-    if http_version == b"1.0":
-        message = "malformed request: Transfer-Encoding in an HTTP/1.0 request"
-        raise ClientError(400, message, "bad_request")
 
 
 def _client_error(exc: h11.RemoteProtocolError) -> ClientError:

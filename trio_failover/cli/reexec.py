@@ -4,7 +4,7 @@ Parsing the command line imports typer, and typer imports pydantic: about
 7 MiB of resident memory that a long-running proxy never uses again, and
 Python cannot unload a module. So once ``trio-failover serve`` has resolved
 and checked its settings, it replaces its own process image with
-``python -m trio_failover.reexec`` (``os.execv``: the same process id,
+``python -m trio_failover.cli.reexec`` (``os.execv``: the same process id,
 standard streams, environment and parent), which reads the ``Config`` back
 and runs ``server.run_server``.
 
@@ -28,19 +28,20 @@ import os
 import pickle
 import sys
 
-from .config import Config
+from ..core.config import Config
 
 __all__ = ["exec_serve", "main"]
 
 
 def _new_image_imports_this_package() -> bool:
-    """Whether ``python -P -m trio_failover.reexec`` would import this very package.
+    """Whether ``python -P -m trio_failover.cli.reexec`` would import this very package.
 
     The new image's path is this one's without its first entry (the script's
     folder, or the current directory for ``-m``, which ``-P`` leaves out).
     """
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.machinery.PathFinder.find_spec(__package__ or "trio_failover", sys.path[1:])
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    top = (__package__ or "trio_failover").partition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, sys.path[1:])
     locations = spec.submodule_search_locations if spec is not None else None
     return bool(locations) and any(os.path.abspath(place) == here for place in locations or [])
 
@@ -68,12 +69,12 @@ def exec_serve(config: Config, argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The new image: ``python -m trio_failover.reexec FD -- ORIGINAL-ARGUMENTS``."""
+    """The new image: ``python -m trio_failover.cli.reexec FD -- ORIGINAL-ARGUMENTS``."""
     with os.fdopen(int(argv[1]), "rb") as file:
         config = pickle.load(file)  # written by our own process image, just before the exec
     if not isinstance(config, Config):
         raise TypeError(f"expected a Config, read {type(config).__name__}")
-    from .server import run_server
+    from ..service.server import run_server
 
     return run_server(config)
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import typer
 
-from . import __version__
-from .config import Config
-from .errors import ConfigError, ConfigErrors
+from .. import __version__
+from ..core.config import Config
+from ..core.errors import ConfigError, ConfigErrors
 from .settings import OPTIONS, Source, describe, resolve
 
 __all__ = ["app", "main"]
@@ -109,7 +109,7 @@ def serve(**flags: Any) -> None:
         from .reexec import exec_serve
 
         exec_serve(config, sys.argv)  # returns only where it cannot (see reexec)
-    from .server import run_server
+    from ..service.server import run_server
 
     raise typer.Exit(run_server(config))
 
@@ -127,7 +127,7 @@ def demo(
     once: bool = typer.Option(False, "--once", help="Run the scripted traffic once, then exit."),
 ) -> None:
     """Run a self-contained fleet, the proxy and scripted traffic."""
-    from .demo import run_demo
+    from ..demo import run_demo
 
     raise typer.Exit(run_demo(once=once))
 

@@ -21,13 +21,13 @@ from typing import Any
 import attrs
 import trio
 
-from . import sockopts
+from ..core.config import Config, split_host_port
+from ..core.errors import ConfigError
+from ..proxy.proxy import Proxy
+from ..wire import sockopts
+from ..wire.upstream import Connector
 from .admin import serve_admin
-from .config import Config, split_host_port
-from .errors import ConfigError
 from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
-from .proxy import Proxy
-from .upstream import Connector
 
 # Errors of accept() that mean "out of resources, try again later" rather
 # than "this listener is broken" (as trio.serve_listeners treats them).
@@ -113,6 +113,22 @@ def log_tls_warnings(config: Config) -> None:
             )
 
 
+EXPIRY_TICK = 1.0
+
+
+async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
+    """Let ``proxy`` notice expired cooldowns every ``interval`` seconds, forever.
+
+    The cooldown table computes expiry from ``now`` when asked (no timer per
+    node); this one task asks, so an idle proxy still publishes its
+    ``ready`` node events and keeps the cooling gauge current, whether or
+    not an admin listener is open.
+    """
+    while True:
+        await trio.sleep(interval)
+        proxy.expire_cooldowns()
+
+
 async def serve(
     config: Config,
     *,
@@ -143,6 +159,7 @@ async def serve(
     limiter = trio.CapacityLimiter(config.max_connections)
     try:
         async with trio.open_nursery() as services:
+            services.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
             admin = None
             if config.admin_listen is not None:
                 try:

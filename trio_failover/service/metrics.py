@@ -20,7 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from . import __version__
+from .. import __version__
 
 # Seconds; spans fast local nodes to long cold prefills.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

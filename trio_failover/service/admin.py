@@ -12,10 +12,8 @@ behind is dropped. Its WebSocket then gets ``CLOSE_GRACE`` seconds to take
 the close frame (code 1008, the reason as text) before the TCP connection
 is cut.
 
-Cooldown expiries are noticed lazily by the proxy (on the next request or
-``/status``); so that ``ready`` node events and the cooling gauge follow the
-clock even on an idle proxy, ``serve_admin`` also runs one small ticker
-that calls ``proxy.expire_cooldowns()`` every ``EXPIRY_TICK`` seconds.
+The ticker that notices cooldown expiries on an idle proxy is not here:
+``server.serve`` runs it, with or without an admin listener.
 """
 
 from __future__ import annotations
@@ -35,16 +33,18 @@ import h11
 import trio
 import trio_websocket
 
-from .config import split_host_port
+from ..core.answers import error_document
+from ..core.config import split_host_port
+from ..core.headers import get
+from ..proxy.proxy import Proxy
+from ..wire.http1 import next_event, send_events
 from .events import SUBSCRIBER_BUFFER, Subscription
 from .logs import logger
-from .proxy import Proxy
 
 # A request head must arrive (and a keep-alive connection must show a next
 # request) within this long; the admin API has no slow clients worth waiting for.
 ADMIN_HEAD_TIMEOUT = 30.0
 ADMIN_MAX_HEAD = 16 * 1024
-EXPIRY_TICK = 1.0
 # How long a dropped or closing subscriber gets for the WebSocket close
 # handshake before the connection is simply closed.
 CLOSE_GRACE = 5.0
@@ -71,7 +71,6 @@ async def serve_admin(
     listen: str,
     *,
     event_buffer: int = SUBSCRIBER_BUFFER,
-    expiry_tick: float = EXPIRY_TICK,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin API on ``listen`` until cancelled.
@@ -81,8 +80,6 @@ async def serve_admin(
         listen: ``HOST:PORT`` (port 0: any free port).
         event_buffer: events held for each ``/events`` subscriber before it
             counts as fallen behind and is dropped.
-        expiry_tick: seconds between checks for expired cooldowns (0: none,
-            expiries are then only noticed by traffic and ``/status``).
         task_status: receives the bound ``(host, port)``.
     """
     host, port = split_host_port(listen, "admin-listen")
@@ -90,22 +87,8 @@ async def serve_admin(
     sockname = listeners[0].socket.getsockname()
     handler = functools.partial(serve_admin_connection, proxy, event_buffer=event_buffer)
     async with trio.open_nursery() as nursery:
-        if expiry_tick > 0:
-            nursery.start_soon(expire_cooldowns_every, proxy, expiry_tick)
         nursery.start_soon(trio.serve_listeners, handler, listeners)
         task_status.started((sockname[0], sockname[1]))
-
-
-async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
-    """Let ``proxy`` notice expired cooldowns every ``interval`` seconds, forever.
-
-    The cooldown table computes expiry from ``now`` when asked (no timer per
-    node); this one task asks, so an idle proxy still publishes its
-    ``ready`` node events and keeps the cooling gauge current.
-    """
-    while True:
-        await trio.sleep(interval)
-        proxy.expire_cooldowns()
 
 
 async def serve_admin_connection(
@@ -166,10 +149,8 @@ async def _read_request(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Re
     discarded = 0
     with trio.move_on_after(ADMIN_HEAD_TIMEOUT):
         while discarded <= ADMIN_MAX_HEAD:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(bytes(await stream.receive_some(65536)))
-            elif isinstance(event, h11.Request):
+            event = await next_event(stream, conn, strict_eof=False)
+            if isinstance(event, h11.Request):
                 request = event
             elif isinstance(event, h11.Data):
                 discarded += len(event.data)
@@ -192,19 +173,14 @@ async def _send_reply(
     # A request with a body we did not read cannot be followed by another.
     if request is None or conn.their_state is not h11.DONE:
         headers.append((b"connection", b"close"))
-    data = conn.send(h11.Response(status_code=reply.status, headers=headers)) or b""
+    events: list[h11.Event] = [h11.Response(status_code=reply.status, headers=headers)]
     if request is None or request.method != b"HEAD":
-        data += conn.send(h11.Data(data=reply.body)) or b""
-    data += conn.send(h11.EndOfMessage()) or b""
-    try:
-        await stream.send_all(data)
-    except BaseException:
-        conn.send_failed()
-        raise
+        events.append(h11.Data(data=reply.body))
+    await send_events(stream, conn, *events, h11.EndOfMessage())
 
 
 def _error(status: int, code: str, message: str) -> Reply:
-    body = json.dumps({"error": {"message": message, "type": "admin_error", "code": code}})
+    body = json.dumps(error_document("", status, code, message, admin=True))
     return Reply(status, body.encode())
 
 
@@ -268,7 +244,7 @@ def _csp_hashes(page: bytes, tag: bytes) -> list[str]:
 
 
 def _header(request: h11.Request, name: bytes) -> bytes | None:
-    return next((value for key, value in request.headers if key == name), None)
+    return get(request.headers, name)
 
 
 def _wants_websocket(request: h11.Request) -> bool:

@@ -142,3 +142,12 @@ class RetryableResponse(UpstreamError):
         # body was too long to hold (a cut body must never pass for whole).
         self.saved = saved
         super().__init__(node, phase, detail)
+
+
+class IllegalTransition(FailoverError, RuntimeError):
+    """A workload was moved to a state its transition table does not allow (a bug)."""
+
+    def __init__(self, current: str, new: str) -> None:
+        self.current = current
+        self.new = new
+        super().__init__(f"illegal workload transition {current} -> {new}")

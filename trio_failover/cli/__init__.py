@@ -1,0 +1,1 @@
+"""The command line: options, the typer app and the re-exec into a lean process."""

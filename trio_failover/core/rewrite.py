@@ -1,0 +1,48 @@
+"""Pure: the request as one node receives it, from the client's request.
+
+The body keeps the client's bytes unless the node calls the model by
+another name; the target loses an absolute-form's scheme and authority and
+gains the node's base path. Headers are ``headers.upstream_request_headers``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .config import Upstream
+
+
+def body_json(body: bytes) -> Any:
+    """The JSON document of a request body that is a JSON object, else None."""
+    if body.lstrip()[:1] != b"{":
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def requested_model(document: Any) -> str | None:
+    """The ``model`` a JSON request body names, if it names one."""
+    model = document.get("model") if isinstance(document, dict) else None
+    return model if isinstance(model, str) else None
+
+
+def node_body(body: bytes, document: Any, node: Upstream) -> bytes:
+    """The body for ``node``: its own name of the model, the rest as the client sent it."""
+    model = requested_model(document)
+    if model is not None and node.models is not None:
+        node_model = node.model_name_for(model)
+        if node_model != model:
+            return json.dumps({**document, "model": node_model}).encode()
+    return body
+
+
+def node_target(target: bytes, base_path: str) -> bytes:
+    """The request target for a node: origin-form, below the node's base path."""
+    if target[:1] != b"/":  # absolute-form: keep the path and query only
+        target = b"/" + target.split(b"://", 1)[-1].partition(b"/")[2]
+    if base_path:
+        target = base_path.encode() + target
+    return target

@@ -1,0 +1,107 @@
+"""The failover proxy: client connections in, workloads out to the nodes.
+
+``Proxy`` wires the parts together and is what embedders, ``server.serve``,
+the admin API and the demo hold: the client connection (``wire.client``),
+one ``WorkloadRunner`` per proxy (``workload.py``) and the books with their
+telemetry (``report.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ..core.config import Config
+from ..core.cooldown import CooldownTable
+from ..service.events import EventBus
+from ..service.metrics import Metrics
+from ..wire.client import ClientConnection, ClientRequest
+from ..wire.drain import Drain
+from ..wire.pool import ConnectionPool
+from ..wire.upstream import Connector, TCPConnector
+from .report import NodeStats, Report
+from .workload import WorkloadRunner
+
+__all__ = ["Proxy"]
+
+
+class Proxy:
+    """The failover proxy, independent of how client connections arrive.
+
+    ``await proxy.handle_connection(stream)`` serves one client connection on
+    any ``trio.abc.Stream``; ``server.serve`` feeds it accepted sockets, tests
+    feed it in-memory streams (with a ``testing.MemoryConnector`` upstream).
+    """
+
+    def __init__(self, config: Config, *, connector: Connector | None = None) -> None:
+        self.config = config
+        self.connector: Connector = connector or TCPConnector(config)
+        # Idle keep-alive connections to nodes; close with ``pool.aclose()``.
+        self.pool = ConnectionPool(
+            max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
+        )
+        self.report = Report(config)
+        self._drain = Drain()
+        self._workloads = WorkloadRunner(config, self.connector, self.pool, self.report)
+
+    @property
+    def cooldowns(self) -> CooldownTable:
+        """The nodes' cooldown table (``cooldown.CooldownTable``)."""
+        return self.report.cooldowns
+
+    @property
+    def events(self) -> EventBus:
+        """Workload and node events; ``subscribe()`` to follow them."""
+        return self.report.events
+
+    @property
+    def metrics(self) -> Metrics:
+        """The Prometheus metrics of this proxy."""
+        return self.report.metrics
+
+    @property
+    def stats(self) -> dict[str, NodeStats]:
+        """Counters per node, as ``/status`` shows them."""
+        return self.report.stats
+
+    @property
+    def recent(self) -> list[dict[str, Any]]:
+        """The last finished workloads, oldest first, in their ``/status`` form."""
+        return self.report.recent
+
+    @property
+    def draining(self) -> bool:
+        """Whether ``begin_drain`` was called."""
+        return self._drain.active
+
+    async def handle_connection(
+        self, stream: trio.abc.Stream, *, client_address: str | None = None, scheme: str = "http"
+    ) -> None:
+        """Serve one client connection until it closes; closes ``stream``."""
+        config = self.config
+        client = ClientConnection(
+            stream,
+            max_head=config.max_request_head,
+            max_body=config.max_request_body,
+            client_header_timeout=config.client_header_timeout,
+            keepalive_timeout=config.keepalive_timeout,
+            drain=self._drain,
+        )
+
+        async def handler(client: ClientConnection, request: ClientRequest) -> bool:
+            return await self._workloads.run(client, request, client_address, scheme)
+
+        await client.serve(handler)
+
+    def begin_drain(self) -> None:
+        """Stop taking new requests: idle keep-alive connections close now."""
+        self._drain.begin()
+
+    def expire_cooldowns(self, now: float | None = None) -> None:
+        """Notice cooldowns that ran out (publishing ``ready`` node events)."""
+        self.report.expire_cooldowns(now)
+
+    def status(self) -> dict[str, Any]:
+        """The ``GET /status`` document (SPEC 6)."""
+        return self.report.status()

@@ -1,0 +1,246 @@
+"""What the proxy tells about its work: node counters, cooldowns, recent
+workloads, and the events, metrics and log lines they make.
+
+``Report`` is the one place that writes them; the workload shell
+(``workload.py``) calls it at each milestone, and the admin API and the demo
+read ``status()``, ``recent`` and ``events`` from it (through ``Proxy``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from .. import __version__
+from ..core.config import Config, redact_url
+from ..core.cooldown import CooldownTable
+from ..core.outcome import AttemptRecord, Outcome
+from ..core.workload import State, transition
+from ..service.events import EventBus
+from ..service.logs import access_logger, log_access, logger
+from ..service.metrics import Metrics
+from ..wire.client import Closed
+
+RECENT_WORKLOADS = 50
+
+
+@attrs.define
+class NodeStats:
+    """Counters of one node, as ``/status`` shows them."""
+
+    in_flight: int = 0
+    served: int = 0
+    failed: int = 0
+
+
+def _checked_move(work: Workload, _attribute: Any, new: State) -> State:
+    # Every assignment of ``state`` goes through the transition table.
+    return transition(work.state, new)
+
+
+@attrs.define
+class Workload:
+    """One client request across all its attempts."""
+
+    id: str
+    method: str
+    path: str
+    started: float
+    attempts: list[AttemptRecord] = attrs.Factory(list)
+    node: str | None = None  # the node of the current (or serving) attempt
+    attempt: int = 0  # the number of the current attempt, from 1
+    attempt_started: float = 0.0
+    committed_at: float | None = None
+    state: State = attrs.field(default=State.QUEUED, on_setattr=_checked_move)
+    status: int | None = None
+    body_bytes: int = 0
+    client_left: Closed | None = None
+
+    def summary(self, now: float) -> dict[str, Any]:
+        """The JSON form used by events, ``/status`` and the dashboard."""
+        return {
+            "id": self.id,
+            "method": self.method,
+            "path": self.path,
+            "state": str(self.state),
+            "status": self.status,
+            "node": self.node,
+            "attempts": [record.to_json() for record in self.attempts],
+            "ttfb_ms": (
+                _ms(self.committed_at - self.started) if self.committed_at is not None else None
+            ),
+            "duration_ms": _ms(now - self.started),
+        }
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+class Report:
+    """The proxy's books and the telemetry written from them."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.cooldowns = CooldownTable()
+        self.events = EventBus()
+        self.metrics = Metrics(node.name for node in config.upstreams)
+        self.stats = {node.name: NodeStats() for node in config.upstreams}
+        for name, stats in self.stats.items():
+            # Read at scrape time: no gauge update per attempt.
+            self.metrics.in_flight.labels(name).set_function(partial(getattr, stats, "in_flight"))
+        # Finished workloads and when they ended; summarised only when asked.
+        self._recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
+
+    # -- attempts ------------------------------------------------------------
+
+    def attempt_failed(self, work: Workload, record: AttemptRecord, *, moving_on: bool) -> None:
+        """Record a failed attempt before commit."""
+        work.attempts.append(record)
+        self.stats[record.node].failed += 1
+        self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        if moving_on:
+            self.metrics.child(self.metrics.failovers, record.node, str(record.outcome)).inc()
+        logger.warning(
+            "failover" if moving_on else "attempt failed",
+            extra={"fields": {"id": work.id, **record.to_json()}},
+        )
+
+    def committed(self, work: Workload, node: str, time_to_head: float, now: float) -> None:
+        """Count a commit; a success ends the node's cooldown."""
+        self.stats[node].served += 1
+        ended = self.cooldowns.restore(node)
+        if ended is not None:
+            if ended.until > now:
+                self.node_ready(node, "success")
+            self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        self.metrics.child(self.metrics.commits, node).inc()
+        self.metrics.child(self.metrics.time_to_head, node).observe(time_to_head)
+        self.metrics.child(self.metrics.time_to_commit, node).observe(now - work.started)
+        self.publish_workload(work)
+
+    def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
+        """Record how a committed stream ended."""
+        work.attempts.append(record)
+        self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        if record.outcome is Outcome.COMPLETED:
+            return
+        self.stats[record.node].failed += 1
+        logger.warning("stream aborted", extra={"fields": {"id": work.id, **record.to_json()}})
+
+    def client_aborted(self, work: Workload, record: AttemptRecord | None) -> None:
+        """Record that the client left before the workload was settled."""
+        if record is not None:
+            work.attempts.append(record)
+            self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        self.metrics.client_aborts.inc()
+
+    # -- cooldowns -----------------------------------------------------------
+
+    def demote(self, node: str, duration: float, reason: str, now: float) -> None:
+        """Cool ``node`` down for ``duration`` seconds from ``now``."""
+        entry = self.cooldowns.demote(node, now=now, duration=duration, reason=reason)
+        self.metrics.child(self.metrics.cooldowns, node, reason).inc()
+        self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        until = round(entry.remaining(now), 3)
+        logger.warning(
+            "cooldown", extra={"fields": {"node": node, "reason": reason, "for_s": until}}
+        )
+        self.events.publish(
+            {"type": "node", "node": node, "state": "cooling", "reason": reason, "until_s": until}
+        )
+
+    def expire_cooldowns(self, now: float | None = None) -> None:
+        """Notice cooldowns that ran out (publishing ``ready`` node events)."""
+        if now is None:
+            now = trio.current_time()
+        ended = self.cooldowns.expire(now)
+        if ended:  # asked at every workload: the common answer costs nothing
+            for entry in ended:
+                self.node_ready(entry.node, "expired")
+            self.metrics.cooling.set(len(self.cooldowns.active(now)))
+
+    def node_ready(self, node: str, reason: str) -> None:
+        """Tell that ``node`` takes requests again."""
+        logger.info("node ready", extra={"fields": {"node": node, "reason": reason}})
+        self.events.publish(
+            {"type": "node", "node": node, "state": "ready", "reason": reason, "until_s": 0}
+        )
+
+    # -- workloads -----------------------------------------------------------
+
+    def publish_workload(self, work: Workload) -> None:
+        """A ``workload`` event of the workload's current state (if anyone listens)."""
+        if not self.events.subscriber_count:
+            return  # no dashboard open: nothing to build
+        event: dict[str, Any] = {
+            "type": "workload",
+            "id": work.id,
+            "state": str(work.state),
+            "node": work.node,
+            "attempt": work.attempt,
+            "method": work.method,
+            "path": work.path,
+        }
+        if work.status is not None:
+            event["status"] = work.status
+        self.events.publish(event)
+
+    def finish(self, work: Workload) -> None:
+        """Keep, count, publish and log a finished workload."""
+        now = trio.current_time()
+        self._recent.append((work, now))
+        self.metrics.child(self.metrics.workloads, str(work.state)).inc()
+        if work.node is not None:
+            self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
+        if self.events.subscriber_count:
+            self.events.publish({"type": "workload", **work.summary(now), "attempt": work.attempt})
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
+        log_access(
+            {
+                "id": work.id,
+                "method": work.method,
+                "path": work.path,
+                "status": work.status,
+                "state": str(work.state),
+                "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
+                "commit_ms": (
+                    _ms(work.committed_at - work.started) if work.committed_at is not None else None
+                ),
+                "duration_ms": _ms(now - work.started),
+                "bytes": work.body_bytes,
+            }
+        )
+
+    @property
+    def recent(self) -> list[dict[str, Any]]:
+        """The last finished workloads, oldest first, in their ``/status`` form."""
+        return [work.summary(ended) for work, ended in self._recent]
+
+    def status(self) -> dict[str, Any]:
+        """The ``GET /status`` document (SPEC 6)."""
+        now = trio.current_time()
+        self.expire_cooldowns(now)
+        nodes = []
+        for node in self.config.upstreams:
+            entry = self.cooldowns.get(node.name, now)
+            stats = self.stats[node.name]
+            nodes.append(
+                {
+                    "name": node.name,
+                    "url": redact_url(node.url),
+                    "state": "cooling" if entry else "ready",
+                    "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
+                    "reason": entry.reason if entry else None,
+                    "in_flight": stats.in_flight,
+                    "served": stats.served,
+                    "failed": stats.failed,
+                }
+            )
+        return {"version": __version__, "nodes": nodes, "workloads": self.recent}

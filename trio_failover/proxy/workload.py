@@ -1,0 +1,381 @@
+"""One workload: the nursery, the watcher, the attempts and the relay.
+
+A workload runs in its own nursery. Its body tries the candidates one after
+another and, after commit, relays the stream; beside it runs a watcher of
+the client connection. Whichever settles the workload cancels the other:
+the body when it is done, the watcher when the client leaves (FIN or RST,
+per ``--client-close``). Cancelling an attempt closes its upstream socket at
+once (``upstream.open_response`` does it in ``finally``).
+
+Decisions (candidate order, failover, cooldown, the request for a node) come
+from the pure core (``ranking``, ``outcome``, ``rewrite``); this module
+executes them and tells ``Report`` what happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import h11
+import trio
+
+from ..core.answers import error_document
+from ..core.config import Config, Upstream
+from ..core.errors import RetryableResponse, UpstreamError
+from ..core.headers import client_response_headers, get, upstream_request_headers, workload_id
+from ..core.outcome import (
+    AttemptRecord,
+    Outcome,
+    SavedResponse,
+    after_commit,
+    failure_code,
+    failure_status,
+    judge,
+    may_pool,
+    retry_after_of,
+)
+from ..core.ranking import affinity_key, resolve_candidates
+from ..core.rewrite import body_json, node_body, node_target, requested_model
+from ..core.workload import FINAL, State
+from ..service.logs import logger
+from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
+from ..wire.pool import ConnectionPool
+from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from .report import Report, Workload
+
+
+class WorkloadRunner:
+    """Runs each request of a client connection as one workload."""
+
+    def __init__(
+        self, config: Config, connector: Connector, pool: ConnectionPool, report: Report
+    ) -> None:
+        self.config = config
+        self.connector = connector
+        self.pool = pool
+        self.report = report
+        self._needs_body_json = config.affinity == "prefix" or any(
+            node.models is not None for node in config.upstreams
+        )
+
+    async def run(
+        self,
+        client: ClientConnection,
+        request: ClientRequest,
+        client_address: str | None = None,
+        scheme: str = "http",
+    ) -> bool:
+        """Serve one request: attempts, failover, relay. Returns keep-alive."""
+        now = trio.current_time()
+        self.report.expire_cooldowns(now)
+        work = Workload(
+            id=workload_id(request.headers),
+            method=request.method.decode("ascii", "replace"),
+            path=request.target.split(b"?", 1)[0].decode("ascii", "replace"),
+            started=now,
+        )
+        document = body_json(request.body) if self._needs_body_json else None
+        candidates = self._candidates(request, document, now)
+        self.report.publish_workload(work)
+
+        keep_alive = False
+        try:
+            async with trio.open_nursery() as nursery:
+                if self.config.client_close != "ignore":
+                    nursery.start_soon(self._watch_client, client, work, nursery.cancel_scope)
+                keep_alive = await self._serve(
+                    client, request, work, candidates, document, client_address, scheme
+                )
+                nursery.cancel_scope.cancel()
+        except Exception:
+            # The one place that turns an unexpected failure into an answer:
+            # the process keeps serving other connections.
+            logger.exception("internal error", extra={"fields": {"id": work.id}})
+            if work.state not in FINAL:
+                work.state = State.FAILED
+            if work.committed_at is None:
+                await self._send_failure(
+                    client, work, 502, "internal_error", "internal proxy error"
+                )
+            keep_alive = False
+        if work.client_left is not None and work.state not in FINAL:
+            self._client_aborted(work)
+            keep_alive = False
+        self.report.finish(work)
+        return keep_alive and client.reusable
+
+    def _candidates(self, request: ClientRequest, document: Any, now: float) -> list[Upstream]:
+        selected = get(request.headers, b"x-failover-node")
+        cooldowns = self.report.cooldowns
+        candidates = resolve_candidates(
+            self.config.upstreams,
+            model=requested_model(document),
+            is_cooling=lambda name: cooldowns.is_cooling(name, now),
+            selected=selected.decode("latin-1") if selected else None,
+            affinity_key=affinity_key(document) if self.config.affinity == "prefix" else None,
+        )
+        if self.config.max_attempts:
+            candidates = candidates[: self.config.max_attempts]
+        return candidates
+
+    async def _watch_client(
+        self, client: ClientConnection, work: Workload, workload_scope: trio.CancelScope
+    ) -> None:
+        how = await client.wait_closed()
+        if how is Closed.EOF and self.config.client_close == "rst-only":
+            return  # a half-closed client still waits for its answer
+        work.client_left = how
+        workload_scope.cancel()
+
+    async def _serve(
+        self,
+        client: ClientConnection,
+        request: ClientRequest,
+        work: Workload,
+        candidates: list[Upstream],
+        document: Any,
+        client_address: str | None,
+        scheme: str,
+    ) -> bool:
+        if not candidates:
+            work.state, work.status = State.FAILED, 404
+            message = f"no node serves model {document.get('model')!r}"
+            await self._send_failure(client, work, 404, "model_not_found", message)
+            return True
+        last_answer: SavedResponse | None = None
+        for number, node in enumerate(candidates, start=1):
+            work.node, work.attempt_started, work.state = (
+                node.name,
+                trio.current_time(),
+                State.RUNNING,
+            )
+            work.attempt = number
+            self.report.publish_workload(work)
+            outgoing = self._request_for(node, request, work, document, client_address, scheme)
+            stats = self.report.stats[node.name]
+            stats.in_flight += 1
+            try:
+                try:
+                    response = await open_response(
+                        node, outgoing, connector=self.connector, config=self.config, pool=self.pool
+                    )
+                except UpstreamError as exc:
+                    failure = exc
+                else:
+                    return await self._commit_and_relay(client, work, node, response)
+            finally:
+                stats.in_flight -= 1
+            if isinstance(failure, RetryableResponse) and failure.saved is not None:
+                last_answer = failure.saved
+            if not self._attempt_failed(work, node, failure, last=number == len(candidates)):
+                break
+        work.state = State.FAILED
+        if last_answer is not None:
+            work.status = last_answer.status
+            return await self._send_saved(client, work, last_answer)
+        status = failure_status(work.attempts)
+        await self._send_failure(client, work, status, failure_code(status), "every node failed")
+        return True
+
+    async def _commit_and_relay(
+        self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
+    ) -> bool:
+        try:
+            relayed = await self._relay(client, work, node, response)
+        except BaseException:
+            await response.aclose()  # cancelled or failed: never pooled
+            raise
+        if may_pool(relayed=relayed, client_gone=client.closed is not None):
+            await response.release()
+        else:
+            await response.aclose()
+        return relayed
+
+    async def _relay(
+        self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
+    ) -> bool:
+        """Commit the response and stream the rest, chunk by chunk, unbuffered."""
+        self._committed(work, node, response)
+        headers = client_response_headers(
+            response.headers,
+            request_id=work.id,
+            node=node.name,
+            attempts=len(work.attempts) + 1,
+            keep_length=True,
+        )
+        # _parsed: skip h11's header regexes, which these headers passed
+        # already (the node's parsed by h11, the proxy's own checked at
+        # configuration time; see headers.client_response_headers).
+        commit: list[h11.Event] = [
+            h11.Response(
+                status_code=response.status, reason=response.reason, headers=headers, _parsed=True
+            )
+        ]
+        if response.first_chunk:
+            commit.append(h11.Data(data=response.first_chunk))
+            work.body_bytes += len(response.first_chunk)
+        if response.complete:
+            commit.append(h11.EndOfMessage())
+        idle_timeout = self.config.stream_idle_timeout or math.inf
+        try:
+            await client.send(*commit)
+            while not response.complete:
+                with trio.move_on_after(idle_timeout) as idle:
+                    chunk = await response.receive_chunk()
+                if idle.cancelled_caught:
+                    self._stream_ended(
+                        work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
+                    )
+                    return False
+                work.body_bytes += len(chunk)
+                if not response.complete:
+                    await client.send(h11.Data(data=chunk))
+                elif chunk:  # the last bytes and the end in one write
+                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
+                else:
+                    await client.send(h11.EndOfMessage())
+        except UpstreamError as exc:
+            # After commit nothing is replayed: the client sees a truncated
+            # response (no terminating chunk, or a short Content-Length body).
+            self._stream_ended(work, node, after_commit(exc.outcome), str(exc))
+            return False
+        except ClientGone:
+            if work.client_left is None:
+                work.client_left = Closed.RESET
+            if self.config.client_close == "ignore":
+                await _drain_ignored(response, idle_timeout)
+            return False
+        self._stream_ended(work, node, Outcome.COMPLETED, "")
+        return True
+
+    def _request_for(
+        self,
+        node: Upstream,
+        request: ClientRequest,
+        work: Workload,
+        document: Any,
+        client_address: str | None,
+        scheme: str,
+    ) -> OutgoingRequest:
+        body = node_body(request.body, document, node)
+        carries_body = bool(body) or request.method in (b"POST", b"PUT", b"PATCH")
+        headers = upstream_request_headers(
+            request.headers,
+            host=node.host_header,
+            request_id=work.id,
+            client_address=client_address,
+            client_scheme=scheme,
+            node_headers=node.headers,
+            content_length=len(body) if carries_body else None,
+        )
+        target = node_target(request.target, node.base_path)
+        return OutgoingRequest(method=request.method, target=target, headers=headers, body=body)
+
+    # -- answers that are not a node's stream --------------------------------
+
+    async def _send_saved(
+        self, client: ClientConnection, work: Workload, saved: SavedResponse
+    ) -> bool:
+        """Relay the last retryable answer as the node sent it (SPEC 5.7)."""
+        headers = client_response_headers(
+            saved.headers,
+            request_id=work.id,
+            node=saved.node,
+            attempts=len(work.attempts),
+            keep_length=False,
+        )
+        headers.append((b"content-length", b"%d" % len(saved.body)))
+        try:
+            await client.send(
+                h11.Response(status_code=saved.status, reason=saved.reason, headers=headers),
+                h11.Data(data=saved.body),
+                h11.EndOfMessage(),
+            )
+        except ClientGone:
+            return False
+        return True
+
+    async def _send_failure(
+        self, client: ClientConnection, work: Workload, status: int, code: str, message: str
+    ) -> None:
+        work.status = status
+        attempts = [record.to_json() for record in work.attempts]
+        # No path: the OpenAI shape on every path, as before (/api/ answers
+        # in Ollama's shape are core.answers' to give once the shell asks).
+        document = error_document("", status, code, message, attempts)
+        headers = [
+            (b"x-request-id", work.id.encode()),
+            (b"x-failover-attempts", b"%d" % len(work.attempts)),
+        ]
+        with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+            await client.send_json(status, document, headers)
+
+    # -- milestones: execute the verdict, tell the report --------------------
+
+    def _attempt_failed(
+        self, work: Workload, node: Upstream, failure: UpstreamError, *, last: bool
+    ) -> bool:
+        """Record a failed attempt and execute its verdict; True: try the next node."""
+        now = trio.current_time()
+        status = failure.status if isinstance(failure, RetryableResponse) else None
+        retry_after = (
+            retry_after_of(failure.status, failure.headers)
+            if isinstance(failure, RetryableResponse)
+            else None
+        )
+        verdict = judge(
+            failure.outcome,
+            response_header_timeout=self.config.response_header_timeout,
+            retry_after=retry_after,
+        )
+        record = AttemptRecord(
+            node=node.name,
+            outcome=failure.outcome,
+            elapsed=now - work.attempt_started,
+            status=status,
+            detail=str(failure),
+        )
+        self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
+        if verdict.cooldown > 0:
+            self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        return verdict.fail_over
+
+    def _committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
+        now = trio.current_time()
+        work.committed_at = now
+        work.state = State.COMMITTED
+        work.status = response.status
+        timings = response.timings
+        self.report.committed(work, node.name, timings.head - timings.written, now)
+
+    def _stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:
+        now = trio.current_time()
+        record = AttemptRecord(node.name, outcome, now - work.attempt_started, work.status, detail)
+        work.state = State.COMPLETED if outcome is Outcome.COMPLETED else State.FAILED
+        self.report.stream_ended(work, record)
+        verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
+        if verdict.cooldown > 0:
+            self.report.demote(node.name, verdict.cooldown, str(outcome), now)
+
+    def _client_aborted(self, work: Workload) -> None:
+        record = None
+        if work.node is not None:
+            detail = f"client {work.client_left.value if work.client_left else 'left'}"
+            elapsed = trio.current_time() - work.attempt_started
+            record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
+        work.state = State.CANCELLED
+        self.report.client_aborted(work, record)
+
+
+async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:
+    """``--client-close ignore``: let the node finish although nobody listens."""
+    while not response.complete:
+        with trio.move_on_after(idle_timeout) as idle:
+            try:
+                await response.receive_chunk()
+            except UpstreamError:
+                return
+        if idle.cancelled_caught:
+            return

@@ -1,0 +1,1 @@
+"""The Service layer: listeners, the admin endpoints, events, metrics and logs."""

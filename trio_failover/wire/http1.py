@@ -1,0 +1,160 @@
+"""HTTP/1 with h11, shared by every side that speaks it: no policy here.
+
+The one receive loop (``next_event``) and the body readers built on it
+(``read_body``, ``read_prefix``), the one way to send a batch of events
+(``send_events``), and the JSON answer (``json_answer``; the error
+documents are ``core.answers``'). The client side (``client.py``), the
+node side (``upstream.py``), the admin API and ``testing`` all use these.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+
+import h11
+import trio
+
+RECEIVE_SIZE = 65536
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class EarlyClose(Exception):
+    """The peer closed the connection before the message was complete."""
+
+
+async def next_event(
+    stream: trio.abc.ReceiveStream, conn: h11.Connection, *, strict_eof: bool = True
+) -> h11.Event:
+    """The next h11 event, receiving from ``stream`` as needed.
+
+    With ``strict_eof``, an EOF that cuts a message short is an
+    ``EarlyClose`` (a fast failure of the peer), not a protocol error, though
+    h11 reports it as one; without, h11's own view of the EOF is returned.
+
+    Raises:
+        EarlyClose: the peer closed mid-message (``strict_eof`` only).
+        h11.RemoteProtocolError: the peer broke HTTP/1.1.
+    """
+    while True:
+        event = conn.next_event()
+        if event is h11.PAUSED:
+            # A server reads one request at a time: bytes of a next one,
+            # before this one is answered, end the conversation.
+            return h11.ConnectionClosed()
+        if event is not h11.NEED_DATA:
+            assert not isinstance(event, type)
+            return event
+        data = await stream.receive_some(RECEIVE_SIZE)
+        conn.receive_data(bytes(data))  # no copy when it is bytes already
+        if not data and strict_eof:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise EarlyClose("connection closed mid-message") from exc
+            if event is h11.NEED_DATA or isinstance(event, (h11.ConnectionClosed, type)):
+                raise EarlyClose("connection closed")
+            return event
+
+
+async def read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[bytes, bool]:
+    """The next body bytes (at least one) and whether the body ended with them.
+
+    Returns ``(b"", True)`` at the end of the body. After the first bytes,
+    the events h11 can parse from what already arrived are taken too, without
+    another read: coalescing them delays nothing, and a small answer that
+    came in one segment is then relayed in one write, its end included.
+    """
+    while True:
+        event = await next_event(stream, conn)
+        if isinstance(event, h11.Data):
+            if event.data:
+                break
+        elif isinstance(event, h11.EndOfMessage):
+            return b"", True
+        else:
+            raise EarlyClose("connection closed in the body")
+    data = event.data  # h11's own copy: relayed as is, not copied again
+    parts: list[bytes] | None = None
+    ended = False
+    try:
+        while True:
+            more = conn.next_event()
+            if isinstance(more, h11.Data):
+                if parts is None:
+                    parts = [data]
+                parts.append(more.data)
+            else:
+                ended = isinstance(more, h11.EndOfMessage)
+                break  # NEED_DATA: nothing more yet
+    except h11.RemoteProtocolError:
+        pass  # h11 stays in ERROR and raises again on the next read
+    return (data if parts is None else b"".join(parts)), ended
+
+
+async def read_prefix(
+    stream: trio.abc.Stream, conn: h11.Connection, limit: int
+) -> tuple[bytes, bool]:
+    """Up to about ``limit`` body bytes; complete=True when the body ended within them."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        event = await next_event(stream, conn)
+        if isinstance(event, h11.Data):
+            parts.append(bytes(event.data))
+            size += len(event.data)
+        elif isinstance(event, h11.EndOfMessage):
+            return b"".join(parts), True
+        else:
+            raise EarlyClose("connection closed in the error body")
+    return b"".join(parts), False
+
+
+async def send_events(
+    stream: trio.abc.SendStream, conn: h11.Connection, *events: h11.Event
+) -> None:
+    """Send h11 events in one write; on failure tell h11 (``send_failed``) and re-raise."""
+    data = b"".join(conn.send(event) or b"" for event in events)
+    try:
+        await stream.send_all(data)
+    except BaseException:
+        conn.send_failed()
+        raise
+
+
+def phrase(status: int) -> bytes:
+    """The reason phrase of ``status`` (empty for a status HTTP does not name)."""
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+def with_close(response: h11.Response) -> h11.Response:
+    """``response`` with ``Connection: close`` (h11 then closes after it)."""
+    headers = list(response.headers)
+    if (b"connection", b"close") in headers:
+        return response
+    return h11.Response(
+        status_code=response.status_code,
+        headers=[*headers, (b"connection", b"close")],
+        reason=response.reason,
+        http_version=response.http_version,
+    )
+
+
+def json_answer(
+    status: int, document: dict[str, object], headers: Headers | None = None, *, close: bool = False
+) -> tuple[h11.Response, h11.Data, h11.EndOfMessage]:
+    """The events of a complete JSON response."""
+    body = json.dumps(document).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    head += headers or []
+    if close:
+        head.append((b"connection", b"close"))
+    return (
+        h11.Response(status_code=status, reason=phrase(status), headers=head),
+        h11.Data(data=body),
+        h11.EndOfMessage(),
+    )

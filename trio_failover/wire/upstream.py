@@ -1,0 +1,437 @@
+"""One attempt at one node: connect, write the request, read the head, wait
+for the first body byte. Then, after commit, the rest of the body.
+
+Each deadline wraps the smallest operation that owns it:
+
+    connect (+TLS)         connect_timeout           -> ConnectTimeout
+    write request          response_header_timeout   -> HeaderTimeout
+    read the whole head    response_header_timeout   -> HeaderTimeout
+    head -> first byte     first_body_timeout (opt)  -> FirstBodyTimeout
+
+Each phase is one function (``_connect``, ``_request_and_head``,
+``_error_body``, ``_first_body``). Trio, OS, TLS and h11 errors become
+``UpstreamError`` subclasses in one place, ``_map_error``, phase by phase;
+what they mean for the workload is ``outcome.judge``'s call.
+Cancellation: whatever cancels an attempt (client abort, shutdown), its
+socket is closed at once; only a connection whose response was relayed to
+its end goes back to the node's pool (``pool.py``) instead.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
+import h11
+import trio
+
+from ..core import errors
+from ..core.config import Config, Upstream
+from ..core.headers import Headers
+from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
+from . import sockopts
+from .connect import Connector, TCPConnector, open_tcp
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_prefix
+from .pool import ConnectionPool
+
+__all__ = [
+    "Connector",
+    "OutgoingRequest",
+    "TCPConnector",
+    "Timings",
+    "UpstreamResponse",
+    "open_response",
+    "open_tcp",
+]
+
+# A 4xx error body is read up to this size to look for a retryable
+# error.code; a retryable status keeps this much to relay if it is the last
+# answer. Anything longer is not an error body worth holding.
+ERROR_BODY_LIMIT = 65536
+
+
+@attrs.frozen
+class OutgoingRequest:
+    """The request as one node receives it (headers already made for that node).
+
+    Its parts are sent without h11's header checks, so they must be valid
+    already: the client's method, target and headers passed h11's parser;
+    the node's URL parts, its header names and values, and node names passed
+    the checks of ``config``; the rest is the proxy's own (a workload id that
+    matched its pattern, an address, digits). h11 still checks the method,
+    the target and the Host header.
+    """
+
+    method: bytes
+    target: bytes
+    headers: Headers
+    body: bytes
+
+
+@attrs.frozen
+class Timings:
+    """Trio-clock times of one attempt's milestones."""
+
+    started: float
+    written: float
+    head: float
+    first_body: float
+
+
+_IO_ERRORS = (
+    h11.RemoteProtocolError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    OSError,
+)
+
+
+def _map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
+    """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
+    if phase == "connect":
+        if isinstance(exc, ssl.SSLError):
+            return errors.TLSError(node, phase, f"{exc}")
+        if _caused_by(exc, ssl.SSLError):
+            return errors.TLSError(node, phase, f"{exc.__cause__}")
+        return errors.ConnectFailed(node, phase, f"{exc}")
+    if isinstance(exc, EarlyClose):
+        return errors.UpstreamClosedEarly(node, phase, f"{exc}")
+    if isinstance(exc, h11.RemoteProtocolError):
+        return errors.UpstreamProtocolError(node, phase, f"{exc}")
+    if sockopts.is_dead_peer_error(exc):
+        return errors.DeadPeer(node, phase, "peer stopped answering")
+    if _caused_by(exc, ssl.SSLError):
+        return errors.TLSError(node, phase, f"{exc.__cause__ or exc}")
+    return errors.UpstreamReset(node, phase, f"{exc.__cause__ or exc}")
+
+
+@contextmanager
+def _mapped(node: str, phase: str) -> Iterator[None]:
+    """Map Trio, OS, TLS and h11 errors of one phase onto the error tree."""
+    try:
+        yield
+    except (EarlyClose, *_IO_ERRORS) as exc:
+        raise _map_error(node, phase, exc) from exc
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; bound the walk anyway
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class UpstreamResponse:
+    """A committed-ready response: its whole head and its first body bytes.
+
+    The rest of the body comes from ``receive_chunk``. When the body was
+    relayed to its end, ``release`` hands the connection back to the pool
+    (if it may carry another request); otherwise ``aclose`` closes it. A
+    response that was not read to its end is never pooled.
+    """
+
+    def __init__(
+        self,
+        node: Upstream,
+        stream: trio.abc.Stream,
+        conn: h11.Connection,
+        response: h11.Response,
+        first_chunk: bytes,
+        complete: bool,
+        timings: Timings,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        self.node = node
+        self.status = response.status_code
+        self.reason = response.reason
+        self.headers: Headers = list(response.headers)
+        self.first_chunk = first_chunk
+        self.complete = complete
+        self.timings = timings
+        self._stream = stream
+        self._conn = conn
+        self._pool = pool
+        self._open = True
+
+    async def receive_chunk(self) -> bytes:
+        """The next body bytes: all that has arrived, at least one byte.
+
+        After it returns, ``complete`` tells whether the body has ended (the
+        bytes returned are then its last, possibly none). Bytes that came in
+        one read are returned together, so a burst of small upstream chunks
+        costs one client write, never a wait.
+
+        Raises:
+            UpstreamError: the connection broke or the node sent bad framing.
+        """
+        if self.complete:
+            return b""
+        try:
+            data, self.complete = await read_body(self._stream, self._conn)
+        except (EarlyClose, *_IO_ERRORS) as exc:
+            raise _map_error(self.node.name, "body", exc) from exc
+        return data
+
+    async def release(self) -> None:
+        """Give the connection back to the pool after a complete response, else close it.
+
+        Cancellation: the connection is pooled or closed, never left open.
+        """
+        if not self._open:
+            return
+        self._open = False
+        if self._pool is not None:  # it checks that the exchange ended cleanly
+            await self._pool.release(self.node.name, self._stream, self._conn)
+        else:
+            await trio.aclose_forcefully(self._stream)
+
+    async def aclose(self) -> None:
+        """Close the connection to the node, forcefully (never blocks)."""
+        if self._open:
+            self._open = False
+            await trio.aclose_forcefully(self._stream)
+
+
+class _StaleConnection(Exception):
+    """A pooled connection was closed by the node before any byte of the answer."""
+
+
+async def _receive_answer_start(stream: trio.abc.Stream, conn: h11.Connection) -> None:
+    """First read on a pooled connection: an EOF or reset here means it went stale.
+
+    A node closes an idle keep-alive connection whenever its own timer says
+    so; if that crosses our request, nothing of it was processed and the
+    request can go out again on a fresh connection (RFC 9112 section 9.3.1).
+
+    Raises:
+        _StaleConnection: EOF or reset before the first byte.
+    """
+    try:
+        data = await stream.receive_some(RECEIVE_SIZE)
+    except (trio.BrokenResourceError, OSError) as exc:
+        if sockopts.is_dead_peer_error(exc):
+            raise  # the peer vanished: a node failure, found by keepalive
+        raise _StaleConnection("reset before the answer") from exc
+    if not data:
+        raise _StaleConnection("closed before the answer")
+    conn.receive_data(bytes(data))
+
+
+async def _connect(node: Upstream, connector: Connector, config: Config) -> trio.abc.Stream:
+    with trio.move_on_after(config.connect_timeout) as connect_scope:
+        try:
+            return await connector.connect(node)
+        except (OSError, trio.BrokenResourceError) as exc:  # ssl.SSLError is an OSError
+            raise _map_error(node.name, "connect", exc) from exc
+    assert connect_scope.cancelled_caught
+    raise errors.ConnectTimeout(node.name, "connect", f"no connection in {config.connect_timeout}s")
+
+
+async def open_response(
+    node: Upstream,
+    request: OutgoingRequest,
+    *,
+    connector: Connector,
+    config: Config,
+    pool: ConnectionPool | None = None,
+) -> UpstreamResponse:
+    """Run one attempt up to the commit point.
+
+    With a ``pool``, the newest idle connection to the node is used first.
+    If it turns out closed before any byte of the answer (EOF or reset on
+    the write or the first read), the request goes out once more on a fresh
+    connection, within the same attempt: not a node failure, no cooldown.
+    The response-header deadline runs from the request written on the
+    connection actually used.
+
+    Returns:
+        The response with its head and first body bytes (or its valid empty
+        end); nothing has been sent to the client yet.
+
+    Raises:
+        UpstreamError: a subclass naming the phase and outcome of the failure;
+            ``RetryableResponse`` carries the node's answer in ``.saved``
+            (None when its body exceeded ``ERROR_BODY_LIMIT``).
+
+    Cancellation:
+        Cancelling closes the connection at once; nothing is left open and
+        nothing goes back to the pool.
+    """
+    started = trio.current_time()
+    if pool is not None:
+        idle = await pool.acquire(node.name)
+        if idle is not None:
+            try:
+                return await _exchange(
+                    node, idle.stream, idle.conn, request, config, started, pool, reused=True
+                )
+            except _StaleConnection:
+                pass  # closed below, outside the handler; then a fresh connection
+            except BaseException:
+                await trio.aclose_forcefully(idle.stream)
+                raise
+            await trio.aclose_forcefully(idle.stream)
+    stream = await _connect(node, connector, config)
+    try:
+        return await _exchange(
+            node, stream, h11.Connection(h11.CLIENT), request, config, started, pool, reused=False
+        )
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+
+
+async def _exchange(
+    node: Upstream,
+    stream: trio.abc.Stream,
+    conn: h11.Connection,
+    request: OutgoingRequest,
+    config: Config,
+    started: float,
+    pool: ConnectionPool | None,
+    *,
+    reused: bool,
+) -> UpstreamResponse:
+    """The phases after connect: request and head, then the error body or the first byte."""
+    response, written = await _request_and_head(node.name, stream, conn, request, config, reused)
+    head_at = trio.current_time()
+    action = classify_head(
+        response.status_code,
+        retry_status=config.retry_status,
+        retry_error_codes=config.retry_error_codes,
+    )
+    if action is HeadAction.COMMIT:
+        first, complete = await _first_body(node.name, stream, conn, config)
+    else:
+        first, complete = await _error_body(node.name, stream, conn, response, action, config)
+    timings = Timings(started, written, head_at, trio.current_time())
+    return UpstreamResponse(node, stream, conn, response, first, complete, timings, pool)
+
+
+async def _request_and_head(
+    name: str,
+    stream: trio.abc.Stream,
+    conn: h11.Connection,
+    request: OutgoingRequest,
+    config: Config,
+    reused: bool,
+) -> tuple[h11.Response, float]:
+    """Write the request and read the whole head (1xx skipped); the head and when it was written.
+
+    One scope, two deadlines of the same length: first for the write (a node
+    that does not even take the request is as stalled as one that takes it
+    and never answers), then, moved, from the request fully written to the
+    whole head read.
+    """
+    header_timeout = config.response_header_timeout
+    phase = "write"
+    written = 0.0
+    with trio.move_on_after(header_timeout) as scope:
+        try:
+            await _write_request(stream, conn, request)
+            written = trio.current_time()
+            scope.deadline = written + header_timeout
+            phase = "head"
+            if reused:
+                await _receive_answer_start(stream, conn)
+            event = await next_event(stream, conn)
+            while isinstance(event, h11.InformationalResponse):
+                event = await next_event(stream, conn)
+        except (trio.BrokenResourceError, OSError) as exc:
+            if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
+                raise _StaleConnection("broken on write") from exc
+            raise _map_error(name, phase, exc) from exc
+        except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
+            raise _map_error(name, phase, exc) from exc
+    if scope.cancelled_caught:
+        if phase == "write":
+            raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
+        raise errors.HeaderTimeout(name, "head", f"no complete response head in {header_timeout}s")
+    if not isinstance(event, h11.Response):
+        raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
+    return event, written
+
+
+async def _write_request(
+    stream: trio.abc.Stream, conn: h11.Connection, request: OutgoingRequest
+) -> None:
+    # _parsed: skip h11's header regexes; OutgoingRequest documents why its
+    # parts are valid already.
+    head = conn.send(
+        h11.Request(
+            method=request.method, target=request.target, headers=request.headers, _parsed=True
+        )
+    )
+    body = conn.send(h11.Data(data=request.body)) if request.body else b""
+    end = conn.send(h11.EndOfMessage())
+    if len(request.body) <= RECEIVE_SIZE:
+        await stream.send_all(head + body + end)
+    else:  # do not copy a large body just to save a syscall
+        await stream.send_all(head)
+        await stream.send_all(body)
+        await stream.send_all(end)
+
+
+async def _error_body(
+    name: str,
+    stream: trio.abc.Stream,
+    conn: h11.Connection,
+    response: h11.Response,
+    action: HeadAction,
+    config: Config,
+) -> tuple[bytes, bool]:
+    """Read a short error body; raise ``RetryableResponse`` if it means "fail over".
+
+    The body must come within one more header duration (a node that sends
+    "503" and stalls is still stalled). Returns the body and whether it is
+    complete, to relay as the answer.
+    """
+    with (
+        trio.move_on_after(config.response_header_timeout) as body_scope,
+        _mapped(name, "error body"),
+    ):
+        body_bytes, complete = await read_prefix(stream, conn, ERROR_BODY_LIMIT)
+    if body_scope.cancelled_caught:
+        raise errors.HeaderTimeout(name, "error body", "stalled after the head")
+    code = error_code(body_bytes) if complete else None
+    if not fails_over_on(action, code, config.retry_error_codes):
+        return body_bytes, complete
+    headers = list(response.headers)
+    saved = (
+        SavedResponse(
+            node=name,
+            status=response.status_code,
+            reason=response.reason,
+            headers=headers,
+            body=body_bytes,
+        )
+        if complete
+        else None
+    )
+    detail = f"answered {response.status_code}" + (f" {code}" if code else "")
+    raise errors.RetryableResponse(name, "head", detail, response.status_code, headers, saved)
+
+
+async def _first_body(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config
+) -> tuple[bytes, bool]:
+    """The first body bytes of a committing response.
+
+    Unbounded unless the operator opted in (``first_body_timeout``), because
+    a node may send its head at once and then prefill for minutes.
+    """
+    if not config.first_body_timeout:
+        with _mapped(name, "first body byte"):
+            return await read_body(stream, conn)
+    with trio.move_on_after(config.first_body_timeout), _mapped(name, "first body byte"):
+        return await read_body(stream, conn)
+    # Only the deadline gets here.
+    raise errors.FirstBodyTimeout(
+        name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
+    )
