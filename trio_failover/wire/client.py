@@ -36,6 +36,7 @@ import trio
 
 from ..core.answers import error_document
 from ..core.errors import ClientError
+from ..core.requests import request_line_path
 from ..core.screen import check_framing, screen_head
 from .drain import Drain
 from .http1 import json_answer, with_close
@@ -120,6 +121,8 @@ class ClientConnection:
         self._pending_limit = max(PENDING_LIMIT, max_head + 1)
         self._head_screened = False
         self._head_searched = 0  # pending bytes already searched for the head's end
+        # The screened head, kept (no copy) for the path of an error answer.
+        self._raw_head: bytes | None = None
         self._eof_fed = False
         self._answering_head = False
         self.closed: Closed | None = None
@@ -219,7 +222,8 @@ class ClientConnection:
                     return False
                 # Cut short by the client: h11 tells what the bytes amount to.
             else:
-                screen_head(bytes(self._pending[: match.end()]), self._max_head)
+                self._raw_head = bytes(self._pending[: match.end()])
+                screen_head(self._raw_head, self._max_head)
             self._head_screened = True
         if self._pending:
             self.conn.receive_data(bytes(self._pending))
@@ -270,6 +274,7 @@ class ClientConnection:
                 conn.start_next_cycle()
             self._head_screened = False
             self._head_searched = 0
+            self._raw_head = None
             self._eof_fed = False
             self._answering_head = False
         return conn.our_state is h11.IDLE and conn.their_state is h11.IDLE
@@ -392,10 +397,17 @@ class ClientConnection:
         await self.send(*json_answer(status, document, headers, close=close))
 
     async def send_client_error(self, error: ClientError) -> None:
-        """Answer a bad request with its JSON error; the connection then closes."""
+        """Answer a bad request with its JSON error; the connection then closes.
+
+        The error is in Ollama's shape when the request line, read from the
+        raw head (whole, or as far as it came), is well-formed and names a
+        path under ``/api/``; otherwise, also when that line itself is
+        malformed, in OpenAI's (SPEC 5.1, 5.7).
+        """
         if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        document = error_document("", error.status, error.code, str(error))
+        path = request_line_path(self._pending if self._raw_head is None else self._raw_head)
+        document = error_document(path, error.status, error.code, str(error))
         try:
             await self.send_json(error.status, document, close=True)
         except (ClientGone, h11.LocalProtocolError):
