@@ -146,13 +146,10 @@ class ClientConnection:
                 431 head too large.
         """
         started = self._opened if self.requests_read == 0 else trio.current_time()
-        head = await self._requests.read_head(started)
-        if head is None:
+        read = await self._requests.read_head(started)
+        if read is None:
             return None
-        # h11's Headers is a Sequence read item by item in Python: listed
-        # once, then read as a list.
-        headers = list(head.headers)
-        self._requests.check_head(headers, head.http_version)
+        head, headers = read
         if self.conn.they_are_waiting_for_100_continue:
             await self.send(h11.InformationalResponse(status_code=100, headers=[]))
         body = await self._requests.read_body()

@@ -28,6 +28,7 @@ __all__ = ["ClientRequest", "RequestReader"]
 _HEAD_END = re.compile(rb"\n\r?\n")
 
 Polled = h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]
+Headers = list[tuple[bytes, bytes]]
 
 
 @attrs.frozen
@@ -36,9 +37,44 @@ class ClientRequest:
 
     method: bytes
     target: bytes
-    headers: list[tuple[bytes, bytes]]
+    headers: Headers
     body: bytes
     http_version: bytes
+
+
+class _HeadScreen:
+    """Holds a head back from h11 until it has arrived whole and passed the screen."""
+
+    def __init__(self, max_head: int) -> None:
+        self._max_head = max_head
+        self.passed = False
+        self._searched = 0  # pending bytes already searched for the head's end
+
+    def reset(self) -> None:
+        """A next request: its head is screened anew."""
+        self.passed = False
+        self._searched = 0
+
+    def lets_through(self, pending: bytearray, closed: bool) -> bool:
+        """Whether the pending bytes may go to h11 now.
+
+        Raises:
+            ClientError: the head is malformed (400) or too large (431).
+        """
+        if self.passed:
+            return True
+        match = _HEAD_END.search(pending, max(0, self._searched - 2))
+        if match is None:
+            self._searched = len(pending)
+            if len(pending) > self._max_head:
+                raise ClientError(431, "request header fields too large", "headers_too_large")
+            if not closed:
+                return False
+            # Cut short by the client: h11 tells what the bytes amount to.
+        else:
+            screen_head(bytes(pending[: match.end()]), self._max_head)
+        self.passed = True
+        return True
 
 
 class RequestReader:
@@ -56,8 +92,7 @@ class RequestReader:
         self._max_body = max_body
         self._header_timeout = header_timeout
         self.conn = self._new_h11()
-        self._head_screened = False
-        self._head_searched = 0  # pending bytes already searched for the head's end
+        self._screen = _HeadScreen(max_head)
         self._eof_fed = False
         self.answering_head = False
         self.requests_read = 0
@@ -79,8 +114,7 @@ class RequestReader:
                 self.conn = conn = self._new_h11()
             else:  # the usual case: h11 holds nothing unscreened
                 conn.start_next_cycle()
-            self._head_screened = False
-            self._head_searched = 0
+            self._screen.reset()
             self._eof_fed = False
             self.answering_head = False
         return conn.our_state is h11.IDLE and conn.their_state is h11.IDLE
@@ -100,18 +134,8 @@ class RequestReader:
             ClientError: the head is malformed (400) or too large (431).
         """
         pending, closed = self._reader.pending, self._reader.closed
-        if not self._head_screened:
-            match = _HEAD_END.search(pending, max(0, self._head_searched - 2))
-            if match is None:
-                self._head_searched = len(pending)
-                if len(pending) > self._max_head:
-                    raise ClientError(431, "request header fields too large", "headers_too_large")
-                if closed is None:
-                    return False
-                # Cut short by the client: h11 tells what the bytes amount to.
-            else:
-                screen_head(bytes(pending[: match.end()]), self._max_head)
-            self._head_screened = True
+        if not self._screen.lets_through(pending, closed is not None):
+            return False
         if pending:
             self.conn.receive_data(self._reader.take())
             return True
@@ -141,41 +165,50 @@ class RequestReader:
                 return event
             await self._reader.wait_arrival()
 
-    async def read_head(self, started: float) -> h11.Request | None:
-        """The next request's head, due at ``started`` plus the header timeout.
-
-        Returns None when the client closed between requests. The head's
-        framing is checked, and a declared body over the limit refused.
-
-        Raises:
-            ClientError: 400 malformed, 408 too slow, 413 body too large,
-                431 head too large.
+    async def _event_by(self, deadline: float | None, late: str) -> Polled:
+        """The next event; a wait for it ends at ``deadline`` (None: one header
+        timeout from now) with a 408 that says ``late``; h11's refusals as 400 or 431.
         """
         try:
-            # A head that has arrived whole (the usual case) needs no deadline.
+            # What h11 already holds needs no wait (a head or a small body
+            # that arrived whole, the usual case); only a wait gets the deadline.
             event = self._poll_event()
             if event is h11.NEED_DATA:
-                with trio.move_on_at(started + self._header_timeout) as head_scope:
+                if deadline is None:
+                    deadline = trio.current_time() + self._header_timeout
+                with trio.move_on_at(deadline) as scope:
                     event = await self._next_event()
-                if head_scope.cancelled_caught:
-                    message = "the request head did not arrive in time"
-                    raise ClientError(408, message, "request_timeout")
+                if scope.cancelled_caught:
+                    raise ClientError(408, late, "request_timeout")
         except h11.RemoteProtocolError as exc:
             raise _client_error(exc) from exc
+        return event
+
+    async def read_head(self, started: float) -> tuple[h11.Request, Headers] | None:
+        """The next request's head and its headers, due one header timeout after ``started``.
+
+        Returns None when the client closed between requests.
+
+        Raises:
+            ClientError: 400 malformed or conflicting framing, 408 too slow,
+                413 declared body too large, 431 head too large.
+        """
+        deadline = started + self._header_timeout
+        event = await self._event_by(deadline, "the request head did not arrive in time")
         if isinstance(event, h11.ConnectionClosed):
             return None
         if not isinstance(event, h11.Request):
             raise ClientError(400, "malformed request", "bad_request")
         self.answering_head = event.method == b"HEAD"
-        return event
-
-    def check_head(self, headers: list[tuple[bytes, bytes]], http_version: bytes) -> None:
-        """Refuse conflicting framing (400) and a declared body over the limit (413)."""
-        check_framing(headers, http_version)
+        # h11's Headers is a Sequence read item by item in Python: listed
+        # once, then read as a list.
+        headers = list(event.headers)
+        check_framing(headers, event.http_version)
         self.requests_read += 1
         for name, value in headers:
             if name == b"content-length" and int(value) > self._max_body:
                 raise ClientError(413, "request body too large", "request_too_large")
+        return event, headers
 
     async def read_body(self) -> bytes:
         """The request's whole body; the client may pause one header timeout between bytes.
@@ -186,18 +219,8 @@ class RequestReader:
         parts: list[bytes] = []
         size = 0
         while True:
-            try:
-                # What h11 already holds needs no wait (a small body usually
-                # came with its head); only a wait gets the deadline.
-                event = self._poll_event()
-                if event is h11.NEED_DATA:
-                    # Between body bytes the client gets one header timeout of silence.
-                    with trio.move_on_after(self._header_timeout) as scope:
-                        event = await self._next_event()
-                    if scope.cancelled_caught:
-                        raise ClientError(408, "the request body stalled", "request_timeout")
-            except h11.RemoteProtocolError as exc:
-                raise _client_error(exc) from exc
+            # Between body bytes the client gets one header timeout of silence.
+            event = await self._event_by(None, "the request body stalled")
             if isinstance(event, h11.Data):
                 size += len(event.data)
                 if size > self._max_body:
