@@ -435,7 +435,7 @@ NGINX_CONF = """
 worker_processes 1;
 pid {dir}/{name}.pid;
 error_log {dir}/{name}-error.log warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections 20000; }}
 http {{
   access_log off;
   client_body_temp_path {dir}/{name}-body;
@@ -834,6 +834,317 @@ def run_instructions(s: Setup) -> None:
     s.report.out()
 
 
+# -- streaming: how many streams one process relays ----------------------------------
+
+STREAM_SCRIPT = Path(__file__).resolve().parent / "bench_stream.py"
+STREAM_LADDER = (100, 250, 500, 1000, 2000, 4000, 8000)
+TOKENS_PER_SECOND = 10  # per stream: bench_stream.PERIOD_NS
+TARGET_STREAM_P99_MS = 25.0
+TARGET_STREAMS = 1000
+TARGET_CHUNK_CPU_RATIO = 1.15
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its direct children (nginx's master and its worker)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+    return [pid, *children]
+
+
+def tree_cpu(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    seconds = [cpu_seconds(p) for p in process_tree(pid)]
+    return sum(s for s in seconds if s is not None) if seconds[0] is not None else None
+
+
+def tree_rss(pid: int | None) -> int | None:
+    return None if pid is None else sum(rss_kb(p) for p in process_tree(pid))
+
+
+@dataclass
+class StreamStep:
+    """What N concurrent streams through one system did in one window."""
+
+    streams: int
+    opened: int
+    chunks: int = 0
+    seconds: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    max_ms: float = float("nan")
+    broken: int = 0
+    cpu_us: float | None = None  # the system's CPU per relayed chunk
+    rss_kb: float | None = None  # the system's RSS per open stream, over its idle RSS
+    upstream_cpu: float = 0.0  # share of one core, in the window
+    clients_cpu: float = 0.0
+
+    @property
+    def rate_ok(self) -> bool:
+        expected = self.streams * TOKENS_PER_SECOND * self.seconds
+        return self.chunks >= 0.95 * expected
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.opened == self.streams
+            and not self.broken
+            and self.rate_ok
+            and self.p99_ms <= TARGET_STREAM_P99_MS
+        )
+
+
+def stream_step(
+    port: int,
+    pid: int | None,
+    upstream_pid: int,
+    streams: int,
+    idle_rss: int | None,
+    warmup: float,
+    duration: float,
+) -> StreamStep:
+    """Open ``streams`` streams through ``port``, let them settle, measure a window."""
+    command = [sys.executable, str(STREAM_SCRIPT), "clients", str(port), str(streams)]
+    with started(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as clients:
+        assert clients.stdin is not None
+        assert clients.stdout is not None
+        opened = int(clients.stdout.readline().split()[1])
+        step = StreamStep(streams, opened)
+        if opened < streams:
+            return step
+        time.sleep(warmup)
+        rss = tree_rss(pid)
+        cpu, upstream_cpu = tree_cpu(pid), cpu_seconds(upstream_pid) or 0.0
+        clients.stdin.write(b"go\n")
+        clients.stdin.flush()
+        time.sleep(duration)
+        clients.stdin.write(b"stop\n")
+        clients.stdin.flush()
+        cpu_after, upstream_after = tree_cpu(pid), cpu_seconds(upstream_pid) or 0.0
+        fields = clients.stdout.readline().split()
+    chunks, seconds = int(fields[0]), float(fields[5])
+    step.chunks, step.seconds, step.broken = chunks, seconds, int(fields[6])
+    step.p50_ms, step.p99_ms, step.max_ms = (float(f) for f in fields[1:4])
+    step.clients_cpu = float(fields[4]) / seconds
+    step.upstream_cpu = (upstream_after - upstream_cpu) / seconds
+    if cpu is not None and cpu_after is not None and chunks:
+        step.cpu_us = (cpu_after - cpu) / chunks * 1e6
+    if rss is not None and idle_rss is not None:
+        step.rss_kb = (rss - idle_rss) / opened
+    time.sleep(0.5)  # the streams close before the next step
+    return step
+
+
+def stream_row(name: str, step: StreamStep, relay_cpu: float | None) -> str:
+    cpu = f"{step.cpu_us:7.0f}" if step.cpu_us is not None else " " * 7
+    ratio = f"{step.cpu_us / relay_cpu:6.2f}" if step.cpu_us and relay_cpu else " " * 6
+    rss = f"{step.rss_kb:7.1f}" if step.rss_kb is not None else " " * 7
+    rate = step.chunks / step.seconds if step.seconds else 0.0
+    notes = []
+    if step.opened < step.streams:
+        notes.append(f"only {step.opened} opened")
+    if step.broken:
+        notes.append(f"{step.broken} broke")
+    if step.seconds and not step.rate_ok:
+        notes.append("chunks late")
+    return (
+        f"{name:13s} {step.streams:6d} {rate:8.0f}  {ms(step.p50_ms)}  {ms(step.p99_ms)}  "
+        f"{ms(step.max_ms)}  {cpu}  {ratio}  {rss}  {step.upstream_cpu * 100:4.0f}% "
+        f"{step.clients_cpu * 100:4.0f}%  {'ok' if step.ok else 'over'}"
+        + (f" ({', '.join(notes)})" if notes else "")
+    )
+
+
+@contextlib.contextmanager
+def stream_systems(s: Setup, upstream_port: int, name: str) -> Iterator[tuple[int, int | None]]:
+    """Start one system in front of the streaming upstream; yields (port, pid)."""
+    top = max(STREAM_LADDER) + 100
+    if name == "direct":
+        yield upstream_port, None
+    elif name == "trio-failover":
+        extra = ["--max-connections", str(top), *s.args.proxy_arg]
+        with proxy_process(s.workdir, [f"stream=http://127.0.0.1:{upstream_port}"], extra) as (
+            port,
+            pid,
+        ):
+            yield port, pid
+    elif name == "bare relay":
+        with child("relay", str(upstream_port)) as ((port,), pid):
+            yield port, pid
+    elif name == "nginx":
+        assert s.nginx is not None
+        port = free_port()
+        body = NGINX_STREAM.format(port=port, upstream_port=upstream_port)
+        with nginx_process(s.nginx, s.workdir, "stream", body, port) as pid:
+            yield port, pid
+    else:
+        with litellm_process(s, upstream_port) as (port, pid):
+            yield port, pid
+
+
+def stream_ladder(
+    s: Setup, upstream_port: int, upstream_pid: int, name: str, top: int
+) -> list[StreamStep]:
+    """Steps up ``STREAM_LADDER`` (to ``top``) until the p99 delay passes the target."""
+    steps: list[StreamStep] = []
+    with stream_systems(s, upstream_port, name) as (port, pid):
+        stream_step(port, pid, upstream_pid, 10, None, 0.3, 0.5)  # warm-up
+        time.sleep(0.5)
+        idle = tree_rss(pid)
+        for streams in (n for n in STREAM_LADDER if n <= top):
+            step = stream_step(
+                port,
+                pid,
+                upstream_pid,
+                streams,
+                idle,
+                s.args.stream_warmup,
+                s.args.stream_duration,
+            )
+            steps.append(step)
+            s.report.out(stream_row(name, step, s.stream_relay_cpu.get(streams)))
+            if name == "bare relay" and step.cpu_us is not None:
+                s.stream_relay_cpu[streams] = step.cpu_us
+            if not step.ok:
+                break
+    return steps
+
+
+def largest_ok(steps: list[StreamStep]) -> int:
+    return max((step.streams for step in steps if step.ok), default=0)
+
+
+def run_stream(s: Setup) -> None:
+    top = min(s.args.stream_max, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200) // 2)
+    s.report.out(
+        f"Streaming: N concurrent SSE streams, a ~100 B event every "
+        f"{1000 // TOKENS_PER_SECOND} ms each; delay from the upstream's write to the "
+        f"client's read; {s.args.stream_warmup:g} s settling, then {s.args.stream_duration:g} s "
+        f"measured per row; N up the ladder to {top} until p99 > {TARGET_STREAM_P99_MS:g} ms"
+    )
+    s.report.out(
+        "path          streams chunks/s   p50 ms   p99 ms   max ms  CPU us/chunk x relay"
+        "  KiB/stream  upstream clients"
+    )
+    names = ["direct", "bare relay", "trio-failover"]
+    if s.nginx:
+        names.append("nginx")
+    if s.args.litellm:
+        names.append("litellm")
+    results: dict[str, list[StreamStep]] = {}
+    generators_limit = False
+    with child_stream_upstream() as (upstream_port, upstream_pid):
+        for name in names:
+            results[name] = stream_ladder(s, upstream_port, upstream_pid, name, top)
+            if name == "direct" and 0 < largest_ok(results["direct"]) < top:
+                # Past this the load generators, not the systems, are measured.
+                top, generators_limit = largest_ok(results["direct"]), True
+    s.report.out()
+    stream_summary(s, results, top, generators_limit)
+
+
+def stream_summary(
+    s: Setup, results: dict[str, list[StreamStep]], top: int, generators_limit: bool
+) -> None:
+    why = "the load generators' limit" if generators_limit else "the ladder's top"
+    s.report.out(
+        f"Largest N with p99 <= {TARGET_STREAM_P99_MS:g} ms, and what one core would relay at "
+        f"the CPU per chunk measured there ({TOKENS_PER_SECOND} chunks/s per stream):"
+    )
+    for name, steps in results.items():
+        n = largest_ok(steps)
+        capped = bool(steps) and steps[-1].ok and steps[-1].streams >= top
+        passed = [step for step in steps if step.ok and step.cpu_us]
+        core = (
+            f"; one core: ~{1e6 / passed[-1].cpu_us / TOKENS_PER_SECOND:,.0f} streams"
+            if passed and passed[-1].cpu_us
+            else ""
+        )
+        s.report.out(
+            f"  {name:13s} {'>= ' if capped else ''}{n or 'none'}"
+            + (f" ({why})" if capped else "")
+            + core
+        )
+    s.report.out()
+    ours = {step.streams: step for step in results["trio-failover"] if step.ok}
+    bare = {step.streams: step for step in results["bare relay"] if step.ok}
+    ratios = {
+        n: ours[n].cpu_us / bare[n].cpu_us  # type: ignore[operator]
+        for n in sorted(ours.keys() & bare.keys())
+        if ours[n].cpu_us and bare[n].cpu_us
+    }
+    if ratios:
+        s.report.target(
+            f"stream CPU per chunk <= {TARGET_CHUNK_CPU_RATIO} x bare relay",
+            ", ".join(f"{r:.2f} x at {n}" for n, r in ratios.items()),
+            max(ratios.values()) <= TARGET_CHUNK_CPU_RATIO,
+        )
+    n = largest_ok(results["trio-failover"])
+    s.report.target(
+        f">= {TARGET_STREAMS} streams within p99 {TARGET_STREAM_P99_MS:g} ms",
+        f"{n} streams" + (f" ({why})" if n >= top else ""),
+        n >= TARGET_STREAMS,
+    )
+    rss = [step.rss_kb for step in ours.values() if step.rss_kb is not None and step.streams >= 250]
+    if rss:
+        s.report.target(
+            f"stream RSS per open stream <= {TARGET_RSS_PER_STREAM_KB} KB",
+            f"{max(rss):.1f} KiB",
+            max(rss) <= TARGET_RSS_PER_STREAM_KB,
+        )
+
+
+@contextlib.contextmanager
+def litellm_process(s: Setup, upstream_port: int) -> Iterator[tuple[int, int]]:
+    """The LiteLLM proxy (one worker) with the streaming upstream as an OpenAI model."""
+    port = free_port()
+    command = [
+        s.args.litellm,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+        "--model",
+        "openai/bench",
+        "--api_base",
+        f"http://127.0.0.1:{upstream_port}/v1",
+    ]
+    env = {**os.environ, "OPENAI_API_KEY": "bench", "LITELLM_LOG": "ERROR"}
+    log_path = s.workdir / "litellm.log"
+    with log_path.open("wb") as log, started(command, stdout=log, stderr=log, env=env) as process:
+        try:
+            wait_port(port, limit=120)
+        except OSError:
+            sys.exit(f"litellm did not start:\n{log_path.read_text()[-2000:]}")
+        yield port, process.pid
+
+
+@contextlib.contextmanager
+def child_stream_upstream() -> Iterator[tuple[int, int]]:
+    """bench_stream.py's upstream; yields (port, pid)."""
+    command = [sys.executable, str(STREAM_SCRIPT), "upstream"]
+    with started(command, stdout=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        yield int(process.stdout.readline()), process.pid
+
+
+NGINX_STREAM = """
+  upstream stream {{ server 127.0.0.1:{upstream_port}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_buffering off;
+    location / {{ proxy_pass http://stream; }}
+  }}
+"""
+
+
 # -- the report --------------------------------------------------------------------------
 
 
@@ -862,6 +1173,8 @@ class Setup:
     json_port: int
     origin: str
     nginx_port: int | None
+    nginx: str | None = None
+    stream_relay_cpu: dict[int, float] = field(default_factory=dict)  # N -> bare relay us/chunk
 
 
 def run_json(s: Setup) -> None:
@@ -1132,13 +1445,16 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             origin = "nginx (return 200)"
-        setup = Setup(args, report, workdir, py_port, frozen_port, json_port, origin, nginx_port)
+        setup = Setup(
+            args, report, workdir, py_port, frozen_port, json_port, origin, nginx_port, nginx
+        )
         parts = args.only.split(",")
         for name, part in (
             ("json", run_json),
             ("sse", run_sse),
             ("memory", run_memory),
             ("failover", run_failover),
+            ("stream", run_stream),
             ("instructions", run_instructions),
         ):
             if name in parts:
@@ -1169,11 +1485,35 @@ def main() -> int:
     parser.add_argument(
         "--sse-duration", type=float, default=2.0, help="seconds per SSE row (default 2)"
     )
+    parser.add_argument(
+        "--stream-duration",
+        type=float,
+        default=3.0,
+        help="seconds measured per streaming row (default 3)",
+    )
+    parser.add_argument(
+        "--stream-warmup",
+        type=float,
+        default=1.0,
+        help="seconds the streams run before each streaming row is measured (default 1)",
+    )
+    parser.add_argument(
+        "--stream-max",
+        type=int,
+        default=4000,
+        help="highest N of the streaming ladder 100, 250, 500, 1000, 2000, ... (default 4000)",
+    )
+    parser.add_argument(
+        "--litellm",
+        metavar="PATH",
+        default=shutil.which("litellm"),
+        help="the litellm proxy command, for a LiteLLM row (default: litellm on PATH, if any)",
+    )
     parser.add_argument("--stalls", type=int, default=10, help="stalls to time (default 10)")
     parser.add_argument(
         "--only",
-        default="json,sse,memory,failover,instructions",
-        help="comma-separated parts to run (default: all five; instructions needs valgrind)",
+        default="json,sse,memory,failover,stream,instructions",
+        help="comma-separated parts to run (default: all six; instructions needs valgrind)",
     )
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out even if installed")
     parser.add_argument(
