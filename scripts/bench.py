@@ -765,12 +765,15 @@ def keepalive_requests(port: int, count: int) -> None:
                 data += chunk
 
 
-def instructions_per_request(command: list[str], port: int | None, workdir: Path) -> float:
-    """Run ``command`` under callgrind; count what ``CALLGRIND_REQUESTS`` requests cost it.
+@contextlib.contextmanager
+def under_callgrind(
+    command: list[str], port: int | None, workdir: Path
+) -> Iterator[tuple[int, int, Callable[[], float]]]:
+    """Run ``command`` under callgrind; yields (pid, port, count).
 
     ``port`` None: the command prints its port on its first line (the relay).
-    Only the measured requests are counted: the counters are zeroed after a
-    warm-up and dumped after the last request, with ``callgrind_control``.
+    ``count()`` zeroes the counters on its first call; each later call dumps
+    them (with ``callgrind_control``) and returns the instructions since.
     """
     out = workdir / "callgrind"
     out.mkdir(exist_ok=True)
@@ -789,19 +792,75 @@ def instructions_per_request(command: list[str], port: int | None, workdir: Path
             assert process.stdout is not None
             port = int(process.stdout.readline().split()[0])
         wait_port(port, limit=120)  # Python under valgrind starts slowly
-        keepalive_requests(port, CALLGRIND_WARMUP)
-        control = ["callgrind_control"]
-        subprocess.run([*control, "--zero", str(process.pid)], check=True, capture_output=True)
-        keepalive_requests(port, CALLGRIND_REQUESTS)
-        subprocess.run([*control, "--dump", str(process.pid)], check=True, capture_output=True)
-    dumps = sorted(out.glob(f"cg.{process.pid}.*"), key=lambda path: path.stat().st_mtime)
+        zeroed = False
+
+        def count() -> float:
+            nonlocal zeroed
+            control = ["callgrind_control", "--dump" if zeroed else "--zero", str(process.pid)]
+            subprocess.run(control, check=True, capture_output=True)
+            if not zeroed:
+                zeroed = True
+                return 0.0
+            return callgrind_total(out, process.pid)
+
+        yield process.pid, port, count
+
+
+def callgrind_total(out: Path, pid: int) -> float:
+    """The instruction total of ``pid``'s last callgrind dump in ``out``."""
+    dumps = sorted(out.glob(f"cg.{pid}.*"), key=lambda path: path.stat().st_mtime)
     if not dumps:
         raise OSError("callgrind wrote no dump")
     text = dumps[-1].read_text(errors="replace")
     total = re.search(r"(?m)^(?:summary|totals):\s*(\d+)", text)
     if total is None:
         raise OSError(f"no total in {dumps[-1]}")
-    return int(total.group(1)) / CALLGRIND_REQUESTS
+    return int(total.group(1))
+
+
+def instructions_per_request(command: list[str], port: int | None, workdir: Path) -> float:
+    """Instructions ``command`` spends per small JSON request, after a warm-up."""
+    with under_callgrind(command, port, workdir) as (_pid, port, count):
+        keepalive_requests(port, CALLGRIND_WARMUP)
+        count()
+        keepalive_requests(port, CALLGRIND_REQUESTS)
+        return count() / CALLGRIND_REQUESTS
+
+
+CALLGRIND_STREAMS = 5
+CALLGRIND_STREAM_SECONDS = 4.0
+
+
+def instructions_per_chunk(
+    command: Callable[[int], list[str]], port: int | None, workdir: Path
+) -> float:
+    """Instructions ``command(upstream_port)`` spends per relayed chunk, a few streams open.
+
+    Few and slow streams, because under callgrind the relay runs some 50
+    times slower, and a backlog would merge chunks into fewer, larger reads.
+    """
+    with (
+        child_stream_upstream() as (upstream_port, _),
+        under_callgrind(command(upstream_port), port, workdir) as (_, port, count),
+        started(
+            [sys.executable, str(STREAM_SCRIPT), "clients", str(port), str(CALLGRIND_STREAMS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        ) as clients,
+    ):
+        assert clients.stdin is not None
+        assert clients.stdout is not None
+        clients.stdout.readline()  # "open N"
+        time.sleep(2)  # warm-up
+        count()
+        clients.stdin.write(b"go\n")
+        clients.stdin.flush()
+        time.sleep(CALLGRIND_STREAM_SECONDS)
+        total = count()
+        clients.stdin.write(b"stop\n")
+        clients.stdin.flush()
+        chunks = int(clients.stdout.readline().split()[0])
+    return total / max(chunks, 1)
 
 
 def run_instructions(s: Setup) -> None:
@@ -831,13 +890,29 @@ def run_instructions(s: Setup) -> None:
         f"  trio-failover {ours / 1e6:.2f} M; bare relay {bare / 1e6:.2f} M: {ours / bare:.2f} x; "
         f"trio pump (no HTTP) {floor / 1e6:.2f} M{httptools}"
     )
+
+    def proxy_for(upstream_port: int) -> list[str]:
+        return [*proxy[:-1], f"http://127.0.0.1:{upstream_port}", *s.args.proxy_arg]
+
+    def relay_for(upstream_port: int) -> list[str]:
+        return [sys.executable, __file__, "relay", str(upstream_port)]
+
+    ours = instructions_per_chunk(proxy_for, port, s.workdir)
+    bare = instructions_per_chunk(relay_for, None, s.workdir)
+    s.report.out(
+        f"Instructions per relayed SSE chunk ({CALLGRIND_STREAMS} streams, a chunk every "
+        f"{1000 // TOKENS_PER_SECOND} ms each, {CALLGRIND_STREAM_SECONDS:g} s)"
+    )
+    s.report.out(
+        f"  trio-failover {ours / 1e3:.0f} k; bare relay {bare / 1e3:.0f} k: {ours / bare:.2f} x"
+    )
     s.report.out()
 
 
 # -- streaming: how many streams one process relays ----------------------------------
 
 STREAM_SCRIPT = Path(__file__).resolve().parent / "bench_stream.py"
-STREAM_LADDER = (100, 250, 500, 1000, 2000, 4000, 8000)
+STREAM_LADDER = (100, 250, 500, 1000, 2000, 4000)
 TOKENS_PER_SECOND = 10  # per stream: bench_stream.PERIOD_NS
 TARGET_STREAM_P99_MS = 25.0
 TARGET_STREAMS = 1000
@@ -961,7 +1036,7 @@ def stream_row(name: str, step: StreamStep, relay_cpu: float | None) -> str:
 @contextlib.contextmanager
 def stream_systems(s: Setup, upstream_port: int, name: str) -> Iterator[tuple[int, int | None]]:
     """Start one system in front of the streaming upstream; yields (port, pid)."""
-    top = max(STREAM_LADDER) + 100
+    top = max(s.args.stream_ladder) + 100
     if name == "direct":
         yield upstream_port, None
     elif name == "trio-failover":
@@ -988,13 +1063,13 @@ def stream_systems(s: Setup, upstream_port: int, name: str) -> Iterator[tuple[in
 def stream_ladder(
     s: Setup, upstream_port: int, upstream_pid: int, name: str, top: int
 ) -> list[StreamStep]:
-    """Steps up ``STREAM_LADDER`` (to ``top``) until the p99 delay passes the target."""
+    """Steps up the ladder (to ``top``) until the p99 delay passes the target."""
     steps: list[StreamStep] = []
     with stream_systems(s, upstream_port, name) as (port, pid):
         stream_step(port, pid, upstream_pid, 10, None, 0.3, 0.5)  # warm-up
         time.sleep(0.5)
         idle = tree_rss(pid)
-        for streams in (n for n in STREAM_LADDER if n <= top):
+        for streams in (n for n in s.args.stream_ladder if n <= top):
             step = stream_step(
                 port,
                 pid,
@@ -1018,12 +1093,14 @@ def largest_ok(steps: list[StreamStep]) -> int:
 
 
 def run_stream(s: Setup) -> None:
-    top = min(s.args.stream_max, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200) // 2)
+    ladder = s.args.stream_ladder
+    top = min(max(ladder), (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200) // 2)
     s.report.out(
         f"Streaming: N concurrent SSE streams, a ~100 B event every "
         f"{1000 // TOKENS_PER_SECOND} ms each; delay from the upstream's write to the "
         f"client's read; {s.args.stream_warmup:g} s settling, then {s.args.stream_duration:g} s "
-        f"measured per row; N up the ladder to {top} until p99 > {TARGET_STREAM_P99_MS:g} ms"
+        f"measured per row; N up {','.join(str(n) for n in ladder if n <= top)} "
+        f"until p99 > {TARGET_STREAM_P99_MS:g} ms"
     )
     s.report.out(
         "path          streams chunks/s   p50 ms   p99 ms   max ms  CPU us/chunk x relay"
@@ -1498,10 +1575,11 @@ def main() -> int:
         help="seconds the streams run before each streaming row is measured (default 1)",
     )
     parser.add_argument(
-        "--stream-max",
-        type=int,
-        default=4000,
-        help="highest N of the streaming ladder 100, 250, 500, 1000, 2000, ... (default 4000)",
+        "--stream-ladder",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=STREAM_LADDER,
+        metavar="N,N,...",
+        help=f"stream counts to climb (default: {','.join(map(str, STREAM_LADDER))})",
     )
     parser.add_argument(
         "--litellm",
