@@ -833,8 +833,8 @@ CALLGRIND_STREAM_SECONDS = 4.0
 
 def instructions_per_chunk(
     command: Callable[[int], list[str]], port: int | None, workdir: Path
-) -> float:
-    """Instructions ``command(upstream_port)`` spends per relayed chunk, a few streams open.
+) -> tuple[float, int]:
+    """Instructions ``command(upstream_port)`` spends per relayed chunk, and the chunks.
 
     Few and slow streams, because under callgrind the relay runs some 50
     times slower, and a backlog would merge chunks into fewer, larger reads.
@@ -860,7 +860,7 @@ def instructions_per_chunk(
         clients.stdin.write(b"stop\n")
         clients.stdin.flush()
         chunks = int(clients.stdout.readline().split()[0])
-    return total / max(chunks, 1)
+    return total / max(chunks, 1), chunks
 
 
 def run_instructions(s: Setup) -> None:
@@ -897,11 +897,12 @@ def run_instructions(s: Setup) -> None:
     def relay_for(upstream_port: int) -> list[str]:
         return [sys.executable, __file__, "relay", str(upstream_port)]
 
-    ours = instructions_per_chunk(proxy_for, port, s.workdir)
-    bare = instructions_per_chunk(relay_for, None, s.workdir)
+    (ours, our_chunks) = instructions_per_chunk(proxy_for, port, s.workdir)
+    (bare, bare_chunks) = instructions_per_chunk(relay_for, None, s.workdir)
     s.report.out(
         f"Instructions per relayed SSE chunk ({CALLGRIND_STREAMS} streams, a chunk every "
-        f"{1000 // TOKENS_PER_SECOND} ms each, {CALLGRIND_STREAM_SECONDS:g} s)"
+        f"{1000 // TOKENS_PER_SECOND} ms each, {CALLGRIND_STREAM_SECONDS:g} s: "
+        f"{our_chunks} and {bare_chunks} chunks)"
     )
     s.report.out(
         f"  trio-failover {ours / 1e3:.0f} k; bare relay {bare / 1e3:.0f} k: {ours / bare:.2f} x"
