@@ -1142,7 +1142,7 @@ def stream_summary(
             else ""
         )
         s.report.out(
-            f"  {name:13s} {'>= ' if capped else ''}{n or 'none'}"
+            f"  {name:13s} {'>= ' if capped else ''}{n or f'< {min(s.args.stream_ladder)}'}"
             + (f" ({why})" if capped else "")
             + core
         )
@@ -1192,7 +1192,12 @@ def litellm_process(s: Setup, upstream_port: int) -> Iterator[tuple[int, int]]:
         "--api_base",
         f"http://127.0.0.1:{upstream_port}/v1",
     ]
-    env = {**os.environ, "OPENAI_API_KEY": "bench", "LITELLM_LOG": "ERROR"}
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "bench",
+        "LITELLM_MASTER_KEY": "sk-bench",  # it refuses to start without one
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else it fetches a price list at start
+    }
     log_path = s.workdir / "litellm.log"
     with log_path.open("wb") as log, started(command, stdout=log, stderr=log, env=env) as process:
         try:
