@@ -1571,8 +1571,8 @@ def main() -> int:
     parser.add_argument(
         "--stream-duration",
         type=float,
-        default=3.0,
-        help="seconds measured per streaming row (default 3)",
+        default=2.0,
+        help="seconds measured per streaming row (default 2)",
     )
     parser.add_argument(
         "--stream-warmup",
