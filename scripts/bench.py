@@ -629,9 +629,9 @@ def json_load(
         return asyncio.run(builtin_load(port, clients, duration))
 
     load(1)  # warm-up: connections, pools, caches
-    before = cpu_seconds(pid)
+    before = tree_cpu(pid)
     result = load(args.duration)
-    after = cpu_seconds(pid)
+    after = tree_cpu(pid)
     if before is None or after is None or not result.requests:
         return result, None
     return result, (after - before) / result.requests * 1e6
@@ -1177,7 +1177,7 @@ def stream_summary(
 
 @contextlib.contextmanager
 def litellm_process(s: Setup, upstream_port: int) -> Iterator[tuple[int, int]]:
-    """The LiteLLM proxy (one worker) with the streaming upstream as an OpenAI model."""
+    """The LiteLLM proxy (one worker), ``upstream_port`` its OpenAI-compatible model ``bench``."""
     port = free_port()
     command = [
         s.args.litellm,
@@ -1195,7 +1195,9 @@ def litellm_process(s: Setup, upstream_port: int) -> Iterator[tuple[int, int]]:
     env = {
         **os.environ,
         "OPENAI_API_KEY": "bench",
-        "LITELLM_MASTER_KEY": "sk-bench",  # it refuses to start without one
+        # Without a master key it refuses to start unless told that this
+        # is local use; so the clients need no Authorization header.
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else it fetches a price list at start
     }
     log_path = s.workdir / "litellm.log"
@@ -1291,6 +1293,9 @@ def run_json(s: Setup) -> None:
             paths.append(("httptools", httptools_port, httptools_pid))
         if s.nginx_port:
             paths.append(("nginx", s.nginx_port, None))
+        if s.args.litellm:
+            litellm_port, litellm_pid = optional.enter_context(litellm_process(s, s.json_port))
+            paths.append(("litellm", litellm_port, litellm_pid))
         for clients in CONCURRENCY:
             for name, target, target_pid in paths:
                 result, cpu = json_load(s.args, s.workdir, target, clients, target_pid)

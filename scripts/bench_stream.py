@@ -180,9 +180,7 @@ class Clients:
 
     def connect(self, count: int) -> None:
         request = (
-            # The key is LiteLLM's master key; the other systems ignore it.
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
-            b"Authorization: Bearer sk-bench\r\n"
             b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (len(REQUEST_BODY), REQUEST_BODY)
         )
