@@ -904,9 +904,13 @@ def run_instructions(s: Setup) -> None:
         f"{1000 // TOKENS_PER_SECOND} ms each, {CALLGRIND_STREAM_SECONDS:g} s: "
         f"{our_chunks} and {bare_chunks} chunks)"
     )
-    s.report.out(
-        f"  trio-failover {ours / 1e3:.0f} k; bare relay {bare / 1e3:.0f} k: {ours / bare:.2f} x"
-    )
+    if min(our_chunks, bare_chunks) < CALLGRIND_STREAMS * CALLGRIND_STREAM_SECONDS:
+        s.report.out("  too few chunks arrived to count instructions per chunk")
+    else:
+        s.report.out(
+            f"  trio-failover {ours / 1e3:.0f} k; bare relay {bare / 1e3:.0f} k: "
+            f"{ours / bare:.2f} x"
+        )
     s.report.out()
 
 
