@@ -14,9 +14,13 @@ direct in the same run:
 - RSS of the proxy process idle and with 1,000 open slow streams;
 - failover precision: what a stalled node costs beyond its deadline, and
   what the next request pays while that node cools down;
-- with valgrind installed: instructions per small JSON request of the proxy
-  and of the reference relays, counted by callgrind, ratios that do not
-  depend on how busy the machine is.
+- streaming: N concurrent endless SSE streams, an event every 100 ms each,
+  N climbing 100, 250, 500, ... until the p99 delay of a chunk passes
+  25 ms, with each system's CPU per relayed chunk and RSS per open stream
+  (load generators in bench_stream.py, processes of their own);
+- with valgrind installed: instructions per small JSON request, and per
+  relayed SSE chunk, of the proxy and of the reference relays, counted by
+  callgrind, ratios that do not depend on how busy the machine is.
 
 For the proxy and the reference relays, the JSON rows also give the CPU time
 (user plus system) that process spent per request, read from /proc on Linux.
@@ -30,12 +34,13 @@ installed) is the bare relay with httptools parsing instead of h11;
 ``nginx`` is nginx as a reverse proxy (one worker, upstream keep-alive, no
 access log), when nginx is installed. nginx then also serves the JSON
 answers (``return 200``), so the upstream is not the bottleneck; without it
-the built-in asyncio upstream does.
+the built-in asyncio upstream does. ``litellm`` (JSON and streaming) is the
+LiteLLM proxy, one worker, when ``--litellm`` or the PATH names it.
 
 ``wrk`` drives the JSON rows when it is installed; otherwise a built-in
 asyncio load generator does, which shares the CPUs with the proxy and gives
-lower figures. The SSE, memory and failover parts always use built-in
-clients.
+lower figures. The SSE, memory, failover and streaming parts always use
+built-in clients.
 
 This is a measurement tool, not a test: it asserts nothing, and exits 0
 unless something could not be started.
