@@ -9,9 +9,11 @@ generators time chunks and its report has a row per system.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -96,7 +98,17 @@ def test_stream_part_prints_a_row_per_system(tmp_path: Path) -> None:
         "--litellm",
         "",
     ]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    # A session of its own, so that on a timeout its children (upstreams,
+    # relays, the proxy) go with it instead of living on as orphans.
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            out, _ = process.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, out
     rows = {line.split()[0] for line in out.splitlines() if re.match(r"\S.* +5 +\d+ ", line)}
     assert {"direct", "bare", "trio-failover"} <= rows, out
     assert "Largest N with p99 <= 25 ms" in out
