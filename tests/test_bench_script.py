@@ -78,8 +78,9 @@ def test_stream_generators_time_chunks_through_the_bare_relay(bench: ModuleType)
     # Three streams at ten chunks a second for half a second, give or take a tick.
     assert 5 <= step.chunks <= 25, step
     assert 0 <= step.p50_ms <= step.p99_ms <= step.max_ms
+    # /proc counts CPU in clock ticks (10 ms): fifteen chunks may cost less than one.
     assert step.cpu_us is not None
-    assert step.cpu_us > 0
+    assert step.cpu_us >= 0
 
 
 def test_stream_part_prints_a_row_per_system(tmp_path: Path) -> None:
