@@ -265,6 +265,20 @@ async def test_an_event_stream_that_breaks_after_comments_fails_over_without_coo
         assert proxy.cooldowns.active(trio.current_time()) == []
 
 
+async def test_a_flood_of_comments_before_any_event_is_not_held_without_bound(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    flood = FakeNode(fragments([b": " + b"x" * 70_000 + b"\n", b"data: 1\n\n"]))
+    async with Fleet({"flood": flood, "peer": FakeNode(healthy(b"peer"))}) as fleet:
+        proxy = make_proxy(fleet, first_body_timeout=100.0)
+        with trio.fail_after(LIMIT):
+            response = await request(proxy, body=STREAMED)
+        assert response is not None
+        assert response.body == b"peer"
+        assert outcomes(proxy)[0][0] == ("flood", "protocol_error")
+        assert proxy.cooldowns.active(trio.current_time()) == []
+
+
 async def test_an_empty_event_stream_with_a_valid_end_commits(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -12,9 +12,9 @@ Each deadline wraps the smallest operation that owns it:
                            comment or blank, SPEC 5.5)
 
 Each phase is one function (``_connect``, ``_request_and_head``,
-``_error_body``, ``_first_body``). Trio, OS, TLS and h11 errors become
-``UpstreamError`` subclasses in one place, ``_map_error``, phase by phase;
-what they mean for the workload is ``outcome.judge``'s call.
+``_error_body``, ``_first_body``, ``_first_event``). Trio, OS, TLS and h11
+errors become ``UpstreamError`` subclasses in one place, ``_map_error``,
+phase by phase; what they mean for the workload is ``outcome.judge``'s call.
 Cancellation: whatever cancels an attempt (client abort, shutdown), its
 socket is closed at once; only a connection whose response was relayed to
 its end goes back to the node's pool (``pool.py``) instead.
