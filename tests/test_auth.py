@@ -19,6 +19,7 @@ import h11
 import httpx
 import pytest
 import trio
+import trio.testing
 import trio_websocket
 from auth_fleet import (
     ALICE_KEY,
@@ -40,6 +41,7 @@ from trio_failover.testing import (
     read_response,
     request_tcp,
 )
+from trio_failover.wire.client import ClientConnection
 from trio_failover.wire.http1 import send_events
 
 
@@ -423,3 +425,62 @@ async def test_serve_warns_when_exposed_without_a_key(
 
     warnings = [m for m in logged.messages(logging.WARNING) if m.startswith(EXPOSED)]
     assert len(warnings) == (1 if warned else 0)
+
+
+# --- a refused request's body ---------------------------------------------------------------
+
+
+async def raw_answer(address: tuple[str, int], data: bytes) -> bytes:
+    """Send ``data`` (which asks to close), return everything that comes back."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        await stream.send_all(data)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize(("key", "first"), [(WRONG_KEY, b"401"), (ALICE_KEY, b"100")])
+async def test_a_refused_request_is_not_invited_to_send_its_body(key: str, first: bytes) -> None:
+    body = chat_body("/v1/chat/completions", False)
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n"
+        b"Expect: 100-continue\r\nContent-Length: %d\r\nX-Api-Key: %s\r\n\r\n"
+    ) % (len(body), key.encode())
+    with trio.fail_after(LIMIT):
+        async with running(clients=CLIENTS) as proxy:
+            # The body follows at once, as clients do that stop waiting for
+            # "100 Continue": the key decides whether it is invited.
+            answer = await raw_answer(proxy.bound.client, head + body)
+
+    assert answer.startswith(b"HTTP/1.1 " + first + b" ")
+    assert (b"HTTP/1.1 200 " in answer) is (key == ALICE_KEY)
+
+
+async def test_a_refused_request_has_its_body_dropped_not_buffered(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    client_side, server_side = trio.testing.memory_stream_pair()
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    def refuse(headers: list[tuple[bytes, bytes]]) -> bool:
+        seen.append(headers)
+        return False
+
+    connection = ClientConnection(
+        server_side, max_head=16384, max_body=1 << 20, client_header_timeout=30, admit=refuse
+    )
+    body = b"x" * 100_000
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.run_reader)
+        await client_side.send_all(
+            b"POST /v1/x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        request = await connection.read_request()
+        nursery.cancel_scope.cancel()
+
+    assert request is not None
+    assert (request.refused, request.body) == (True, b"")
+    assert len(seen) == 1
+    assert connection.conn.their_state is h11.DONE  # read to its end: the connection goes on

@@ -40,6 +40,16 @@ class ClientGate:
         self.keys = tuple((client.name, client.key) for client in config.clients)
         self.report = report
 
+    @property
+    def checks(self) -> bool:
+        """Whether keys are configured (and so checked)."""
+        return bool(self.keys)
+
+    def allows(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether a request head presents a configured key (``ClientConnection``'s
+        ``admit``: the body of a refused request is not buffered)."""
+        return check_client(headers, self.keys).allowed
+
     async def admit(self, client: ClientConnection, request: ClientRequest) -> Admitted | None:
         """The request to serve, or None after answering it ``401`` (keep-alive kept).
 
@@ -49,7 +59,7 @@ class ClientGate:
         if not self.keys:
             return Admitted(request, None)  # nothing checked, nothing removed
         check = check_client(request.headers, self.keys)
-        if not check.allowed:
+        if request.refused or not check.allowed:
             await self._refuse(client, request)
             return None
         # The client's Authorization and X-Api-Key were the proxy's key: a

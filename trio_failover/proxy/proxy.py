@@ -89,6 +89,7 @@ class Proxy:
             client_header_timeout=config.client_header_timeout,
             keepalive_timeout=config.keepalive_timeout,
             drain=self._drain,
+            admit=self._gate.allows if self._gate.checks else None,
         )
 
         async def handler(client: ClientConnection, request: ClientRequest) -> bool:

@@ -76,9 +76,14 @@ class ClientRequest:
     headers: list[tuple[bytes, bytes]]
     body: bytes
     http_version: bytes
+    # Refused at its head by ``admit``: its body was read and thrown away
+    # (``body`` is empty), so that the connection can carry the next request.
+    refused: bool = False
 
 
 Handler = Callable[["ClientConnection", ClientRequest], Awaitable[bool]]
+# Whether a request, by its head, may have its body buffered (a key check).
+Admit = Callable[[list[tuple[bytes, bytes]]], bool]
 
 
 class ClientConnection:
@@ -99,8 +104,10 @@ class ClientConnection:
         client_header_timeout: float,
         keepalive_timeout: float = math.inf,
         drain: Drain | None = None,
+        admit: Admit | None = None,
     ) -> None:
         self.stream = stream
+        self._admit = admit
         # Read before each answer: once the server drains, the answer says
         # "Connection: close", so that a keep-alive client does not send a
         # next request into a connection about to close.
@@ -315,20 +322,27 @@ class ClientConnection:
         headers = list(event.headers)
         check_framing(headers, event.http_version)
         self.requests_read += 1
-        body = await self._read_body(headers)
+        # A request refused by its head (no valid key) never gets its body
+        # buffered: a client without a key cannot make the proxy hold
+        # --max-request-body bytes per connection.
+        refused = self._admit is not None and not self._admit(headers)
+        body = await self._read_body(headers, keep=not refused)
         return ClientRequest(
             method=event.method,
             target=event.target,
             headers=headers,
             body=body,
             http_version=event.http_version,
+            refused=refused,
         )
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+    async def _read_body(self, headers: list[tuple[bytes, bytes]], *, keep: bool = True) -> bytes:
+        """The whole body; with ``keep=False`` it is read to its end and dropped."""
         for name, value in headers:
             if name == b"content-length" and int(value) > self._max_body:
                 raise ClientError(413, "request body too large", "request_too_large")
-        if self.conn.they_are_waiting_for_100_continue:
+        if keep and self.conn.they_are_waiting_for_100_continue:
+            # Not for a refused request: no body is invited only to be dropped.
             await self.send(h11.InformationalResponse(status_code=100, headers=[]))
         parts: list[bytes] = []
         size = 0
@@ -349,7 +363,8 @@ class ClientConnection:
                 size += len(event.data)
                 if size > self._max_body:
                     raise ClientError(413, "request body too large", "request_too_large")
-                parts.append(bytes(event.data))
+                if keep:
+                    parts.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 return b"".join(parts)
             else:
