@@ -24,13 +24,24 @@ import httpx
 import pytest
 import trio
 import trio_websocket
-from auth_fleet import ALICE_KEY, BOB_KEY, CLIENTS, LIMIT, TOKEN, WRONG_KEY, chat_body, running
+from auth_fleet import (
+    ALICE_KEY,
+    BOB_KEY,
+    CLIENTS,
+    LIMIT,
+    MODEL,
+    TOKEN,
+    WRONG_KEY,
+    chat_body,
+    running,
+)
+from support import serve_process
 from typer.testing import CliRunner
 
 from trio_failover import Upstream
 from trio_failover.cli.cli import app
 from trio_failover.service.logs import JSONFormatter, TextFormatter
-from trio_failover.testing import ClientResponse, request_tcp
+from trio_failover.testing import ClientResponse, FakeNode, Fleet, openai, request_tcp
 
 SECRETS = {"alice's key": ALICE_KEY, "bob's key": BOB_KEY, "a wrong key": WRONG_KEY, "token": TOKEN}
 
@@ -177,3 +188,35 @@ async def test_keys_and_token_appear_in_no_log_event_or_answer(
         if secret in text
     ]
     assert leaks == []
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_serve_logs_no_key_or_token(log_format: str) -> None:
+    """The real command: every stderr line of a run with keys and a token."""
+    with trio.fail_after(LIMIT):
+        async with Fleet({"n": FakeNode(openai(MODEL))}) as fleet:
+            node = await fleet.serve_tcp("n")
+            async with serve_process(
+                f"--upstream=n={node.url}",
+                f"--api-key=alice={ALICE_KEY}",
+                f"--api-key={BOB_KEY}",
+                f"--admin-token={TOKEN}",
+                f"--log-format={log_format}",
+                "--log-level=debug",
+            ) as proxy:
+                for key in (ALICE_KEY, BOB_KEY, WRONG_KEY):
+                    response = await request_tcp(
+                        proxy.address, body=b"{}", headers=[("Authorization", f"Bearer {key}")]
+                    )
+                    assert response is not None
+                # The lines of the three requests, the refused one last.
+                await proxy.lines.wait_for("unauthorized")
+                lines = list(proxy.lines)
+
+    access = [line for line in lines if "request" in line and "/v1/chat/completions" in line]
+    assert len(access) == 3
+    assert any("alice" in line for line in access)
+    assert any("key-2" in line for line in access)
+    assert [
+        (what, line) for what, secret in SECRETS.items() for line in lines if secret in line
+    ] == []
