@@ -46,8 +46,11 @@ class ClientGate:
         return bool(self.keys)
 
     def allows(self, headers: list[tuple[bytes, bytes]]) -> bool:
-        """Whether a request head presents a configured key (``ClientConnection``'s
-        ``admit``: the body of a refused request is not buffered)."""
+        """Whether a request head presents a configured key.
+
+        ``ClientConnection``'s ``admit``: the body of a refused request is
+        read and dropped, never buffered.
+        """
         return check_client(headers, self.keys).allowed
 
     async def admit(self, client: ClientConnection, request: ClientRequest) -> Admitted | None:
@@ -58,8 +61,8 @@ class ClientGate:
         """
         if not self.keys:
             return Admitted(request, None)  # nothing checked, nothing removed
-        check = check_client(request.headers, self.keys)
-        if request.refused or not check.allowed:
+        check = None if request.refused else check_client(request.headers, self.keys)
+        if check is None or not check.allowed:
             await self._refuse(client, request)
             return None
         # The client's Authorization and X-Api-Key were the proxy's key: a
