@@ -27,6 +27,9 @@ from ..service.metrics import Metrics
 from ..wire.client import Closed
 
 RECENT_WORKLOADS = 50
+# The ``client`` label of the workloads metric when no key is configured
+# (with keys, every workload has its key's name; the two never mix).
+ANONYMOUS = "anonymous"
 
 
 @attrs.define
@@ -60,6 +63,7 @@ class Workload:
     status: int | None = None
     body_bytes: int = 0
     client_left: Closed | None = None
+    client: str | None = None  # the name of the client's key; None: no keys configured
 
     def summary(self, now: float) -> dict[str, Any]:
         """The JSON form used by events, ``/status`` and the dashboard."""
@@ -67,6 +71,7 @@ class Workload:
             "id": self.id,
             "method": self.method,
             "path": self.path,
+            "client": self.client,
             "state": str(self.state),
             "status": self.status,
             "node": self.node,
@@ -187,6 +192,7 @@ class Report:
             "attempt": work.attempt,
             "method": work.method,
             "path": work.path,
+            "client": work.client,
         }
         if work.status is not None:
             event["status"] = work.status
@@ -196,7 +202,8 @@ class Report:
         """Keep, count, publish and log a finished workload."""
         now = trio.current_time()
         self._recent.append((work, now))
-        self.metrics.child(self.metrics.workloads, str(work.state)).inc()
+        client = ANONYMOUS if work.client is None else work.client
+        self.metrics.child(self.metrics.workloads, str(work.state), client).inc()
         if work.node is not None:
             self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
         if self.events.subscriber_count:
@@ -208,6 +215,7 @@ class Report:
                 "id": work.id,
                 "method": work.method,
                 "path": work.path,
+                "client": work.client,
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
@@ -216,6 +224,28 @@ class Report:
                 ),
                 "duration_ms": _ms(now - work.started),
                 "bytes": work.body_bytes,
+            }
+        )
+
+    def unauthorized(self, request_id: str, method: str, path: str, started: float) -> None:
+        """Count and log a request refused for want of a valid key (no workload).
+
+        It stays out of ``/status`` and the events: a client without a key
+        must not be able to push the fleet's workloads out of view.
+        """
+        self.metrics.child(self.metrics.unauthorized, "client").inc()
+        log_access(
+            {
+                "id": request_id,
+                "method": method,
+                "path": path,
+                "client": None,
+                "status": 401,
+                "state": "unauthorized",
+                "nodes": [],
+                "commit_ms": None,
+                "duration_ms": _ms(trio.current_time() - started),
+                "bytes": 0,
             }
         )
 

@@ -41,6 +41,9 @@ class ClientRequest:
     headers: Headers
     body: bytes
     http_version: bytes
+    # Refused at its head by ``admit``: its body was read and thrown away
+    # (``body`` is empty), so that the connection can carry the next request.
+    refused: bool = False
 
 
 class _HeadScreen:
@@ -226,8 +229,10 @@ class RequestReader:
                 raise ClientError(413, "request body too large", "request_too_large")
         return event, headers
 
-    async def read_body(self) -> bytes:
+    async def read_body(self, *, keep: bool = True) -> bytes:
         """The request's whole body; the client may pause one header timeout between bytes.
+
+        With ``keep=False`` the body is read to its end and dropped (``b""``).
 
         Raises:
             ClientError: 400 incomplete or malformed, 408 stalled, 413 too large.
@@ -241,7 +246,8 @@ class RequestReader:
                 size += len(event.data)
                 if size > self._max_body:
                     raise ClientError(413, "request body too large", "request_too_large")
-                parts.append(bytes(event.data))
+                if keep:
+                    parts.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 return b"".join(parts)
             else:
