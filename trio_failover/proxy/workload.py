@@ -274,7 +274,7 @@ class WorkloadRunner:
                 progress = scanner is None or scanner.progress(chunk)
                 sending = 0.0 if progress else trio.current_time()
                 if not response.complete:
-                    await client.send(h11.Data(data=chunk))
+                    await client.send_data(chunk)
                 elif chunk:  # the last bytes and the end in one write
                     await client.send(h11.Data(data=chunk), h11.EndOfMessage())
                 else:

@@ -80,6 +80,7 @@ class ClientConnection:
         self.prepare_next = self._requests.prepare_next
         self.has_buffered = self._requests.has_buffered
         self.send = self._writer.send
+        self.send_data = self._writer.send_data
         self.send_json = self._writer.send_json
         self.send_client_error = self._writer.send_client_error
 
