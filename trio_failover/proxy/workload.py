@@ -88,14 +88,19 @@ class WorkloadRunner:
         self.report.publish_workload(work)
 
         keep_alive = False
+        settled = trio.Event()
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.client_close != "ignore":
-                    nursery.start_soon(self._watch_client, client, work, nursery.cancel_scope)
-                keep_alive = await self._serve(
-                    client, request, work, candidates, document, client_address, scheme
-                )
-                nursery.cancel_scope.cancel()
+                    nursery.start_soon(
+                        self._watch_client, client, work, nursery.cancel_scope, settled
+                    )
+                try:
+                    keep_alive = await self._serve(
+                        client, request, work, candidates, document, client_address, scheme
+                    )
+                finally:
+                    settled.set()  # the watcher returns (no Cancelled to raise and catch)
         except Exception:
             # The one place that turns an unexpected failure into an answer:
             # the process keeps serving other connections.
@@ -128,9 +133,29 @@ class WorkloadRunner:
         return candidates
 
     async def _watch_client(
-        self, client: ClientConnection, work: Workload, workload_scope: trio.CancelScope
+        self,
+        client: ClientConnection,
+        work: Workload,
+        workload_scope: trio.CancelScope,
+        settled: trio.Event,
     ) -> None:
-        how = await client.wait_closed()
+        """Cancel the workload when the client leaves; return once it is ``settled``.
+
+        The body sets ``settled`` when it is done and the client's reader sets
+        it when the client's side ends. Ending the watcher by a return, not by
+        cancelling the nursery, spares every request a Cancelled exception,
+        the nursery's exception group and the cancel scope's split of it.
+        """
+        how = client.closed
+        if how is None:
+            client.watch(settled)
+            try:
+                await settled.wait()
+            finally:
+                client.watch(None)
+            how = client.closed
+            if how is None:
+                return  # the workload is done
         if how is Closed.EOF and self.config.client_close == "rst-only":
             return  # a half-closed client still waits for its answer
         work.client_left = how
