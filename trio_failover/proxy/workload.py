@@ -45,6 +45,7 @@ from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
 from .report import Report, Workload
+from .silence import SilenceTimer
 
 
 class WorkloadRunner:
@@ -279,37 +280,63 @@ class WorkloadRunner:
     ) -> bool:
         """Relay the body after the commit; False: the node went silent too long.
 
-        One cancel scope for the whole stream, its deadline moved chunk by
-        chunk: a scope per chunk would cost more on the hot path. The
-        deadline bounds only the waits for the node; it is lifted while the
-        proxy writes to the client, whose pace is not the node's silence. In
-        an event stream only a chunk that begins a line other than a comment
-        or a blank one moves it (SPEC 5.6), and before the first such line
-        there is none: the wait is still the first-body wait, unbounded
-        (a long prefill with pings is never cut, an engine that only pings
-        after its first token is).
+        The silence is timed by a ``SilenceTimer`` task beside the relay (one
+        per stream, started only when a body remains and the timeout is on):
+        no deadline is moved per chunk. It bounds only the waits for the
+        node, not the writes to the client, whose pace is not the node's
+        silence. In an event stream only a chunk that begins a line other
+        than a comment or a blank one ends a silence (SPEC 5.6), and before
+        the first such line the timer is not armed: the wait is still the
+        first-body wait, unbounded (a long prefill with pings is never cut,
+        an engine that only pings after its first token is).
         """
+        timer = SilenceTimer(idle_timeout, armed=response.progressed)
+        if response.complete or idle_timeout == math.inf:
+            await self._relay_chunks(client, work, response, timer)
+            return True
+        failure: UpstreamError | ClientGone | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timer.run)
+            try:
+                await self._relay_chunks(client, work, response, timer)
+            except (UpstreamError, ClientGone) as exc:
+                failure = exc  # raised below, outside the nursery's exception group
+            finally:
+                timer.stop()
+        if failure is not None:
+            raise failure
+        return not timer.fired
+
+    async def _relay_chunks(
+        self,
+        client: ClientConnection,
+        work: Workload,
+        response: UpstreamResponse,
+        timer: SilenceTimer,
+    ) -> None:
+        """The relay loop: read from the node, write to the client, note the silence."""
         scanner = response.scanner
-        deadline = trio.current_time() + idle_timeout if response.progressed else math.inf
-        with trio.CancelScope(deadline=deadline) as idle:
+        with timer.scope:
             while not response.complete:
+                timer.waiting_since = waited = trio.current_time()
                 chunk = await response.receive_chunk()
-                idle.deadline = math.inf
+                if timer.scope.cancel_called:
+                    return  # the timer fired as the chunk came: the deadline passed
+                timer.waiting_since = None
                 work.body_bytes += len(chunk)
-                progress = scanner is None or scanner.progress(chunk)
-                sending = 0.0 if progress else trio.current_time()
+                if scanner is None or scanner.first_event_line(chunk) is not None:
+                    timer.silence, timer.armed = 0.0, True
+                else:  # a comment or a blank line: the node's silence runs on
+                    timer.silence += trio.current_time() - waited
+                    if timer.armed and timer.silence >= timer.timeout:
+                        timer.scope.cancel()  # it came at the deadline, too late
+                        return
                 if not response.complete:
                     await client.send_data(chunk)
                 elif chunk:  # the last bytes and the end in one write
                     await client.send(h11.Data(data=chunk), h11.EndOfMessage())
                 else:
                     await client.send(h11.EndOfMessage())
-                if progress:
-                    deadline = trio.current_time() + idle_timeout
-                else:  # the node's silence runs on, less the time spent writing
-                    deadline += trio.current_time() - sending
-                idle.deadline = deadline
-        return not idle.cancelled_caught
 
     def _request_for(
         self,
