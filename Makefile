@@ -30,7 +30,7 @@ test: lint
 # Writes build/e2e/report.md.
 e2e: install
 	$(BIN)/python e2e/prepare.py
-	$(BIN)/pytest -c e2e/pytest.ini e2e
+	$(BIN)/pytest -c e2e/pytest.ini e2e $(E2E_ARGS)
 
 demo: install
 	$(BIN)/trio-failover demo

@@ -217,7 +217,11 @@ class LlamaCppPython(Engine):
         # request must wait for the first, not interrupt it, or a proxy that
         # leaves abandoned work running would go unnoticed.
         argv += ["--chat_format", "gemma", "--interrupt_requests", "False"]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        lib_dir = manifest.data["llama_cpp_python"]["lib_dir"]
+        # The libllama of the llama-server build, from the same sources (prepare.py).
+        env = dict(
+            os.environ, PYTHONUNBUFFERED="1", LLAMA_CPP_LIB_PATH=lib_dir, LD_LIBRARY_PATH=lib_dir
+        )
         return cls(name, argv, log_dir / f"{name}.log", port, env)
 
     def ready(self) -> bool:

