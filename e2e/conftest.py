@@ -142,3 +142,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     Report.outcomes_seen(report)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if (OUT / "report.md").exists():
+        terminalreporter.write_line(f"e2e report: {OUT / 'report.md'}")

@@ -187,7 +187,9 @@ class LlamaServer(Engine):
         return status == 200
 
     def slots(self) -> list[dict[str, Any]]:
-        status, _, body = http_get(self.port, "/slots")
+        # It answers between two batches of its work: during a prefill that
+        # can take seconds.
+        status, _, body = http_get(self.port, "/slots", timeout=30)
         if status != 200:
             raise HarnessError(f"{self.name} /slots: {status} {body[:200]!r}")
         slots: list[dict[str, Any]] = json.loads(body)
@@ -436,10 +438,14 @@ class Exchange:
         return None
 
     def read_all(self) -> Exchange:
-        if not self.status:
-            self.read_head()
-        while self.read_chunk() is not None:
-            pass
+        """Read to the end of the answer (clean or not), then close."""
+        try:
+            if not self.status:
+                self.read_head()
+            while self.read_chunk() is not None:
+                pass
+        finally:
+            self.close()
         return self
 
     def read_events(self, count: int) -> list[Event]:
@@ -524,7 +530,11 @@ class Tap:
                 continue
             except OSError:
                 return
-            upstream = socket.create_connection((LOOPBACK, self.target_port), timeout=5)
+            try:
+                upstream = socket.create_connection((LOOPBACK, self.target_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
             self._sockets += [client, upstream]
             request, response = bytearray(), bytearray()
             self.requests.append(request)

@@ -20,9 +20,9 @@ ABANDONED_TOKENS = 400
 STOP_MID_S = 3.0
 STOP_BEFORE_S = 12.0
 NEXT_TTFT_S = 3.0
-# About 2,500 tokens: a prefill of several seconds on one thread.
+# About 1,200 tokens: a prefill of a few seconds on one thread.
 LONG_PROMPT = "Summarise the following log. " + " ".join(
-    f"line {n}: the lighthouse lamp was checked and found working." for n in range(220)
+    f"line {n}: the lighthouse lamp was checked and found working." for n in range(100)
 )
 
 

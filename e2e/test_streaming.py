@@ -41,7 +41,6 @@ def test_stream_arrives_token_by_token_and_byte_identical(
         # One read per token or so: a proxy that buffers delivers them in a few reads at the end.
         assert len(arrivals) >= len(tokens) // 2 >= 10, (len(arrivals), len(tokens))
         assert tokens[-1].at - tokens[0].at >= 0.5
-    assert len(sent_by_engine) == 2 * ROUNDS
 
     first_direct, gaps_direct = zip(*(token_times(e) for e in direct), strict=True)
     first_proxied, gaps_proxied = zip(*(token_times(e) for e in proxied), strict=True)
