@@ -365,6 +365,7 @@ class Exchange:
     truncated: bool = False
     started: float = 0.0
     head_at: float = 0.0
+    peeked: bytes = b""
 
     @classmethod
     def post(
@@ -459,10 +460,13 @@ class Exchange:
 
     def nothing_yet(self) -> bool:
         """Whether not one byte of the answer has arrived (nor its end)."""
+        self._sock.settimeout(0)
         try:
-            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            self.peeked = self._sock.recv(64, socket.MSG_PEEK)
         except BlockingIOError:
             return True
+        finally:
+            self._sock.settimeout(self.timeout)
         return False
 
     def close(self) -> None:
