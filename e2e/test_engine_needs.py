@@ -11,10 +11,9 @@ from report import Report
 
 CHAT = "/v1/chat/completions"
 HEADER_TIMEOUT_S = 3.0
-NEEDS_19 = pytest.mark.xfail(strict=True, reason="needs issue 19")
 
 
-@pytest.mark.parametrize("kind", ["llama-server", pytest.param("llama-cpp-python", marks=NEEDS_19)])
+@pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
 def test_request_without_client_id_is_served(fleet: Fleet, kind: str) -> None:
     engine = fleet.engine(kind)
     proxy = fleet.proxy([("a", engine.url)])
@@ -26,7 +25,6 @@ def test_request_without_client_id_is_served(fleet: Fleet, kind: str) -> None:
     assert status == 200, body[:300]
 
 
-@NEEDS_19
 @pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
 def test_unstreamed_answer_longer_than_header_deadline(
     fleet: Fleet, report: Report, kind: str
