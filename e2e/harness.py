@@ -254,19 +254,25 @@ class Proxy(Process):
     """``trio-failover serve`` on loopback ports 0, the ports read from its log."""
 
     def __init__(self, argv: list[str], log_path: Path):
-        super().__init__("proxy", argv, log_path, dict(os.environ))
+        super().__init__(log_path.stem, argv, log_path, dict(os.environ))
         self.port = 0
         self.admin_port = 0
 
     @classmethod
     def start(
-        cls, program: Path, upstreams: list[tuple[str, str]], extra: list[str], log_dir: Path
+        cls,
+        program: Path,
+        upstreams: list[tuple[str, str]],
+        extra: list[str],
+        log_dir: Path,
+        log_name: str = "proxy",
     ) -> Proxy:
+        """Start it; its output goes to ``log_dir/LOG_NAME.log``."""
         argv = [str(program), "serve", "--listen", f"{LOOPBACK}:0"]
         argv += ["--admin-listen", f"{LOOPBACK}:0", "--shutdown-timeout", "1s"]
         for name, url in upstreams:
             argv += ["--upstream", f"{name}={url}"]
-        return cls(argv + extra, log_dir / "proxy.log")
+        return cls(argv + extra, log_dir / f"{log_name}.log")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ports() -> bool:
@@ -310,6 +316,13 @@ def http_get(
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
         connection.close()
+
+
+def long_prompt(lines: int) -> str:
+    """A prompt of about 14 tokens a line: a prefill of seconds on one thread."""
+    return "Summarise the following log. " + " ".join(
+        f"line {n}: the lighthouse lamp was checked and found working." for n in range(lines)
+    )
 
 
 def chat_body(
