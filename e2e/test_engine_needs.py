@@ -54,7 +54,7 @@ PING_INTERVAL_S = 15.0
 FIRST_BODY_TIMEOUT_S = 17.0
 # Its prefill here: ~14 prompt tokens a line, ~87 of them per CPU second on
 # one thread (it computes the logits of every prompt token), so 160 lines
-# (~2,270 tokens, in a 4,096 context) take 26 s with a whole core to itself
+# (~2,280 tokens, in a 4,096 context) take 26 s with a whole core to itself
 # and longer on a shared one: its first token comes well after the deadline.
 LONG_PREFILL_LINES = 160
 
