@@ -82,6 +82,8 @@ async def main(specs: Sequence[str]) -> int:
             admin_listen="127.0.0.1:0",
             response_header_timeout=HEADER_TIMEOUT,
             shutdown_timeout=5.0,
+            # This example is about failover; docs/discovery.md shows the checks.
+            discovery_interval=0,
         )
         proxy = trio_failover.Proxy(config)
         shutdown = trio.Event()

@@ -98,8 +98,12 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "in_flight": 0,
             "served": 0,
             "failed": 1,
+            "models": None,  # no models configured, no inventory: discovery is not running
+            "last_outcome": "header_timeout",
+            "last_error": "a: head: no complete response head in 10.0s",
         }
         assert nodes["b"]["state"] == "ready"
+        assert (nodes["b"]["last_outcome"], nodes["b"]["last_error"]) == ("completed", None)
         assert nodes["b"]["cooldown_remaining_s"] == 0
         assert (nodes["b"]["served"], nodes["b"]["failed"]) == (1, 0)
         assert [n["name"] for n in status["nodes"]] == ["a", "b"]  # ranking order
