@@ -17,7 +17,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from trio_failover import Config, Proxy
+from trio_failover import Config, Proxy, Upstream
 from trio_failover.core.inventory import CHECK_ANSWER_TIMEOUT, CHECK_JITTER
 from trio_failover.proxy.discovery import Discovery
 from trio_failover.service.events import Subscription
@@ -249,3 +249,46 @@ async def test_discovery_off_checks_nothing(autojump_clock: trio.abc.Clock) -> N
     async with Fleet({"a": node}) as fleet, checking(fleet, interval=0):
         await trio.sleep(100.0)
     assert node.received == []
+
+
+async def test_a_served_request_makes_a_down_node_ready(autojump_clock: trio.abc.Clock) -> None:
+    a = FakeNode(healthy(b"from a"), refuse=True)
+    async with Fleet({"a": a}) as fleet, checking(fleet, interval=600.0) as proxy:
+        await trio.sleep(1.0)
+        assert node_status(proxy, "a")["state"] == "down"
+        a.refuse = False  # back, long before its next check
+        with proxy.events.subscribe(0) as subscription:
+            response = await request(proxy, body=chat())  # a sole node: demoted, still tried
+            events = node_events(subscription)
+        status = node_status(proxy, "a")
+    assert response is not None
+    assert response.status == 200
+    assert events == [
+        {"type": "node", "node": "a", "state": "ready", "reason": "success", "until_s": 0}
+    ]
+    assert (status["state"], status["last_outcome"]) == ("ready", "completed")
+    # The check's error stays as the last one seen.
+    assert status["last_error"].startswith("health check cannot connect (connect: ")
+
+
+async def test_status_models_are_the_configured_ones_else_the_inventory(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    nodes = {name: FakeNode(listing("listed")) for name in ("mapped", "plain", "star")}
+    async with Fleet(nodes) as fleet:
+        upstreams = [
+            Upstream("mapped", "http://mapped.invalid", models={"qwen3": "Qwen/Qwen3", "*": "x"}),
+            Upstream("plain", "http://plain.invalid"),
+            Upstream("star", "http://star.invalid", models={"*": "x"}),
+        ]
+        config = Config(upstreams=upstreams, admin_listen=None, discovery_interval=30.0)
+        proxy = Proxy(config, connector=fleet.connector)
+        before = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run_discovery)
+            await trio.sleep(1.0)
+            after = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
+            nursery.cancel_scope.cancel()
+    assert before == {"mapped": ["qwen3"], "plain": None, "star": []}
+    # Configured models win over the inventory; "*" alone names no id.
+    assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": []}
