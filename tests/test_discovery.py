@@ -18,7 +18,12 @@ import trio
 import trio.testing
 
 from trio_failover import Config, Proxy, Upstream
-from trio_failover.core.inventory import CHECK_ANSWER_TIMEOUT, CHECK_JITTER
+from trio_failover.core.inventory import (
+    CHECK_ANSWER_TIMEOUT,
+    CHECK_JITTER,
+    CheckFailure,
+    judge_check,
+)
 from trio_failover.proxy.discovery import Discovery
 from trio_failover.service.events import Subscription
 from trio_failover.testing import (
@@ -292,3 +297,28 @@ async def test_status_models_are_the_configured_ones_else_the_inventory(
     assert before == {"mapped": ["qwen3"], "plain": None, "star": []}
     # Configured models win over the inventory; "*" alone names no id.
     assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": []}
+
+
+async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
+    proxy = Proxy(config)
+    report = proxy.report
+    with proxy.events.subscribe(0) as subscription:
+        report.demote("a", 5.0, "header_timeout", trio.current_time())
+        down = judge_check(failure=CheckFailure.CONNECT_FAILED, detail="refused")
+        report.check_finished("a", down, trio.current_time())
+        both = node_status(proxy, "a")
+        await trio.sleep(6.0)
+        proxy.expire_cooldowns()  # the cooldown is over, but the node is still down
+        after = node_status(proxy, "a")
+        events = node_events(subscription)
+    assert (both["state"], both["reason"], both["cooldown_remaining_s"]) == (
+        "down",
+        "health_check",
+        5.0,
+    )
+    assert (after["state"], after["cooldown_remaining_s"]) == ("down", 0)
+    assert [event["state"] for event in events] == ["cooling", "down"]
+    assert report.is_demoted("a", trio.current_time())
