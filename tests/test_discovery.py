@@ -261,6 +261,7 @@ async def test_a_served_request_makes_a_down_node_ready(autojump_clock: trio.abc
     async with Fleet({"a": a}) as fleet, checking(fleet, interval=600.0) as proxy:
         await trio.sleep(1.0)
         assert node_status(proxy, "a")["state"] == "down"
+        assert proxy.metrics.registry.get_sample_value("trio_failover_down_nodes") == 1
         a.refuse = False  # back, long before its next check
         with proxy.events.subscribe(0) as subscription:
             response = await request(proxy, body=chat())  # a sole node: demoted, still tried
@@ -272,6 +273,7 @@ async def test_a_served_request_makes_a_down_node_ready(autojump_clock: trio.abc
         {"type": "node", "node": "a", "state": "ready", "reason": "success", "until_s": 0}
     ]
     assert (status["state"], status["last_outcome"]) == ("ready", "completed")
+    assert proxy.metrics.registry.get_sample_value("trio_failover_down_nodes") == 0
     # The check's error stays as the last one seen.
     assert status["last_error"].startswith("health check cannot connect (connect: ")
 

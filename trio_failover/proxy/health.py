@@ -48,6 +48,10 @@ class HealthBooks:
         """Whether the node's last health check failed (and nothing served since)."""
         return self.nodes[name].down
 
+    def down_count(self) -> int:
+        """How many nodes are down now."""
+        return sum(node.down for node in self.nodes.values())
+
     def apply_check(self, name: str, verdict: CheckVerdict) -> Health:
         """Keep what a finished check says; returns the health change (UNCHANGED: none)."""
         node = self.nodes[name]

@@ -122,6 +122,8 @@ class Report:
         was_down = self.health.served(node) is Health.READY
         if ended is not None:
             self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        if was_down:
+            self.metrics.down.set(self.health.down_count())
         if was_down or (ended is not None and ended.until > now):
             self.node_ready(node, "success")
         self.metrics.child(self.metrics.commits, node).inc()
@@ -197,7 +199,7 @@ class Report:
             )
         elif change is Health.READY and not self.cooldowns.is_cooling(node, now):
             self.node_ready(node, READY_REASON_CHECK)
-        self.metrics.down.set(sum(h.down for h in self.health.nodes.values()))
+        self.metrics.down.set(self.health.down_count())
 
     def node_ready(self, node: str, reason: str) -> None:
         """Tell that ``node`` takes requests again."""
