@@ -246,7 +246,12 @@ async def test_real_listeners_keep_the_admin_api_off_the_client_port() -> None:
     with trio.fail_after(10):
         async with Fleet({"a": FakeNode(healthy(b"from the node"))}) as fleet:
             upstream = await fleet.serve_tcp("a")
-            config = Config(upstreams=[upstream], listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
+            config = Config(
+                upstreams=[upstream],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0,  # the node's last request must be the client's
+            )
             async with trio.open_nursery() as nursery:
                 bound: BoundAddresses = await nursery.start(serve, config)
                 assert bound.admin is not None
