@@ -21,6 +21,7 @@ from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
 from .discovery import Discovery
+from .gate import ClientGate
 from .lists import FleetLists, is_list_route
 from .report import NodeStats, Report
 from .workload import WorkloadRunner
@@ -45,6 +46,7 @@ class Proxy:
         )
         self.report = Report(config)
         self._drain = Drain()
+        self._gate = ClientGate(config, self.report)
         self._workloads = WorkloadRunner(config, self.connector, self.pool, self.report)
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.report)
@@ -92,12 +94,20 @@ class Proxy:
             client_header_timeout=config.client_header_timeout,
             keepalive_timeout=config.keepalive_timeout,
             drain=self._drain,
+            admit=self._gate.allows if self._gate.checks else None,
         )
 
         async def handler(client: ClientConnection, request: ClientRequest) -> bool:
-            if is_list_route(request):  # the fleet's lists, answered here (SPEC 5a)
-                return await self.lists.answer(client, request)
-            return await self._workloads.run(client, request, client_address, scheme)
+            # Every request of the client listener passes the key check
+            # first, whatever route answers it (SPEC 5b).
+            admitted = await self._gate.admit(client, request)
+            if admitted is None:
+                return client.reusable
+            if is_list_route(admitted.request):  # the fleet's lists, answered here (SPEC 5a)
+                return await self.lists.answer(client, admitted.request)
+            return await self._workloads.run(
+                client, admitted.request, client_address, scheme, client_name=admitted.client
+            )
 
         await client.serve(handler)
 

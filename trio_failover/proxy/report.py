@@ -20,7 +20,7 @@ from .. import __version__
 from ..core.config import Config, redact_url
 from ..core.cooldown import CooldownTable
 from ..core.inventory import DOWN_REASON, READY_REASON_CHECK, CheckVerdict, Health, advertised_ids
-from ..core.outcome import AttemptRecord, Outcome
+from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
 from ..service.logs import access_logger, log_access, logger
@@ -29,6 +29,9 @@ from ..wire.client import Closed
 from .health import HealthBooks
 
 RECENT_WORKLOADS = 50
+# The ``client`` label of the workloads metric when no key is configured
+# (with keys, every workload has its key's name; the two never mix).
+ANONYMOUS = "anonymous"
 
 
 @attrs.define
@@ -62,6 +65,7 @@ class Workload:
     status: int | None = None
     body_bytes: int = 0
     client_left: Closed | None = None
+    client: str | None = None  # the name of the client's key; None: no keys configured
 
     def summary(self, now: float) -> dict[str, Any]:
         """The JSON form used by events, ``/status`` and the dashboard."""
@@ -69,6 +73,7 @@ class Workload:
             "id": self.id,
             "method": self.method,
             "path": self.path,
+            "client": self.client,
             "state": str(self.state),
             "status": self.status,
             "node": self.node,
@@ -116,10 +121,12 @@ class Report:
         )
 
     def committed(self, work: Workload, node: str, time_to_head: float, now: float) -> None:
-        """Count a commit; a success ends the node's cooldown."""
+        """Count a commit; an answer below 500 ends the node's cooldown (``ends_cooldown``)."""
         self.stats[node].served += 1
-        ended = self.cooldowns.restore(node)
-        was_down = self.health.served(node) is Health.READY
+        alive = work.status is not None and ends_cooldown(work.status)
+        ended = self.cooldowns.restore(node) if alive else None
+        # The same test for down: a served answer proves the node is back.
+        was_down = alive and self.health.served(node) is Health.READY
         if ended is not None:
             self.metrics.cooling.set(len(self.cooldowns.active(now)))
         if was_down:
@@ -222,6 +229,7 @@ class Report:
             "attempt": work.attempt,
             "method": work.method,
             "path": work.path,
+            "client": work.client,
         }
         if work.status is not None:
             event["status"] = work.status
@@ -231,7 +239,8 @@ class Report:
         """Keep, count, publish and log a finished workload."""
         now = trio.current_time()
         self._recent.append((work, now))
-        self.metrics.child(self.metrics.workloads, str(work.state)).inc()
+        client = ANONYMOUS if work.client is None else work.client
+        self.metrics.child(self.metrics.workloads, str(work.state), client).inc()
         if work.node is not None:
             self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
         if self.events.subscriber_count:
@@ -243,6 +252,7 @@ class Report:
                 "id": work.id,
                 "method": work.method,
                 "path": work.path,
+                "client": work.client,
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
@@ -251,6 +261,28 @@ class Report:
                 ),
                 "duration_ms": _ms(now - work.started),
                 "bytes": work.body_bytes,
+            }
+        )
+
+    def unauthorized(self, request_id: str, method: str, path: str, started: float) -> None:
+        """Count and log a request refused for want of a valid key (no workload).
+
+        It stays out of ``/status`` and the events: a client without a key
+        must not be able to push the fleet's workloads out of view.
+        """
+        self.metrics.child(self.metrics.unauthorized, "client").inc()
+        log_access(
+            {
+                "id": request_id,
+                "method": method,
+                "path": path,
+                "client": None,
+                "status": 401,
+                "state": "unauthorized",
+                "nodes": [],
+                "commit_ms": None,
+                "duration_ms": _ms(trio.current_time() - started),
+                "bytes": 0,
             }
         )
 
