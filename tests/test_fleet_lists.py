@@ -18,7 +18,7 @@ import ollama
 import trio
 
 from tests.test_discovery import chat, listing, routed
-from trio_failover import Config, Proxy, Upstream
+from trio_failover import ClientKey, Config, Proxy, Upstream
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     Behaviour,
@@ -311,3 +311,25 @@ async def test_the_ollama_client_lists_the_merged_models_of_two_nodes() -> None:
             names = await trio.to_thread.run_sync(listed)
         nursery.cancel_scope.cancel()
     assert names == ["llama3:8b", "qwen3:32b", "mistral:7b"]
+
+
+async def test_the_lists_need_a_client_key_like_every_route() -> None:
+    node = SocketNode("openai", routed({b"/v1/models": listing("m1")}))
+    key = "k-3f6a9c0e1b7d2485"
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        proxy = proxy_for(node.upstream, discovery_interval=0, clients=[ClientKey("alice", key)])
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+        with trio.fail_after(10):
+            refused = await request_tcp(bound.client, "GET", "/v1/models")
+            listed = await request_tcp(
+                bound.client, "GET", "/v1/models", headers=[("authorization", f"Bearer {key}")]
+            )
+        nursery.cancel_scope.cancel()
+    assert refused is not None
+    assert listed is not None
+    assert (refused.status, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert (listed.status, [m["id"] for m in listed.json()["data"]]) == (200, ["m1"])
+    assert len(node.fake.received) == 1  # the refused request asked no node
