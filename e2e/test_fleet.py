@@ -10,7 +10,6 @@ from harness import Exchange, chat_body, http_get, request_id, wait_for
 
 CHAT = "/v1/chat/completions"
 NEEDS_17 = pytest.mark.xfail(strict=True, reason="needs issue 17")
-NEEDS_18 = pytest.mark.xfail(strict=True, reason="needs issue 18")
 
 
 @NEEDS_17
@@ -45,7 +44,6 @@ def test_capacity_two_keeps_both_slots_of_one_engine_busy(fleet: Fleet) -> None:
         assert stream.complete
 
 
-@NEEDS_18
 def test_models_list_merges_two_engines(fleet: Fleet) -> None:
     (server,) = fleet.engines("llama-server", "a", alias="tiny-a")
     (python,) = fleet.engines("llama-cpp-python", "b", alias="tiny-b")

@@ -115,13 +115,14 @@ class WorkloadRunner:
 
     def _candidates(self, request: ClientRequest, document: Any, now: float) -> list[Upstream]:
         selected = get(request.headers, b"x-failover-node")
-        cooldowns = self.report.cooldowns
+        report = self.report
         candidates = resolve_candidates(
             self.config.upstreams,
             model=request_model(document),
-            is_cooling=lambda name: cooldowns.is_cooling(name, now),
+            is_cooling=lambda name: report.is_demoted(name, now),
             selected=selected.decode("latin-1") if selected else None,
             affinity_key=affinity_key(document) if self.config.affinity == "prefix" else None,
+            inventories=report.health.inventories,
         )
         if self.config.max_attempts:
             candidates = candidates[: self.config.max_attempts]
@@ -190,7 +191,8 @@ class WorkloadRunner:
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
     ) -> bool:
         try:
-            relayed = await self._relay(client, work, node, response)
+            with self.report.health.streaming(node.name):  # a slow check then proves nothing
+                relayed = await self._relay(client, work, node, response)
         except BaseException:
             await response.aclose()  # cancelled or failed: never pooled
             raise
@@ -381,6 +383,8 @@ class WorkloadRunner:
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
             self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        if verdict.recheck:
+            self.report.health.ask_recheck(node.name)
         return verdict.fail_over
 
     def _committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
