@@ -593,6 +593,13 @@ class Tap:
     def saw(self, needle: bytes) -> bool:
         return any(needle in bytes(request) for request in self.requests)
 
+    def response_with(self, needle: bytes) -> bytes:
+        """What the engine sent on the first connection whose answer holds ``needle``.
+
+        The proxy's health checks pass the tap too, on connections of their own.
+        """
+        return next((bytes(r) for r in self.responses if needle in r), b"")
+
     def bodies(self) -> Iterator[bytes]:
         """The bodies of the responses the engine sent, in order, de-chunked."""
         for raw in self.responses:
