@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ENGINES, Engine, HarnessError, Manifest, Process, Proxy, Tap
+from harness import (
+    ENGINES,
+    Engine,
+    HarnessError,
+    Manifest,
+    Process,
+    Proxy,
+    Tap,
+    close_exchanges,
+)
 from prepare import manifest_path
 from report import Report
 
@@ -59,6 +68,7 @@ class Fleet:
         return proxy
 
     def close(self) -> None:
+        close_exchanges()  # those of a test that failed before reading them
         errors = []
         for process in reversed(self.processes):
             try:

@@ -361,6 +361,17 @@ class Event:
         return str(delta.get("content") or "")
 
 
+# Every exchange's socket, so that a test that fails half-way leaves none
+# open (the fleet closes them): the suite turns ResourceWarnings into errors.
+_sockets: list[socket.socket] = []
+
+
+def close_exchanges() -> None:
+    """Close every exchange's socket (closing one twice is harmless)."""
+    while _sockets:
+        _sockets.pop().close()
+
+
 @dataclass
 class Exchange:
     """One request on its own connection, its answer read piece by piece."""
@@ -400,6 +411,7 @@ class Exchange:
 
     def send(self) -> None:
         self._sock = socket.create_connection((LOOPBACK, self.port), timeout=self.timeout)
+        _sockets.append(self._sock)
         self._h11 = h11.Connection(h11.CLIENT)
         headers = [("host", f"{LOOPBACK}:{self.port}"), *self.headers]
         headers.append(("content-length", str(len(self.body))))
