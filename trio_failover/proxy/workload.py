@@ -21,7 +21,7 @@ from typing import Any
 import h11
 import trio
 
-from ..core.answers import error_document
+from ..core.answers import error_document, error_headers
 from ..core.config import Config, Upstream
 from ..core.errors import RetryableResponse, UpstreamError
 from ..core.headers import client_response_headers, get, upstream_request_headers, workload_id
@@ -38,6 +38,7 @@ from ..core.outcome import (
 )
 from ..core.ranking import affinity_key, resolve_candidates
 from ..core.rewrite import body_json, node_body, node_target, requested_model
+from ..core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
@@ -77,8 +78,8 @@ class WorkloadRunner:
             started=now,
         )
         document = body_json(request.body) if self._needs_body_json else None
-        candidates = self._candidates(request, document, now)
-        self.report.publish_workload(work)
+        candidates, preferred = self._candidates(request, document)
+        self.report.started(work)
 
         keep_alive = False
         try:
@@ -86,7 +87,7 @@ class WorkloadRunner:
                 if self.config.client_close != "ignore":
                     nursery.start_soon(self._watch_client, client, work, nursery.cancel_scope)
                 keep_alive = await self._serve(
-                    client, request, work, candidates, document, client_address, scheme
+                    client, request, work, candidates, preferred, document, client_address, scheme
                 )
                 nursery.cancel_scope.cancel()
         except Exception:
@@ -106,19 +107,30 @@ class WorkloadRunner:
         self.report.finish(work)
         return keep_alive and client.reusable
 
-    def _candidates(self, request: ClientRequest, document: Any, now: float) -> list[Upstream]:
-        selected = get(request.headers, b"x-failover-node")
-        cooldowns = self.report.cooldowns
+    def _candidates(
+        self, request: ClientRequest, document: Any
+    ) -> tuple[list[Upstream], str | None]:
+        """The candidates in resolved order, and the node resolution put first (or None).
+
+        Not partitioned here: the slot queue asks ``Report.is_demoted`` at
+        each attempt (``slots.choose_node``), so a node that recovers while
+        a workload waits or fails over regains its place.
+        """
+        header = get(request.headers, b"x-failover-node")
+        selected = header.decode("latin-1") if header else None
+        key = affinity_key(document) if self.config.affinity == "prefix" else None
         candidates = resolve_candidates(
             self.config.upstreams,
             model=requested_model(document),
-            is_cooling=lambda name: cooldowns.is_cooling(name, now),
-            selected=selected.decode("latin-1") if selected else None,
-            affinity_key=affinity_key(document) if self.config.affinity == "prefix" else None,
+            is_cooling=_never,
+            selected=selected,
+            affinity_key=key,
         )
-        if self.config.max_attempts:
-            candidates = candidates[: self.config.max_attempts]
-        return candidates
+        first = candidates[0].name if candidates else None
+        preferred = (
+            first if key is not None or (selected is not None and first == selected) else None
+        )
+        return candidates, preferred
 
     async def _watch_client(
         self, client: ClientConnection, work: Workload, workload_scope: trio.CancelScope
@@ -135,41 +147,57 @@ class WorkloadRunner:
         request: ClientRequest,
         work: Workload,
         candidates: list[Upstream],
+        preferred: str | None,
         document: Any,
         client_address: str | None,
         scheme: str,
     ) -> bool:
         if not candidates:
+            self.report.publish_workload(work)
             work.state, work.status = State.FAILED, 404
             message = f"no node serves model {document.get('model')!r}"
             await self._send_failure(client, work, 404, "model_not_found", message)
             return True
+        nodes = {node.name: node for node in candidates}
+        order = list(nodes)
+        limit = min(self.config.max_attempts or len(order), len(order))
+        tried: set[str] = set()
         last_answer: SavedResponse | None = None
-        for number, node in enumerate(candidates, start=1):
+        while len(tried) < limit:
+            slot = await self._take_slot(work, order, tried, preferred)
+            if isinstance(slot, str):
+                return await self._turned_away(client, work, slot)
+            if slot is None:
+                break
+            node = nodes[slot.node]
+            tried.add(node.name)
             work.node, work.attempt_started, work.state = (
                 node.name,
                 trio.current_time(),
                 State.RUNNING,
             )
-            work.attempt = number
+            work.attempt = len(tried)
             self.report.publish_workload(work)
             outgoing = self._request_for(node, request, work, document, client_address, scheme)
-            stats = self.report.stats[node.name]
-            stats.in_flight += 1
+            # The slot is held from connect to the end of the relay and given
+            # back exactly once, whatever ends the attempt. A failure is
+            # judged before that, so the workload handed the slot sees the
+            # node already cooling if this attempt cooled it.
             try:
                 try:
                     response = await open_response(
                         node, outgoing, connector=self.connector, config=self.config, pool=self.pool
                     )
-                except UpstreamError as exc:
-                    failure = exc
+                except UpstreamError as failure:
+                    if isinstance(failure, RetryableResponse) and failure.saved is not None:
+                        last_answer = failure.saved
+                    last = len(tried) == limit
+                    moving_on = self._attempt_failed(work, node, failure, last=last)
                 else:
                     return await self._commit_and_relay(client, work, node, response)
             finally:
-                stats.in_flight -= 1
-            if isinstance(failure, RetryableResponse) and failure.saved is not None:
-                last_answer = failure.saved
-            if not self._attempt_failed(work, node, failure, last=number == len(candidates)):
+                self.report.queue.release(slot)
+            if not moving_on:
                 break
         work.state = State.FAILED
         if last_answer is not None:
@@ -177,6 +205,50 @@ class WorkloadRunner:
             return await self._send_saved(client, work, last_answer)
         status = failure_status(work.attempts)
         await self._send_failure(client, work, status, failure_code(status), "every node failed")
+        return True
+
+    async def _take_slot(
+        self, work: Workload, order: list[str], tried: set[str], preferred: str | None
+    ) -> Slot | str | None:
+        """A slot for the next attempt, at once or after waiting in the queue.
+
+        Returns:
+            The slot; None when every candidate was tried; else why the
+            queue turned the workload away (``queue_full``,
+            ``queue_timeout``, ``shutdown``).
+
+        Cancellation: a waiting workload leaves the queue (client gone).
+        """
+        queue = self.report.queue
+        result = queue.acquire(order, tried=tried, preferred=preferred)
+        if isinstance(result, Granted | QueueFull | Exhausted):
+            if work.attempt == 0:
+                self.report.publish_workload(work)  # never waited: a plain "queued"
+            if isinstance(result, Granted):
+                return result.slot
+            return "queue_full" if isinstance(result, QueueFull) else None
+        waiter = result.waiter
+        if work.state is not State.QUEUED:
+            work.state = State.QUEUED  # failed over into a full fleet
+        started = trio.current_time()
+        work.node, work.queued_since = None, started
+        self.report.publish_workload(work, position=waiter.position)
+        # One budget for all of a workload's waits; no node deadline runs.
+        budget = QueueBudget(self.config.queue_timeout, work.waited)
+        try:
+            slot = await queue.wait(waiter, budget.deadline(started))
+        finally:
+            self.report.waited(work, started, trio.current_time())
+        if slot is not None:
+            return slot
+        return "shutdown" if queue.closed else "queue_timeout"
+
+    async def _turned_away(self, client: ClientConnection, work: Workload, reason: str) -> bool:
+        """Answer ``503`` for a workload the queue refused; nothing was sent for it."""
+        code, message = _REFUSALS[reason]
+        work.state = State.FAILED
+        self.report.turned_away(reason)
+        await self._send_failure(client, work, 503, code, message, path=work.path)
         return True
 
     async def _commit_and_relay(
@@ -298,16 +370,25 @@ class WorkloadRunner:
         return True
 
     async def _send_failure(
-        self, client: ClientConnection, work: Workload, status: int, code: str, message: str
+        self,
+        client: ClientConnection,
+        work: Workload,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        path: str = "",
     ) -> None:
         work.status = status
         attempts = [record.to_json() for record in work.attempts]
-        # No path: the OpenAI shape on every path, as before (/api/ answers
-        # in Ollama's shape are core.answers' to give once the shell asks).
-        document = error_document("", status, code, message, attempts)
+        # Path "": the OpenAI shape on every path, as before (/api/ answers
+        # in Ollama's shape are core.answers' to give once the shell asks);
+        # the queue's refusals pass theirs.
+        document = error_document(path, status, code, message, attempts)
         headers = [
             (b"x-request-id", work.id.encode()),
             (b"x-failover-attempts", b"%d" % len(work.attempts)),
+            *error_headers(code),
         ]
         with contextlib.suppress(ClientGone, h11.LocalProtocolError):
             await client.send_json(status, document, headers)
@@ -367,6 +448,18 @@ class WorkloadRunner:
             record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
         work.state = State.CANCELLED
         self.report.client_aborted(work, record)
+
+
+# Why the queue turned a workload away -> the code and message of its 503.
+_REFUSALS = {
+    "queue_full": ("queue_full", "every candidate node is full and so is the queue"),
+    "queue_timeout": ("queue_timeout", "no slot at any candidate node within the queue timeout"),
+    "shutdown": ("shutting_down", "the proxy is shutting down"),
+}
+
+
+def _never(_node: str) -> bool:
+    return False
 
 
 async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:
