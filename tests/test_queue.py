@@ -99,14 +99,17 @@ class Traffic:
         self.nursery.start_soon(send)
         return await self.wait_for(rid, state)
 
-    async def wait_for(self, rid: str, state: str) -> Event:
-        for event in self.events:
-            if event.get("id") == rid and event["state"] == state:
-                return event
+    async def wait_for(self, rid: str, state: str, *, skip: int = 0) -> Event:
+        """The event of ``rid`` in ``state``, after ``skip`` earlier ones, once seen."""
+        matches = [e for e in self.events if e.get("id") == rid and e["state"] == state]
+        if len(matches) > skip:
+            return matches[skip]
         async for event in self.subscription:
             self.events.append(event)
             if event.get("id") == rid and event["state"] == state:
-                return event
+                if skip == len(matches):
+                    return event
+                matches.append(event)
         raise AssertionError(f"the events ended before {rid} was {state}")
 
     def states(self, rid: str) -> list[tuple[str, str | None]]:
@@ -332,6 +335,31 @@ async def test_a_failed_attempt_frees_its_slot_for_the_next_waiter(
         assert second is not None
         assert (first.status, second.status) == (503, 200)
         assert in_flight(proxy) == {"a": 0}
+
+
+async def test_a_node_that_stalls_is_not_handed_to_a_waiter(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # r1 stalls on a while r2 waits for a or b. The stall is judged before
+    # r1's slot is given back, so r2 sees a cooling and keeps waiting for b.
+    # b answers at once and streams for 15 s: busy, never stalled, and done
+    # before a's cooldown (10 s to 20 s) ends.
+    slow_stream = healthy([b"B", b"B"], chunk_delay=15.0)
+    nodes = {"a": FakeNode(frozen()), "b": FakeNode(slow_stream)}
+    async with Fleet(nodes) as fleet:
+        proxy = make_proxy(fleet, capacity=1, response_header_timeout=10.0)
+
+        async def script(t: Traffic) -> None:
+            await t.start("r0", headers=(("x-failover-node", "b"),))
+            await t.start("r1")
+            await t.start("r2", "queued")
+            requeued = await t.wait_for("r1", "queued", skip=1)
+            assert (requeued["position"], trio.current_time()) == (2, 10.0)
+
+        traffic = await run_traffic(proxy, script)
+        assert ids(fleet["a"]) == ["r1"]
+        assert ids(fleet["b"]) == ["r0", "r2", "r1"]
+        assert [traffic.responses[r].at for r in ("r0", "r2", "r1")] == [15.0, 30.0, 45.0]  # type: ignore[union-attr]
 
 
 async def test_a_waiter_takes_a_free_cooling_node_once_its_ready_one_cools_too(
