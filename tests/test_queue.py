@@ -549,3 +549,20 @@ async def test_every_attempt_gives_its_slot_back_exactly_once(
         assert trio.current_time() == began + 1.0
         assert sample(proxy, "trio_failover_queue_wait_seconds_count") == 0
         assert in_flight(proxy) == {"a": 0, "b": 0}
+
+
+async def test_without_capacity_nothing_ever_waits(autojump_clock: trio.abc.Clock) -> None:
+    async with Fleet({"a": FakeNode(slow_head(10.0)), "b": FakeNode(slow_head(10.0))}) as fleet:
+        proxy = make_proxy(fleet, capacity=0)
+        with proxy.events.subscribe(0) as events:
+            async with trio.open_nursery() as nursery:
+                for _ in range(50):
+                    nursery.start_soon(lambda: request(proxy, body=BODY))
+            events.close()
+            seen = [event async for event in events]
+        assert trio.current_time() == 10.0  # all at once, on the first node
+        assert len(fleet["a"].received) == 50
+        assert not fleet["b"].received
+        assert not [e for e in seen if "position" in e]
+        assert sample(proxy, "trio_failover_queue_wait_seconds_count") == 0
+        assert in_flight(proxy) == {"a": 0, "b": 0}

@@ -169,21 +169,21 @@ class WorkloadRunner:
                 return await self._turned_away(client, work, slot)
             if slot is None:
                 break
-            node = nodes[slot.node]
-            tried.add(node.name)
-            work.node, work.attempt_started, work.state = (
-                node.name,
-                trio.current_time(),
-                State.RUNNING,
-            )
-            work.attempt = len(tried)
-            self.report.publish_workload(work)
-            outgoing = self._request_for(node, request, work, document, client_address, scheme)
-            # The slot is held from connect to the end of the relay and given
+            # The slot is held from here to the end of the relay and given
             # back exactly once, whatever ends the attempt. A failure is
             # judged before that, so the workload handed the slot sees the
             # node already cooling if this attempt cooled it.
             try:
+                node = nodes[slot.node]
+                tried.add(node.name)
+                work.node, work.attempt_started, work.state = (
+                    node.name,
+                    trio.current_time(),
+                    State.RUNNING,
+                )
+                work.attempt = len(tried)
+                self.report.publish_workload(work)
+                outgoing = self._request_for(node, request, work, document, client_address, scheme)
                 try:
                     response = await open_response(
                         node, outgoing, connector=self.connector, config=self.config, pool=self.pool
