@@ -166,8 +166,8 @@ async def test_metrics_parse_and_count_the_traffic_sent(autojump_clock: trio.abc
     assert value(found, "trio_failover_client_aborts_total") == 1
     assert value(found, "trio_failover_commits_total", node="b") == 3
     assert value(found, "trio_failover_commits_total", node="c") == 0
-    assert value(found, "trio_failover_workloads_total", state="completed") == 3
-    assert value(found, "trio_failover_workloads_total", state="cancelled") == 1
+    assert value(found, "trio_failover_workloads_total", state="completed", client="anonymous") == 3
+    assert value(found, "trio_failover_workloads_total", state="cancelled", client="anonymous") == 1
     for node in ("a", "b", "c"):
         assert value(found, "trio_failover_in_flight", node=node) == 0
     assert value(found, "trio_failover_time_to_head_seconds_count", node="b") == 3

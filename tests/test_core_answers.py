@@ -151,6 +151,7 @@ def test_error_type(status: int, admin: bool, expected: str) -> None:
     ("code", "expected"),
     [
         ("invalid_api_key", [(b"www-authenticate", b"Bearer")]),
+        ("invalid_admin_token", [(b"www-authenticate", b"Bearer")]),
         ("queue_full", [(b"retry-after", b"1")]),
         ("queue_timeout", [(b"retry-after", b"1")]),
         ("shutting_down", [(b"retry-after", b"1")]),

@@ -35,7 +35,7 @@ import pytest
 import trio
 import trio_websocket
 
-from trio_failover import Config
+from trio_failover import ClientKey, Config
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai, slow_head
 
@@ -260,6 +260,63 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                 if SCREENSHOT:
                     shot = await devtools.call("Page.captureScreenshot", format="png")
                     await trio.Path(SCREENSHOT).write_bytes(base64.b64decode(shot["data"]))
+            nursery.cancel_scope.cancel()
+
+
+async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path: Path) -> None:
+    """Opened as ``/?token=...``, the page polls ``/status`` and opens ``/events`` with it."""
+    token, key = "adm-9c1e7b2d4f80a635", "ka-52d8e0b1c3f9a746"
+    with trio.fail_after(50):
+        async with (
+            Fleet({"gpu-a": FakeNode(openai(tokens=3))}) as fleet,
+            trio.open_nursery() as nursery,
+        ):
+            config = Config(
+                upstreams=[await fleet.serve_tcp("gpu-a")],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                clients=(ClientKey("alice", key),),
+                admin_token=token,
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/?token={token}")
+                await wait_for_page(
+                    devtools,
+                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 1,
+                    "a live event stream and the node, with the token",
+                )
+                async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
+                    response = await http.post(
+                        "/v1/chat/completions",
+                        content=BODY,
+                        headers={"x-request-id": "keyed-1", "authorization": f"Bearer {key}"},
+                    )
+                    assert response.status_code == 200
+                page = await wait_for_page(
+                    devtools,
+                    lambda p: any(
+                        w["id"] == "keyed-1" and w["state"] == "completed" for w in p["workloads"]
+                    ),
+                    "the keyed workload completed",
+                )
+                [row] = [w for w in page["workloads"] if w["id"] == "keyed-1"]
+                assert "alice" in row["text"]
+                assert key not in json.dumps(page)
+
+                # Without the token not even the page is served.
+                await devtools.call("Page.navigate", url=f"{bound.admin_url}/")
+                shown = ""
+                for _ in range(100):
+                    shown = await devtools.evaluate("document.body && document.body.innerText")
+                    if shown and "invalid_admin_token" in shown:
+                        break
+                    await trio.sleep(0.1)
+                assert "invalid_admin_token" in (shown or "")
             nursery.cancel_scope.cancel()
 
 

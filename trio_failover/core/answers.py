@@ -40,6 +40,7 @@ ADMIN = "admin_error"
 # use (RFC 9110 section 11.6.1), a full or slow queue says when to come back.
 _EXTRA_HEADERS: dict[str, list[tuple[bytes, bytes]]] = {
     "invalid_api_key": [(b"www-authenticate", b"Bearer")],
+    "invalid_admin_token": [(b"www-authenticate", b"Bearer")],
     "queue_full": [(b"retry-after", b"1")],
     "queue_timeout": [(b"retry-after", b"1")],
     # A drain turns waiting workloads away: another instance, or this one
@@ -114,7 +115,8 @@ def error_body(
 def error_headers(code: str) -> list[tuple[bytes, bytes]]:
     """Headers an error answer needs beyond Content-Type and framing (a fresh list).
 
-    ``401 invalid_api_key`` gets ``WWW-Authenticate: Bearer``; ``503``
-    ``queue_full``, ``queue_timeout`` and ``shutting_down`` get ``Retry-After: 1``.
+    ``401 invalid_api_key`` and ``invalid_admin_token`` get
+    ``WWW-Authenticate: Bearer``; ``503 queue_full``, ``queue_timeout`` and
+    ``shutting_down`` get ``Retry-After: 1``.
     """
     return list(_EXTRA_HEADERS.get(code, ()))

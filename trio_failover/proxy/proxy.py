@@ -20,6 +20,7 @@ from ..wire.client import ClientConnection, ClientRequest
 from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
+from .gate import ClientGate
 from .report import NodeStats, Report
 from .workload import WorkloadRunner
 
@@ -43,6 +44,7 @@ class Proxy:
         )
         self.report = Report(config)
         self._drain = Drain()
+        self._gate = ClientGate(config, self.report)
         self._workloads = WorkloadRunner(config, self.connector, self.pool, self.report)
 
     @property
@@ -87,10 +89,18 @@ class Proxy:
             client_header_timeout=config.client_header_timeout,
             keepalive_timeout=config.keepalive_timeout,
             drain=self._drain,
+            admit=self._gate.allows if self._gate.checks else None,
         )
 
         async def handler(client: ClientConnection, request: ClientRequest) -> bool:
-            return await self._workloads.run(client, request, client_address, scheme)
+            # Every request of the client listener passes the key check
+            # first, whatever route answers it (SPEC 5b).
+            admitted = await self._gate.admit(client, request)
+            if admitted is None:
+                return client.reusable
+            return await self._workloads.run(
+                client, admitted.request, client_address, scheme, client_name=admitted.client
+            )
 
         await client.serve(handler)
 

@@ -29,6 +29,9 @@ from ..wire.client import Closed
 from .queue import SlotQueue
 
 RECENT_WORKLOADS = 50
+# The ``client`` label of the workloads metric when no key is configured
+# (with keys, every workload has its key's name; the two never mix).
+ANONYMOUS = "anonymous"
 
 
 @attrs.define
@@ -61,6 +64,7 @@ class Workload:
     status: int | None = None
     body_bytes: int = 0
     client_left: Closed | None = None
+    client: str | None = None  # the name of the client's key; None: no keys configured
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
     queued_since: float | None = None  # when the current wait began, while waiting
 
@@ -75,6 +79,7 @@ class Workload:
             "id": self.id,
             "method": self.method,
             "path": self.path,
+            "client": self.client,
             "state": str(self.state),
             "status": self.status,
             "node": self.node,
@@ -236,6 +241,7 @@ class Report:
             "attempt": work.attempt,
             "method": work.method,
             "path": work.path,
+            "client": work.client,
         }
         if work.status is not None:
             event["status"] = work.status
@@ -248,7 +254,8 @@ class Report:
         now = trio.current_time()
         self._live.pop(id(work), None)
         self._recent.append((work, now))
-        self.metrics.child(self.metrics.workloads, str(work.state)).inc()
+        client = ANONYMOUS if work.client is None else work.client
+        self.metrics.child(self.metrics.workloads, str(work.state), client).inc()
         if work.node is not None:
             self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
         if self.events.subscriber_count:
@@ -260,6 +267,7 @@ class Report:
                 "id": work.id,
                 "method": work.method,
                 "path": work.path,
+                "client": work.client,
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
@@ -269,6 +277,28 @@ class Report:
                 "duration_ms": _ms(now - work.started),
                 "queued_ms": _ms(work.waited),
                 "bytes": work.body_bytes,
+            }
+        )
+
+    def unauthorized(self, request_id: str, method: str, path: str, started: float) -> None:
+        """Count and log a request refused for want of a valid key (no workload).
+
+        It stays out of ``/status`` and the events: a client without a key
+        must not be able to push the fleet's workloads out of view.
+        """
+        self.metrics.child(self.metrics.unauthorized, "client").inc()
+        log_access(
+            {
+                "id": request_id,
+                "method": method,
+                "path": path,
+                "client": None,
+                "status": 401,
+                "state": "unauthorized",
+                "nodes": [],
+                "commit_ms": None,
+                "duration_ms": _ms(trio.current_time() - started),
+                "bytes": 0,
             }
         )
 

@@ -67,8 +67,14 @@ class WorkloadRunner:
         request: ClientRequest,
         client_address: str | None = None,
         scheme: str = "http",
+        *,
+        client_name: str | None = None,
     ) -> bool:
-        """Serve one request: attempts, failover, relay. Returns keep-alive."""
+        """Serve one request: attempts, failover, relay. Returns keep-alive.
+
+        ``client_name`` is the name of the client key the request presented
+        (``ClientGate``), None when no key is configured.
+        """
         now = trio.current_time()
         self.report.expire_cooldowns(now)
         work = Workload(
@@ -76,6 +82,7 @@ class WorkloadRunner:
             method=request.method.decode("ascii", "replace"),
             path=request.target.split(b"?", 1)[0].decode("ascii", "replace"),
             started=now,
+            client=client_name,
         )
         document = body_json(request.body) if self._needs_body_json else None
         candidates, preferred = self._candidates(request, document)

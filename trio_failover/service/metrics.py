@@ -63,7 +63,16 @@ class Metrics:
             "trio_failover_commits", "Responses committed to clients", ["node"], registry=r
         )
         self.workloads = Counter(
-            "trio_failover_workloads", "Finished workloads by final state", ["state"], registry=r
+            "trio_failover_workloads",
+            "Finished workloads by final state and client",
+            ["state", "client"],
+            registry=r,
+        )
+        self.unauthorized = Counter(
+            "trio_failover_unauthorized",
+            "Requests refused with 401 for want of a valid key or admin token",
+            ["listener"],
+            registry=r,
         )
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
