@@ -38,12 +38,12 @@ from ..core.outcome import (
 )
 from ..core.ranking import affinity_key, resolve_candidates
 from ..core.rewrite import body_json, node_body, node_target, requested_model
-from ..core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from .queue import REFUSALS, take_slot
 from .report import Report, Workload
 
 
@@ -171,7 +171,7 @@ class WorkloadRunner:
         tried: set[str] = set()
         last_answer: SavedResponse | None = None
         while len(tried) < limit:
-            slot = await self._take_slot(work, order, tried, preferred)
+            slot = await take_slot(self.report, work, order, tried, preferred)
             if isinstance(slot, str):
                 return await self._turned_away(client, work, slot)
             if slot is None:
@@ -214,45 +214,9 @@ class WorkloadRunner:
         await self._send_failure(client, work, status, failure_code(status), "every node failed")
         return True
 
-    async def _take_slot(
-        self, work: Workload, order: list[str], tried: set[str], preferred: str | None
-    ) -> Slot | str | None:
-        """A slot for the next attempt, at once or after waiting in the queue.
-
-        Returns:
-            The slot; None when every candidate was tried; else why the
-            queue turned the workload away (``queue_full``,
-            ``queue_timeout``, ``shutdown``).
-
-        Cancellation: a waiting workload leaves the queue (client gone).
-        """
-        queue = self.report.queue
-        result = queue.acquire(order, tried=tried, preferred=preferred)
-        if isinstance(result, Granted | QueueFull | Exhausted):
-            if work.attempt == 0:
-                self.report.publish_workload(work)  # never waited: a plain "queued"
-            if isinstance(result, Granted):
-                return result.slot
-            return "queue_full" if isinstance(result, QueueFull) else None
-        waiter = result.waiter
-        if work.state is not State.QUEUED:
-            work.state = State.QUEUED  # failed over into a full fleet
-        started = trio.current_time()
-        work.node, work.queued_since = None, started
-        self.report.publish_workload(work, position=waiter.position)
-        # One budget for all of a workload's waits; no node deadline runs.
-        budget = QueueBudget(self.config.queue_timeout, work.waited)
-        try:
-            slot = await queue.wait(waiter, budget.deadline(started))
-        finally:
-            self.report.waited(work, started, trio.current_time())
-        if slot is not None:
-            return slot
-        return "shutdown" if queue.closed else "queue_timeout"
-
     async def _turned_away(self, client: ClientConnection, work: Workload, reason: str) -> bool:
         """Answer ``503`` for a workload the queue refused; nothing was sent for it."""
-        code, message = _REFUSALS[reason]
+        code, message = REFUSALS[reason]
         work.state = State.FAILED
         self.report.turned_away(reason)
         await self._send_failure(client, work, 503, code, message, path=work.path)
@@ -455,14 +419,6 @@ class WorkloadRunner:
             record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
         work.state = State.CANCELLED
         self.report.client_aborted(work, record)
-
-
-# Why the queue turned a workload away -> the code and message of its 503.
-_REFUSALS = {
-    "queue_full": ("queue_full", "every candidate node is full and so is the queue"),
-    "queue_timeout": ("queue_timeout", "no slot at any candidate node within the queue timeout"),
-    "shutdown": ("shutting_down", "the proxy is shutting down"),
-}
 
 
 def _never(_node: str) -> bool:
