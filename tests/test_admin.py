@@ -22,7 +22,11 @@ from trio_failover.service.admin import serve_admin_connection
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, slow_head
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Streamed: the response-header timeout bounds the wait for its head (an
+# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 
 
 def make_proxy(fleet: Fleet, **settings: object) -> Proxy:

@@ -32,7 +32,11 @@ from trio_failover.service.server import (
 )
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Streamed: the response-header timeout bounds the wait for its head (an
+# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 TERMINAL = {"completed", "failed", "cancelled"}
 
 

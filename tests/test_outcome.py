@@ -18,6 +18,7 @@ from trio_failover.core.outcome import (
     Verdict,
     after_commit,
     classify_head,
+    ends_cooldown,
     error_code,
     fails_over_on,
     failure_code,
@@ -393,6 +394,17 @@ def test_after_commit(outcome: Outcome, ending: Outcome) -> None:
 )
 def test_may_pool(relayed: bool, client_gone: bool, pooled: bool) -> None:
     assert may_pool(relayed=relayed, client_gone=client_gone) is pooled
+
+
+@pytest.mark.parametrize(
+    ("status", "ends"),
+    [
+        *[(status, True) for status in (200, 204, 304, 400, 404, 499)],
+        *[(status, False) for status in (500, 501, 599)],
+    ],
+)
+def test_ends_cooldown(status: int, ends: bool) -> None:
+    assert ends_cooldown(status) is ends
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,10 @@ from trio_failover.testing import (
     slow_head,
 )
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Streamed, so that --response-header-timeout (not the unstreamed one) bounds the head.
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 Event = dict[str, Any]
 
 

@@ -156,6 +156,9 @@ class Demo:
                 admin_listen=admin,
                 connect_timeout=1.0,
                 response_header_timeout=HEADER_TIMEOUT,
+                # The fake nodes answer at once, whole answers too: the same
+                # short wait for both keeps the stall of step 1 brief.
+                unstreamed_timeout=HEADER_TIMEOUT,
                 stream_idle_timeout=10.0,
                 shutdown_timeout=1.0,
             )

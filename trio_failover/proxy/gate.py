@@ -18,7 +18,7 @@ import trio
 from ..core.answers import error_document, error_headers
 from ..core.auth import check_client, forwarded_headers
 from ..core.config import Config
-from ..core.headers import workload_id
+from ..core.requests import workload_id
 from ..wire.client import ClientConnection, ClientGone, ClientRequest
 from .report import Report
 

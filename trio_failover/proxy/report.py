@@ -20,7 +20,7 @@ import trio
 from .. import __version__
 from ..core.config import Config, redact_url
 from ..core.cooldown import CooldownTable
-from ..core.outcome import AttemptRecord, Outcome
+from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
 from ..service.logs import access_logger, log_access, logger
@@ -141,9 +141,10 @@ class Report:
         )
 
     def committed(self, work: Workload, node: str, time_to_head: float, now: float) -> None:
-        """Count a commit; a success ends the node's cooldown."""
+        """Count a commit; an answer below 500 ends the node's cooldown (``ends_cooldown``)."""
         self.stats[node].served += 1
-        ended = self.cooldowns.restore(node)
+        alive = work.status is not None and ends_cooldown(work.status)
+        ended = self.cooldowns.restore(node) if alive else None
         if ended is not None:
             if ended.until > now:
                 self.node_ready(node, "success")

@@ -24,7 +24,7 @@ import trio
 from ..core.answers import error_document, error_headers
 from ..core.config import Config, Upstream
 from ..core.errors import RetryableResponse, UpstreamError
-from ..core.headers import client_response_headers, get, upstream_request_headers, workload_id
+from ..core.headers import client_response_headers, get, upstream_request_headers
 from ..core.outcome import (
     AttemptRecord,
     Outcome,
@@ -37,7 +37,8 @@ from ..core.outcome import (
     retry_after_of,
 )
 from ..core.ranking import affinity_key, resolve_candidates
-from ..core.rewrite import body_json, node_body, node_target, requested_model
+from ..core.requests import is_unstreamed, request_document, request_model, workload_id
+from ..core.rewrite import node_body, node_target
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
@@ -57,9 +58,6 @@ class WorkloadRunner:
         self.connector = connector
         self.pool = pool
         self.report = report
-        self._needs_body_json = config.affinity == "prefix" or any(
-            node.models is not None for node in config.upstreams
-        )
 
     async def run(
         self,
@@ -84,7 +82,9 @@ class WorkloadRunner:
             started=now,
             client=client_name,
         )
-        document = body_json(request.body) if self._needs_body_json else None
+        # Parsed for every request: whether it streams picks the head
+        # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
+        document = request_document(request.body)
         candidates, preferred = self._candidates(request, document)
         self.report.started(work)
 
@@ -128,7 +128,7 @@ class WorkloadRunner:
         key = affinity_key(document) if self.config.affinity == "prefix" else None
         candidates = resolve_candidates(
             self.config.upstreams,
-            model=requested_model(document),
+            model=request_model(document),
             is_cooling=_never,
             selected=selected,
             affinity_key=key,
@@ -219,7 +219,7 @@ class WorkloadRunner:
         code, message = REFUSALS[reason]
         work.state = State.FAILED
         self.report.turned_away(reason)
-        await self._send_failure(client, work, 503, code, message, path=work.path)
+        await self._send_failure(client, work, 503, code, message)
         return True
 
     async def _commit_and_relay(
@@ -264,21 +264,9 @@ class WorkloadRunner:
         idle_timeout = self.config.stream_idle_timeout or math.inf
         try:
             await client.send(*commit)
-            while not response.complete:
-                with trio.move_on_after(idle_timeout) as idle:
-                    chunk = await response.receive_chunk()
-                if idle.cancelled_caught:
-                    self._stream_ended(
-                        work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
-                    )
-                    return False
-                work.body_bytes += len(chunk)
-                if not response.complete:
-                    await client.send(h11.Data(data=chunk))
-                elif chunk:  # the last bytes and the end in one write
-                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
-                else:
-                    await client.send(h11.EndOfMessage())
+            if not await self._stream_rest(client, work, response, idle_timeout):
+                self._stream_ended(work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent")
+                return False
         except UpstreamError as exc:
             # After commit nothing is replayed: the client sees a truncated
             # response (no terminating chunk, or a short Content-Length body).
@@ -292,6 +280,47 @@ class WorkloadRunner:
             return False
         self._stream_ended(work, node, Outcome.COMPLETED, "")
         return True
+
+    async def _stream_rest(
+        self,
+        client: ClientConnection,
+        work: Workload,
+        response: UpstreamResponse,
+        idle_timeout: float,
+    ) -> bool:
+        """Relay the body after the commit; False: the node went silent too long.
+
+        One cancel scope for the whole stream, its deadline moved chunk by
+        chunk: a scope per chunk would cost more on the hot path. The
+        deadline bounds only the waits for the node; it is lifted while the
+        proxy writes to the client, whose pace is not the node's silence. In
+        an event stream only a chunk that begins a line other than a comment
+        or a blank one moves it (SPEC 5.6), and before the first such line
+        there is none: the wait is still the first-body wait, unbounded
+        (a long prefill with pings is never cut, an engine that only pings
+        after its first token is).
+        """
+        scanner = response.scanner
+        deadline = trio.current_time() + idle_timeout if response.progressed else math.inf
+        with trio.CancelScope(deadline=deadline) as idle:
+            while not response.complete:
+                chunk = await response.receive_chunk()
+                idle.deadline = math.inf
+                work.body_bytes += len(chunk)
+                progress = scanner is None or scanner.progress(chunk)
+                sending = 0.0 if progress else trio.current_time()
+                if not response.complete:
+                    await client.send(h11.Data(data=chunk))
+                elif chunk:  # the last bytes and the end in one write
+                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
+                else:
+                    await client.send(h11.EndOfMessage())
+                if progress:
+                    deadline = trio.current_time() + idle_timeout
+                else:  # the node's silence runs on, less the time spent writing
+                    deadline += trio.current_time() - sending
+                idle.deadline = deadline
+        return not idle.cancelled_caught
 
     def _request_for(
         self,
@@ -314,7 +343,13 @@ class WorkloadRunner:
             content_length=len(body) if carries_body else None,
         )
         target = node_target(request.target, node.base_path)
-        return OutgoingRequest(method=request.method, target=target, headers=headers, body=body)
+        return OutgoingRequest(
+            method=request.method,
+            target=target,
+            headers=headers,
+            body=body,
+            unstreamed=is_unstreamed(work.path, document),
+        )
 
     # -- answers that are not a node's stream --------------------------------
 
@@ -347,15 +382,11 @@ class WorkloadRunner:
         status: int,
         code: str,
         message: str,
-        *,
-        path: str = "",
     ) -> None:
         work.status = status
         attempts = [record.to_json() for record in work.attempts]
-        # Path "": the OpenAI shape on every path, as before (/api/ answers
-        # in Ollama's shape are core.answers' to give once the shell asks);
-        # the queue's refusals pass theirs.
-        document = error_document(path, status, code, message, attempts)
+        # Ollama's shape under /api/, OpenAI's elsewhere (SPEC 5.7).
+        document = error_document(work.path, status, code, message, attempts)
         headers = [
             (b"x-request-id", work.id.encode()),
             (b"x-failover-attempts", b"%d" % len(work.attempts)),
