@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from trio_failover.core.answers import error_body, error_document, error_headers, error_type
+from trio_failover.core.answers import error_document, error_headers, error_type
 
 ATTEMPTS = [{"node": "a", "outcome": "header_timeout", "elapsed_ms": 120000.0}]
 
@@ -112,17 +110,6 @@ def test_error_document(
     expected: dict[str, object],
 ) -> None:
     assert error_document(path, status, code, "m", attempts) == expected
-
-
-@pytest.mark.parametrize(("path", "status", "code", "attempts", "expected"), DOCUMENTS)
-def test_error_body_is_the_document(
-    path: str,
-    status: int,
-    code: str,
-    attempts: list[dict[str, object]] | None,
-    expected: dict[str, object],
-) -> None:
-    assert json.loads(error_body(path, status, code, "m", attempts)) == expected
 
 
 @pytest.mark.parametrize("path", ["/status", "/api/chat"])

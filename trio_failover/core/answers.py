@@ -27,7 +27,6 @@ Use::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from .requests import is_ollama_path
@@ -97,19 +96,6 @@ def error_document(
         error["attempts"] = records
         document["attempts"] = records
     return document
-
-
-def error_body(
-    path: str,
-    status: int,
-    code: str,
-    message: str,
-    attempts: Sequence[Mapping[str, object]] | None = None,
-    *,
-    admin: bool = False,
-) -> bytes:
-    """``error_document`` as the bytes of a response body."""
-    return json.dumps(error_document(path, status, code, message, attempts, admin=admin)).encode()
 
 
 def error_headers(code: str) -> list[tuple[bytes, bytes]]:
