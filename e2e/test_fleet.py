@@ -42,7 +42,6 @@ def test_capacity_two_keeps_both_slots_of_one_engine_busy(fleet: Fleet) -> None:
         assert stream.complete
 
 
-@NEEDS_18
 def test_models_list_merges_two_engines(fleet: Fleet) -> None:
     (server,) = fleet.engines("llama-server", "a", alias="tiny-a")
     (python,) = fleet.engines("llama-cpp-python", "b", alias="tiny-b")

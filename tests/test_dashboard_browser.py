@@ -35,7 +35,7 @@ import pytest
 import trio
 import trio_websocket
 
-from trio_failover import ClientKey, Config
+from trio_failover import ClientKey, Config, Upstream
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai, slow_head
 
@@ -194,6 +194,7 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                 listen="127.0.0.1:0",
                 admin_listen="127.0.0.1:0",
                 response_header_timeout=STALL,
+                discovery_interval=0,  # gpu-b lists another model than BODY's
             )
             bound: BoundAddresses = await nursery.start(serve, config)
             browser_url = await start_chromium(nursery, tmp_path / "profile")
@@ -277,6 +278,7 @@ async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path
                 admin_listen="127.0.0.1:0",
                 clients=(ClientKey("alice", key),),
                 admin_token=token,
+                discovery_interval=0,  # gpu-a lists another model than BODY's
             )
             bound: BoundAddresses = await nursery.start(serve, config)
             browser_url = await start_chromium(nursery, tmp_path / "profile")
@@ -318,6 +320,48 @@ async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path
                     await trio.sleep(0.1)
                 assert "invalid_admin_token" in (shown or "")
             nursery.cancel_scope.cancel()
+
+
+async def test_dashboard_shows_down_nodes_model_counts_and_last_news(
+    chromium: str, tmp_path: Path
+) -> None:
+    nodes = {"gpu-a": FakeNode(refuse=True), "gpu-b": FakeNode(openai("qwen3:32b"))}
+    with trio.fail_after(50):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            up = await fleet.serve_tcp("gpu-b")
+            closed = trio.socket.socket()  # bound, never listening: connections are refused
+            await closed.bind(("127.0.0.1", 0))
+            refusing = Upstream("gpu-a", f"http://127.0.0.1:{closed.getsockname()[1]}")
+            config = Config(
+                upstreams=[refusing, up],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0.5,
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/")
+
+                def checked(p: dict[str, Any]) -> bool:
+                    states = {n["name"]: n["state"] for n in p.get("nodes", [])}
+                    return states == {"gpu-a": "down", "gpu-b": "ready"} and all(
+                        "check_" in n["text"] for n in p["nodes"]
+                    )
+
+                page = await wait_for_page(devtools, checked, "gpu-a down, gpu-b checked")
+            closed.close()
+            nursery.cancel_scope.cancel()
+    rows = {n["name"]: n["text"].split("\t") for n in page["nodes"]}
+    # Node, URL, State, Cooldown left, Reason, Slots in use, Served, Failed,
+    # Models, Last outcome, Last error.
+    a, b = rows["gpu-a"], rows["gpu-b"]
+    assert (a[2], a[4], a[8], a[9]) == ("down", "health_check", "any", "check_connect_failed")
+    assert a[10].startswith("health check cannot connect")
+    assert (b[2], b[8], b[9]) == ("ready", "1", "check_ok")
 
 
 async def test_dashboard_shows_slots_in_use_and_the_queue(chromium: str, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import trio
 from conftest import LogRecords
 
 from trio_failover import Config
+from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.ranking import affinity_key, rendezvous_choice
 from trio_failover.proxy import Proxy
 from trio_failover.service.events import Subscription
@@ -569,3 +570,30 @@ async def test_without_capacity_nothing_ever_waits(autojump_clock: trio.abc.Cloc
         assert not [e for e in seen if "position" in e]
         assert sample(proxy, "trio_failover_queue_wait_seconds_count") == 0
         assert in_flight(proxy) == {"a": 0, "b": 0}
+
+
+async def test_a_down_node_coming_back_dispatches_the_queue(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # r2 waits for ready a; b is free but down. b's next good check makes it
+    # ready, and that alone must hand b to r2.
+    nodes = {"a": FakeNode(slow_head(50.0)), "b": FakeNode(healthy(b"B"))}
+    async with Fleet(nodes) as fleet:
+        proxy = make_proxy(fleet, capacity=1)
+        report = proxy.report
+        report.check_finished("b", judge_check(failure=CheckFailure.CONNECT_FAILED), 0.0)
+        assert report.is_demoted("b", 0.0)
+
+        async def script(t: Traffic) -> None:
+            await t.start("r1")
+            await t.start("r2", "queued")
+            await trio.sleep(2.0)
+            listing = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
+            report.check_finished("b", judge_check(status=200, body=listing), 2.0)
+            running = await t.wait_for("r2", "running")
+            assert (running["node"], trio.current_time()) == ("b", 2.0)
+            await t.wait_for("r2", "completed")
+            t.nursery.cancel_scope.cancel()
+
+        await run_traffic(proxy, script)
+        assert ids(fleet["b"]) == ["r2"]

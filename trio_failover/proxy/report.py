@@ -20,12 +20,14 @@ import trio
 from .. import __version__
 from ..core.config import Config, redact_url
 from ..core.cooldown import CooldownTable
+from ..core.inventory import DOWN_REASON, READY_REASON_CHECK, CheckVerdict, Health, advertised_ids
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
 from ..service.logs import access_logger, log_access, logger
 from ..service.metrics import Metrics
 from ..wire.client import Closed
+from .health import HealthBooks
 from .queue import SlotQueue
 
 RECENT_WORKLOADS = 50
@@ -102,6 +104,7 @@ class Report:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.cooldowns = CooldownTable()
+        self.health = HealthBooks(node.name for node in config.upstreams)
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
@@ -117,21 +120,13 @@ class Report:
         # Workloads not finished yet, oldest first (keyed by identity).
         self._live: dict[int, Workload] = {}
 
-    def is_demoted(self, node: str, now: float) -> bool:
-        """Whether ``node`` is demoted at ``now``: the one readiness question.
-
-        Ranking and the slot queue both ask it; whatever makes a node less
-        ready (a cooldown today) belongs here, and every change of its answer
-        other than by expiry must call ``self.queue.dispatch()``.
-        """
-        return self.cooldowns.is_cooling(node, now)
-
     # -- attempts ------------------------------------------------------------
 
     def attempt_failed(self, work: Workload, record: AttemptRecord, *, moving_on: bool) -> None:
         """Record a failed attempt before commit."""
         work.attempts.append(record)
         self.stats[record.node].failed += 1
+        self.health.attempt_ended(record.node, str(record.outcome), record.detail)
         self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
         if moving_on:
             self.metrics.child(self.metrics.failovers, record.node, str(record.outcome)).inc()
@@ -145,11 +140,15 @@ class Report:
         self.stats[node].served += 1
         alive = work.status is not None and ends_cooldown(work.status)
         ended = self.cooldowns.restore(node) if alive else None
+        # The same test for down: a served answer proves the node is back.
+        was_down = alive and self.health.served(node) is Health.READY
         if ended is not None:
-            if ended.until > now:
-                self.node_ready(node, "success")
-                self.queue.dispatch()
             self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        if was_down:
+            self.metrics.down.set(self.health.down_count())
+        if was_down or (ended is not None and ended.until > now):
+            self.node_ready(node, "success")
+            self.queue.dispatch()
         self.metrics.child(self.metrics.commits, node).inc()
         self.metrics.child(self.metrics.time_to_head, node).observe(time_to_head)
         self.metrics.child(self.metrics.time_to_commit, node).observe(now - work.started)
@@ -158,8 +157,12 @@ class Report:
     def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
         """Record how a committed stream ended."""
         work.attempts.append(record)
+        failed = record.outcome is not Outcome.COMPLETED
+        self.health.attempt_ended(
+            record.node, str(record.outcome), record.detail if failed else None
+        )
         self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
-        if record.outcome is Outcome.COMPLETED:
+        if not failed:
             return
         self.stats[record.node].failed += 1
         logger.warning("stream aborted", extra={"fields": {"id": work.id, **record.to_json()}})
@@ -194,7 +197,8 @@ class Report:
         ended = self.cooldowns.expire(now)
         if ended:  # asked at every workload: the common answer costs nothing
             for entry in ended:
-                self.node_ready(entry.node, "expired")
+                if not self.health.is_down(entry.node):  # else "ready" would be false news
+                    self.node_ready(entry.node, "expired")
             self.metrics.cooling.set(len(self.cooldowns.active(now)))
             self.queue.dispatch()
 
@@ -203,6 +207,34 @@ class Report:
         # active(-inf): every entry, also those that ran out but were not
         # noticed yet; their end lies in the past, so the ticker looks now.
         return self.queue.wake_at(entry.until for entry in self.cooldowns.active(-math.inf))
+
+    # -- health checks (SPEC 5a) ---------------------------------------------
+
+    def is_demoted(self, name: str, now: float) -> bool:
+        """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
+
+        The one readiness predicate: ranking and the slot queue ask this and
+        nothing else. Every change of its answer other than a cooldown's
+        expiry must call ``self.queue.dispatch()`` (waiters may use other
+        nodes then); the ticker sees to expiries.
+        """
+        return self.cooldowns.is_cooling(name, now) or self.health.is_down(name)
+
+    def check_finished(self, node: str, verdict: CheckVerdict, now: float) -> None:
+        """Keep a finished health check's verdict; tell of a node going down or coming back."""
+        change = self.health.apply_check(node, verdict)
+        self.metrics.child(self.metrics.checks, node, verdict.result).inc()
+        if change is Health.DOWN:
+            fields = {"node": node, "reason": DOWN_REASON, "error": verdict.last_error}
+            logger.warning("node down", extra={"fields": fields})
+            self.events.publish(
+                {"type": "node", "node": node, "state": "down", "reason": DOWN_REASON, "until_s": 0}
+            )
+        elif change is Health.READY and not self.cooldowns.is_cooling(node, now):
+            self.node_ready(node, READY_REASON_CHECK)
+        if change is not Health.UNCHANGED:  # waiters may use other nodes now
+            self.queue.dispatch()
+        self.metrics.down.set(self.health.down_count())
 
     def node_ready(self, node: str, reason: str) -> None:
         """Tell that ``node`` takes requests again."""
@@ -317,17 +349,25 @@ class Report:
             entry = self.cooldowns.get(node.name, now)
             stats = self.stats[node.name]
             ledger = self.queue.scheduler.ledger
+            health = self.health.nodes[node.name]
+            state, reason = ("cooling", entry.reason) if entry else ("ready", None)
+            if health.down:  # the graver news: its last check could not reach it
+                state, reason = "down", DOWN_REASON
+            models = advertised_ids(node.models, health.inventory)
             nodes.append(
                 {
                     "name": node.name,
                     "url": redact_url(node.url),
-                    "state": "cooling" if entry else "ready",
+                    "state": state,
                     "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
-                    "reason": entry.reason if entry else None,
+                    "reason": reason,
                     "in_flight": ledger.in_flight(node.name),
                     "capacity": node.capacity,
                     "served": stats.served,
                     "failed": stats.failed,
+                    "models": list(models) if models is not None else None,
+                    "last_outcome": health.last_outcome,
+                    "last_error": health.last_error,
                 }
             )
         live = [work.summary(now) for work in self._live.values()]

@@ -132,6 +132,7 @@ class WorkloadRunner:
             is_cooling=_never,
             selected=selected,
             affinity_key=key,
+            inventories=self.report.health.inventories,
         )
         first = candidates[0].name if candidates else None
         preferred = (
@@ -226,7 +227,8 @@ class WorkloadRunner:
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
     ) -> bool:
         try:
-            relayed = await self._relay(client, work, node, response)
+            with self.report.health.streaming(node.name):  # a slow check then proves nothing
+                relayed = await self._relay(client, work, node, response)
         except BaseException:
             await response.aclose()  # cancelled or failed: never pooled
             raise
@@ -423,6 +425,8 @@ class WorkloadRunner:
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
             self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        if verdict.recheck:
+            self.report.health.ask_recheck(node.name)
         return verdict.fail_over
 
     def _committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:

@@ -56,6 +56,15 @@ class Metrics:
             "trio_failover_cooldowns", "Cooldowns started", ["node", "reason"], registry=r
         )
         self.cooling = Gauge("trio_failover_cooling_nodes", "Nodes cooling now", registry=r)
+        self.checks = Counter(
+            "trio_failover_health_checks",
+            "Health and inventory checks (GET /v1/models) by node and result",
+            ["node", "result"],
+            registry=r,
+        )
+        self.down = Gauge(
+            "trio_failover_down_nodes", "Nodes down now (last check failed)", registry=r
+        )
         self.client_aborts = Counter(
             "trio_failover_client_aborts", "Workloads cancelled by the client leaving", registry=r
         )

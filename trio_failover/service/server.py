@@ -206,6 +206,8 @@ async def serve(
                 except OSError as exc:
                     raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
             addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+            # Once both listeners are bound: a proxy that cannot listen checks nothing.
+            await services.start(proxy.run_discovery)  # returns at once when off
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:
