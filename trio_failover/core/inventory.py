@@ -41,6 +41,8 @@ import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .outcome import error_field
+
 WILDCARD = "*"
 DOWN_REASON = "health_check"  # the reason of a node event and of /status
 READY_REASON_CHECK = "health_check"
@@ -173,13 +175,7 @@ def is_model_not_found(status: int, body: bytes) -> bool:
     """
     if status != 404 or len(body) > MAX_NOT_FOUND_BODY:
         return False
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    if not isinstance(document, dict):
-        return False
-    error = document.get("error")
+    error = error_field(body)
     if isinstance(error, dict):
         return error.get("code") == "model_not_found"
     if isinstance(error, str):

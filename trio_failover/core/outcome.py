@@ -216,17 +216,20 @@ def fails_over_on(action: HeadAction, code: str | None, retry_error_codes: Itera
     return action is HeadAction.RETRY or (code is not None and code in retry_error_codes)
 
 
-def error_code(body: bytes) -> str | None:
-    """The ``error.code`` of an OpenAI-style JSON error body, if it has one."""
+def error_field(body: bytes) -> object:
+    """The ``error`` member of a JSON error body (OpenAI's object, Ollama's string), else None."""
     try:
         document = json.loads(body)
     except (ValueError, RecursionError):
         # ValueError covers bad JSON and bad UTF-8; RecursionError a node's
         # body of thousands of nested brackets, which is garbage all the same.
         return None
-    if not isinstance(document, dict):
-        return None
-    error = document.get("error")
+    return document.get("error") if isinstance(document, dict) else None
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an OpenAI-style JSON error body, if it has one."""
+    error = error_field(body)
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         return str(error["code"])
     return None
