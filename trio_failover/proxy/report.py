@@ -213,10 +213,11 @@ class Report:
     def is_demoted(self, name: str, now: float) -> bool:
         """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
 
-        The one readiness predicate: ranking and the slot queue ask this and
-        nothing else. Every change of its answer other than a cooldown's
-        expiry must call ``self.queue.dispatch()`` (waiters may use other
-        nodes then); the ticker sees to expiries.
+        The one readiness predicate: the slot queue asks this (and nothing
+        else) at each attempt, to put ready nodes before demoted ones. Every
+        change of its answer other than a cooldown's expiry must call
+        ``self.queue.dispatch()`` (waiters may use other nodes then); the
+        ticker sees to expiries.
         """
         return self.cooldowns.is_cooling(name, now) or self.health.is_down(name)
 
