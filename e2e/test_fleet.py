@@ -9,7 +9,6 @@ from conftest import Fleet
 from harness import Exchange, chat_body, http_get, request_id, wait_for
 
 CHAT = "/v1/chat/completions"
-NEEDS_18 = pytest.mark.xfail(strict=True, reason="needs issue 18")
 
 
 @pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
