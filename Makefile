@@ -37,6 +37,7 @@ demo: install
 
 bench: install
 	$(BIN)/python scripts/bench.py
+	$(BIN)/python scripts/bench_burst.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

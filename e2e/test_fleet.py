@@ -9,10 +9,8 @@ from conftest import Fleet
 from harness import Exchange, chat_body, http_get, request_id, wait_for
 
 CHAT = "/v1/chat/completions"
-NEEDS_17 = pytest.mark.xfail(strict=True, reason="needs issue 17")
 
 
-@NEEDS_17
 @pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
 def test_capacity_one_puts_two_streams_on_two_engines(fleet: Fleet, kind: str) -> None:
     a, b = fleet.engines(kind, "a", "b")  # one slot each
@@ -27,7 +25,6 @@ def test_capacity_one_puts_two_streams_on_two_engines(fleet: Fleet, kind: str) -
     assert {s.response_headers["x-failover-node"] for s in streams} == {"a", "b"}
 
 
-@NEEDS_17
 def test_capacity_two_keeps_both_slots_of_one_engine_busy(fleet: Fleet) -> None:
     (engine,) = fleet.engines("llama-server", "a", parallel=2)
     proxy = fleet.proxy([("a", engine.url)], "--capacity", "2")

@@ -100,6 +100,7 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "cooldown_remaining_s": 7.0,
             "reason": "header_timeout",
             "in_flight": 0,
+            "capacity": 0,
             "served": 0,
             "failed": 1,
             "models": None,  # no models configured, no inventory: discovery is not running

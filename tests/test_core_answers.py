@@ -141,6 +141,7 @@ def test_error_type(status: int, admin: bool, expected: str) -> None:
         ("invalid_admin_token", [(b"www-authenticate", b"Bearer")]),
         ("queue_full", [(b"retry-after", b"1")]),
         ("queue_timeout", [(b"retry-after", b"1")]),
+        ("shutting_down", [(b"retry-after", b"1")]),
         ("upstream_timeout", []),
         ("model_not_found", []),
     ],

@@ -42,6 +42,9 @@ _EXTRA_HEADERS: dict[str, list[tuple[bytes, bytes]]] = {
     "invalid_admin_token": [(b"www-authenticate", b"Bearer")],
     "queue_full": [(b"retry-after", b"1")],
     "queue_timeout": [(b"retry-after", b"1")],
+    # A drain turns waiting workloads away: another instance, or this one
+    # restarted, can take the retry.
+    "shutting_down": [(b"retry-after", b"1")],
 }
 
 
@@ -99,7 +102,7 @@ def error_headers(code: str) -> list[tuple[bytes, bytes]]:
     """Headers an error answer needs beyond Content-Type and framing (a fresh list).
 
     ``401 invalid_api_key`` and ``invalid_admin_token`` get
-    ``WWW-Authenticate: Bearer``; ``503 queue_full`` and ``queue_timeout``
-    get ``Retry-After: 1``.
+    ``WWW-Authenticate: Bearer``; ``503 queue_full``, ``queue_timeout`` and
+    ``shutting_down`` get ``Retry-After: 1``.
     """
     return list(_EXTRA_HEADERS.get(code, ()))

@@ -123,8 +123,13 @@ class Proxy:
         await self.discovery.run(task_status=task_status)
 
     def begin_drain(self) -> None:
-        """Stop taking new requests: idle keep-alive connections close now."""
+        """Stop taking new requests: idle keep-alive connections close now.
+
+        Workloads waiting in the queue get ``503`` ``shutting_down`` at once
+        (nothing was sent for them); those holding a slot run on.
+        """
         self._drain.begin()
+        self.report.queue.close()
 
     def expire_cooldowns(self, now: float | None = None) -> None:
         """Notice cooldowns that ran out (publishing ``ready`` node events)."""
