@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import ENGINES, Engine, HarnessError, Manifest, Process, Proxy, Tap
+from harness import (
+    ENGINES,
+    Engine,
+    HarnessError,
+    Manifest,
+    Process,
+    Proxy,
+    Tap,
+    close_exchanges,
+)
 from prepare import manifest_path
 from report import Report
 
@@ -49,13 +58,17 @@ class Fleet:
         return tap
 
     def proxy(self, upstreams: list[tuple[str, str]], *extra: str) -> Proxy:
-        # --proxy-arg flags come last: they override the test's own.
-        proxy = Proxy.start(PROGRAM, upstreams, [*extra, *self.proxy_args], self.log_dir)
+        # --proxy-arg flags come last: they override the test's own. A second
+        # proxy of the same test logs to proxy2.log, and so on.
+        count = sum(isinstance(process, Proxy) for process in self.processes)
+        name = f"proxy{count + 1}" if count else "proxy"
+        proxy = Proxy.start(PROGRAM, upstreams, [*extra, *self.proxy_args], self.log_dir, name)
         self.processes.append(proxy)
         proxy.wait_ready()
         return proxy
 
     def close(self) -> None:
+        close_exchanges()  # those of a test that failed before reading them
         errors = []
         for process in reversed(self.processes):
             try:

@@ -254,19 +254,25 @@ class Proxy(Process):
     """``trio-failover serve`` on loopback ports 0, the ports read from its log."""
 
     def __init__(self, argv: list[str], log_path: Path):
-        super().__init__("proxy", argv, log_path, dict(os.environ))
+        super().__init__(log_path.stem, argv, log_path, dict(os.environ))
         self.port = 0
         self.admin_port = 0
 
     @classmethod
     def start(
-        cls, program: Path, upstreams: list[tuple[str, str]], extra: list[str], log_dir: Path
+        cls,
+        program: Path,
+        upstreams: list[tuple[str, str]],
+        extra: list[str],
+        log_dir: Path,
+        log_name: str = "proxy",
     ) -> Proxy:
+        """Start it; its output goes to ``log_dir/LOG_NAME.log``."""
         argv = [str(program), "serve", "--listen", f"{LOOPBACK}:0"]
         argv += ["--admin-listen", f"{LOOPBACK}:0", "--shutdown-timeout", "1s"]
         for name, url in upstreams:
             argv += ["--upstream", f"{name}={url}"]
-        return cls(argv + extra, log_dir / "proxy.log")
+        return cls(argv + extra, log_dir / f"{log_name}.log")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ports() -> bool:
@@ -312,6 +318,13 @@ def http_get(
         connection.close()
 
 
+def long_prompt(lines: int) -> str:
+    """A prompt of about 14 tokens a line: a prefill of seconds on one thread."""
+    return "Summarise the following log. " + " ".join(
+        f"line {n}: the lighthouse lamp was checked and found working." for n in range(lines)
+    )
+
+
 def chat_body(
     max_tokens: int,
     *,
@@ -346,6 +359,17 @@ class Event:
         choices = json.loads(self.data).get("choices") or [{}]
         delta = choices[0].get("delta") or {}
         return str(delta.get("content") or "")
+
+
+# Every exchange's socket, so that a test that fails half-way leaves none
+# open (the fleet closes them): the suite turns ResourceWarnings into errors.
+_sockets: list[socket.socket] = []
+
+
+def close_exchanges() -> None:
+    """Close every exchange's socket (closing one twice is harmless)."""
+    while _sockets:
+        _sockets.pop().close()
 
 
 @dataclass
@@ -387,6 +411,7 @@ class Exchange:
 
     def send(self) -> None:
         self._sock = socket.create_connection((LOOPBACK, self.port), timeout=self.timeout)
+        _sockets.append(self._sock)
         self._h11 = h11.Connection(h11.CLIENT)
         headers = [("host", f"{LOOPBACK}:{self.port}"), *self.headers]
         headers.append(("content-length", str(len(self.body))))
@@ -579,6 +604,13 @@ class Tap:
 
     def saw(self, needle: bytes) -> bool:
         return any(needle in bytes(request) for request in self.requests)
+
+    def response_with(self, needle: bytes) -> bytes:
+        """What the engine sent on the first connection whose answer holds ``needle``.
+
+        The proxy's health checks pass the tap too, on connections of their own.
+        """
+        return next((bytes(r) for r in self.responses if needle in r), b"")
 
     def bodies(self) -> Iterator[bytes]:
         """The bodies of the responses the engine sent, in order, de-chunked."""

@@ -6,7 +6,15 @@ import time
 
 import pytest
 from conftest import Fleet
-from harness import Exchange, LlamaCppPython, LlamaServer, chat_body, token_times, wait_for
+from harness import (
+    Exchange,
+    LlamaCppPython,
+    LlamaServer,
+    chat_body,
+    long_prompt,
+    token_times,
+    wait_for,
+)
 from report import Report
 
 KINDS = ["llama-server", "llama-cpp-python"]
@@ -20,13 +28,6 @@ ABANDONED_TOKENS = 400
 STOP_MID_S = 3.0
 STOP_BEFORE_S = 15.0
 NEXT_TTFT_S = 3.0
-
-
-def long_prompt(lines: int) -> str:
-    """A prompt of about 14 tokens a line: a prefill of seconds on one thread."""
-    return "Summarise the following log. " + " ".join(
-        f"line {n}: the lighthouse lamp was checked and found working." for n in range(lines)
-    )
 
 
 # llama-server reads ~250 prompt tokens/s here; llama-cpp-python is slower
