@@ -86,6 +86,8 @@ async def main(specs: Sequence[str]) -> int:
             # ones get the default ten minutes.
             unstreamed_timeout=600.0 if specs else HEADER_TIMEOUT,
             shutdown_timeout=5.0,
+            # This example is about failover; docs/discovery.md shows the checks.
+            discovery_interval=0,
         )
         proxy = trio_failover.Proxy(config)
         shutdown = trio.Event()

@@ -99,6 +99,7 @@ async def running(
         before: nodes ranked before it (a dead one makes every request fail over).
         settings: more ``Config`` fields.
     """
+    settings.setdefault("discovery_interval", 0)  # the node's requests are counted
     async with Fleet({"n": FakeNode(both_apis)}) as fleet, trio.open_nursery() as nursery:
         upstream = await fleet.serve_tcp("n")
         upstream = attrs.evolve(upstream, headers=node_headers or {})

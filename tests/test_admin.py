@@ -100,10 +100,15 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "cooldown_remaining_s": 7.0,
             "reason": "header_timeout",
             "in_flight": 0,
+            "capacity": 0,
             "served": 0,
             "failed": 1,
+            "models": None,  # no models configured, no inventory: discovery is not running
+            "last_outcome": "header_timeout",
+            "last_error": "a: head: no complete response head in 10.0s",
         }
         assert nodes["b"]["state"] == "ready"
+        assert (nodes["b"]["last_outcome"], nodes["b"]["last_error"]) == ("completed", None)
         assert nodes["b"]["cooldown_remaining_s"] == 0
         assert (nodes["b"]["served"], nodes["b"]["failed"]) == (1, 0)
         assert [n["name"] for n in status["nodes"]] == ["a", "b"]  # ranking order
@@ -246,7 +251,12 @@ async def test_real_listeners_keep_the_admin_api_off_the_client_port() -> None:
     with trio.fail_after(10):
         async with Fleet({"a": FakeNode(healthy(b"from the node"))}) as fleet:
             upstream = await fleet.serve_tcp("a")
-            config = Config(upstreams=[upstream], listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
+            config = Config(
+                upstreams=[upstream],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0,  # the node's last request must be the client's
+            )
             async with trio.open_nursery() as nursery:
                 bound: BoundAddresses = await nursery.start(serve, config)
                 assert bound.admin is not None

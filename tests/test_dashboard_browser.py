@@ -29,14 +29,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
 import trio_websocket
 
-from trio_failover import ClientKey, Config
+from trio_failover import ClientKey, Config, Upstream
 from trio_failover.service.server import BoundAddresses, serve
-from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai
+from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai, slow_head
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRE_BROWSER = os.environ.get("TRIO_FAILOVER_REQUIRE_BROWSER", "") not in ("", "0")
@@ -49,6 +50,7 @@ BODY = json.dumps(
 # What the test reads from the page: its own rendering, via data attributes.
 READ_PAGE = """JSON.stringify({
   connection: document.getElementById("connection").textContent,
+  queued: document.getElementById("queued").textContent,
   nodes: [...document.querySelectorAll("#nodes tr")].map(tr => ({
     name: tr.dataset.node, state: tr.dataset.state, text: tr.innerText})),
   workloads: [...document.querySelectorAll("#workloads tr")].map(tr => ({
@@ -192,6 +194,7 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                 listen="127.0.0.1:0",
                 admin_listen="127.0.0.1:0",
                 response_header_timeout=STALL,
+                discovery_interval=0,  # gpu-b lists another model than BODY's
             )
             bound: BoundAddresses = await nursery.start(serve, config)
             browser_url = await start_chromium(nursery, tmp_path / "profile")
@@ -275,6 +278,7 @@ async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path
                 admin_listen="127.0.0.1:0",
                 clients=(ClientKey("alice", key),),
                 admin_token=token,
+                discovery_interval=0,  # gpu-a lists another model than BODY's
             )
             bound: BoundAddresses = await nursery.start(serve, config)
             browser_url = await start_chromium(nursery, tmp_path / "profile")
@@ -315,4 +319,104 @@ async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path
                         break
                     await trio.sleep(0.1)
                 assert "invalid_admin_token" in (shown or "")
+            nursery.cancel_scope.cancel()
+
+
+async def test_dashboard_shows_down_nodes_model_counts_and_last_news(
+    chromium: str, tmp_path: Path
+) -> None:
+    nodes = {"gpu-a": FakeNode(refuse=True), "gpu-b": FakeNode(openai("qwen3:32b"))}
+    with trio.fail_after(50):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            up = await fleet.serve_tcp("gpu-b")
+            closed = trio.socket.socket()  # bound, never listening: connections are refused
+            await closed.bind(("127.0.0.1", 0))
+            refusing = Upstream("gpu-a", f"http://127.0.0.1:{closed.getsockname()[1]}")
+            config = Config(
+                upstreams=[refusing, up],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0.5,
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/")
+
+                def checked(p: dict[str, Any]) -> bool:
+                    states = {n["name"]: n["state"] for n in p.get("nodes", [])}
+                    return states == {"gpu-a": "down", "gpu-b": "ready"} and all(
+                        "check_" in n["text"] for n in p["nodes"]
+                    )
+
+                page = await wait_for_page(devtools, checked, "gpu-a down, gpu-b checked")
+            closed.close()
+            nursery.cancel_scope.cancel()
+    rows = {n["name"]: n["text"].split("\t") for n in page["nodes"]}
+    # Node, URL, State, Cooldown left, Reason, Slots in use, Served, Failed,
+    # Models, Last outcome, Last error.
+    a, b = rows["gpu-a"], rows["gpu-b"]
+    assert (a[2], a[4], a[8], a[9]) == ("down", "health_check", "any", "check_connect_failed")
+    assert a[10].startswith("health check cannot connect")
+    assert (b[2], b[8], b[9]) == ("ready", "1", "check_ok")
+
+
+async def test_dashboard_shows_slots_in_use_and_the_queue(chromium: str, tmp_path: Path) -> None:
+    # One slot at each node, three slow requests: two run, one waits.
+    nodes = {"gpu-a": FakeNode(slow_head(30.0)), "gpu-b": FakeNode(slow_head(30.0))}
+    with trio.fail_after(50):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            upstreams = [attrs.evolve(await fleet.serve_tcp(name), capacity=1) for name in nodes]
+            config = Config(upstreams=upstreams, listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/")
+                await wait_for_page(
+                    devtools,
+                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 2,
+                    "a live event stream and two nodes",
+                )
+                async with (
+                    httpx.AsyncClient(base_url=bound.client_url, timeout=60) as http,
+                    trio.open_nursery() as clients,
+                ):
+                    for number in range(3):
+                        clients.start_soon(
+                            functools.partial(
+                                http.post,
+                                "/v1/chat/completions",
+                                content=BODY,
+                                headers={"x-request-id": f"burst-{number}"},
+                            )
+                        )
+
+                    def two_running_one_queued(p: dict[str, Any]) -> bool:
+                        # Slots and the queue length come from /status (polled
+                        # each second), workload states from the events.
+                        states = sorted(w["state"] for w in p["workloads"])
+                        full = all("1 / 1" in n["text"] for n in p["nodes"])
+                        return (
+                            full
+                            and p["queued"] == "1"
+                            and states
+                            == [
+                                "queued",
+                                "running",
+                                "running",
+                            ]
+                        )
+
+                    page = await wait_for_page(
+                        devtools, two_running_one_queued, "two workloads running, one queued"
+                    )
+                    [waiting] = [w for w in page["workloads"] if w["state"] == "queued"]
+                    assert waiting["id"].startswith("burst-")
+                    clients.cancel_scope.cancel()
             nursery.cancel_scope.cancel()

@@ -161,6 +161,9 @@ class Demo:
                 unstreamed_timeout=HEADER_TIMEOUT,
                 stream_idle_timeout=10.0,
                 shutdown_timeout=1.0,
+                # The script tells failover, step by step: health checks would
+                # mark the frozen node down before its first step.
+                discovery_interval=0,
             )
             proxy = self.proxy = Proxy(config)
             watcher = Watcher(self.screen, proxy)

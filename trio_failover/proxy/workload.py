@@ -21,7 +21,7 @@ from typing import Any
 import h11
 import trio
 
-from ..core.answers import error_document
+from ..core.answers import error_document, error_headers
 from ..core.config import Config, Upstream
 from ..core.errors import RetryableResponse, UpstreamError
 from ..core.headers import client_response_headers, get, upstream_request_headers
@@ -44,6 +44,7 @@ from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from .queue import REFUSALS, take_slot
 from .report import Report, Workload
 from .silence import SilenceTimer
 
@@ -85,8 +86,8 @@ class WorkloadRunner:
         # Parsed for every request: whether it streams picks the head
         # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
         document = request_document(request.body)
-        candidates = self._candidates(request, document, now)
-        self.report.publish_workload(work)
+        candidates, preferred = self._candidates(request, document)
+        self.report.started(work)
 
         keep_alive = False
         settled = trio.Event()
@@ -98,7 +99,14 @@ class WorkloadRunner:
                     )
                 try:
                     keep_alive = await self._serve(
-                        client, request, work, candidates, document, client_address, scheme
+                        client,
+                        request,
+                        work,
+                        candidates,
+                        preferred,
+                        document,
+                        client_address,
+                        scheme,
                     )
                 finally:
                     settled.set()  # the watcher returns (no Cancelled to raise and catch)
@@ -119,19 +127,31 @@ class WorkloadRunner:
         self.report.finish(work)
         return keep_alive and client.reusable
 
-    def _candidates(self, request: ClientRequest, document: Any, now: float) -> list[Upstream]:
-        selected = get(request.headers, b"x-failover-node")
-        cooldowns = self.report.cooldowns
+    def _candidates(
+        self, request: ClientRequest, document: Any
+    ) -> tuple[list[Upstream], str | None]:
+        """The candidates in resolved order, and the node resolution put first (or None).
+
+        Not partitioned here: the slot queue asks ``Report.is_demoted`` at
+        each attempt (``slots.choose_node``), so a node that recovers while
+        a workload waits or fails over regains its place.
+        """
+        header = get(request.headers, b"x-failover-node")
+        selected = header.decode("latin-1") if header else None
+        key = affinity_key(document) if self.config.affinity == "prefix" else None
         candidates = resolve_candidates(
             self.config.upstreams,
             model=request_model(document),
-            is_cooling=lambda name: cooldowns.is_cooling(name, now),
-            selected=selected.decode("latin-1") if selected else None,
-            affinity_key=affinity_key(document) if self.config.affinity == "prefix" else None,
+            is_cooling=_never,
+            selected=selected,
+            affinity_key=key,
+            inventories=self.report.health.inventories,
         )
-        if self.config.max_attempts:
-            candidates = candidates[: self.config.max_attempts]
-        return candidates
+        first = candidates[0].name if candidates else None
+        preferred = (
+            first if key is not None or (selected is not None and first == selected) else None
+        )
+        return candidates, preferred
 
     async def _watch_client(
         self,
@@ -168,41 +188,57 @@ class WorkloadRunner:
         request: ClientRequest,
         work: Workload,
         candidates: list[Upstream],
+        preferred: str | None,
         document: Any,
         client_address: str | None,
         scheme: str,
     ) -> bool:
         if not candidates:
+            self.report.publish_workload(work)
             work.state, work.status = State.FAILED, 404
             message = f"no node serves model {document.get('model')!r}"
             await self._send_failure(client, work, 404, "model_not_found", message)
             return True
+        nodes = {node.name: node for node in candidates}
+        order = list(nodes)
+        limit = min(self.config.max_attempts or len(order), len(order))
+        tried: set[str] = set()
         last_answer: SavedResponse | None = None
-        for number, node in enumerate(candidates, start=1):
-            work.node, work.attempt_started, work.state = (
-                node.name,
-                trio.current_time(),
-                State.RUNNING,
-            )
-            work.attempt = number
-            self.report.publish_workload(work)
-            outgoing = self._request_for(node, request, work, document, client_address, scheme)
-            stats = self.report.stats[node.name]
-            stats.in_flight += 1
+        while len(tried) < limit:
+            slot = await take_slot(self.report, work, order, tried, preferred)
+            if isinstance(slot, str):
+                return await self._turned_away(client, work, slot)
+            if slot is None:
+                break
+            # The slot is held from here to the end of the relay and given
+            # back exactly once, whatever ends the attempt. A failure is
+            # judged before that, so the workload handed the slot sees the
+            # node already cooling if this attempt cooled it.
             try:
+                node = nodes[slot.node]
+                tried.add(node.name)
+                work.node, work.attempt_started, work.state = (
+                    node.name,
+                    trio.current_time(),
+                    State.RUNNING,
+                )
+                work.attempt = len(tried)
+                self.report.publish_workload(work)
+                outgoing = self._request_for(node, request, work, document, client_address, scheme)
                 try:
                     response = await open_response(
                         node, outgoing, connector=self.connector, config=self.config, pool=self.pool
                     )
-                except UpstreamError as exc:
-                    failure = exc
+                except UpstreamError as failure:
+                    if isinstance(failure, RetryableResponse) and failure.saved is not None:
+                        last_answer = failure.saved
+                    last = len(tried) == limit
+                    moving_on = self._attempt_failed(work, node, failure, last=last)
                 else:
                     return await self._commit_and_relay(client, work, node, response)
             finally:
-                stats.in_flight -= 1
-            if isinstance(failure, RetryableResponse) and failure.saved is not None:
-                last_answer = failure.saved
-            if not self._attempt_failed(work, node, failure, last=number == len(candidates)):
+                self.report.queue.release(slot)
+            if not moving_on:
                 break
         work.state = State.FAILED
         if last_answer is not None:
@@ -212,11 +248,20 @@ class WorkloadRunner:
         await self._send_failure(client, work, status, failure_code(status), "every node failed")
         return True
 
+    async def _turned_away(self, client: ClientConnection, work: Workload, reason: str) -> bool:
+        """Answer ``503`` for a workload the queue refused; nothing was sent for it."""
+        code, message = REFUSALS[reason]
+        work.state = State.FAILED
+        self.report.turned_away(reason)
+        await self._send_failure(client, work, 503, code, message)
+        return True
+
     async def _commit_and_relay(
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
     ) -> bool:
         try:
-            relayed = await self._relay(client, work, node, response)
+            with self.report.health.streaming(node.name):  # a slow check then proves nothing
+                relayed = await self._relay(client, work, node, response)
         except BaseException:
             await response.aclose()  # cancelled or failed: never pooled
             raise
@@ -392,7 +437,12 @@ class WorkloadRunner:
         return True
 
     async def _send_failure(
-        self, client: ClientConnection, work: Workload, status: int, code: str, message: str
+        self,
+        client: ClientConnection,
+        work: Workload,
+        status: int,
+        code: str,
+        message: str,
     ) -> None:
         work.status = status
         attempts = [record.to_json() for record in work.attempts]
@@ -401,6 +451,7 @@ class WorkloadRunner:
         headers = [
             (b"x-request-id", work.id.encode()),
             (b"x-failover-attempts", b"%d" % len(work.attempts)),
+            *error_headers(code),
         ]
         with contextlib.suppress(ClientGone, h11.LocalProtocolError):
             await client.send_json(status, document, headers)
@@ -433,6 +484,8 @@ class WorkloadRunner:
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
             self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        if verdict.recheck:
+            self.report.health.ask_recheck(node.name)
         return verdict.fail_over
 
     def _committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
@@ -460,6 +513,10 @@ class WorkloadRunner:
             record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
         work.state = State.CANCELLED
         self.report.client_aborted(work, record)
+
+
+def _never(_node: str) -> bool:
+    return False
 
 
 async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:

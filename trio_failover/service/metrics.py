@@ -26,6 +26,9 @@ from .. import __version__
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+# Why the queue turned a workload away: the ``reason`` label of queue_rejected.
+QUEUE_REJECTIONS = ("queue_full", "queue_timeout", "shutdown")
+
 _Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
 
 
@@ -53,6 +56,15 @@ class Metrics:
             "trio_failover_cooldowns", "Cooldowns started", ["node", "reason"], registry=r
         )
         self.cooling = Gauge("trio_failover_cooling_nodes", "Nodes cooling now", registry=r)
+        self.checks = Counter(
+            "trio_failover_health_checks",
+            "Health and inventory checks (GET /v1/models) by node and result",
+            ["node", "result"],
+            registry=r,
+        )
+        self.down = Gauge(
+            "trio_failover_down_nodes", "Nodes down now (last check failed)", registry=r
+        )
         self.client_aborts = Counter(
             "trio_failover_client_aborts", "Workloads cancelled by the client leaving", registry=r
         )
@@ -74,6 +86,23 @@ class Metrics:
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
         )
+        self.queue_length = Gauge(
+            "trio_failover_queue_length", "Workloads waiting for a slot now", registry=r
+        )
+        self.queue_wait = Histogram(
+            "trio_failover_queue_wait_seconds",
+            "Time one wait for a slot lasted (one workload may wait more than once)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_rejected = Counter(
+            "trio_failover_queue_rejected",
+            "Workloads turned away by the queue, by reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in QUEUE_REJECTIONS:  # a closed set: export it at zero
+            self.queue_rejected.labels(reason)
         self.time_to_head = Histogram(
             "trio_failover_time_to_head_seconds",
             "Request written to response head read",

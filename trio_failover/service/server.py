@@ -152,11 +152,19 @@ async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
     The cooldown table computes expiry from ``now`` when asked (no timer per
     node); this one task asks, so an idle proxy still publishes its
     ``ready`` node events and keeps the cooling gauge current, whether or
-    not an admin listener is open.
+    not an admin listener is open. While workloads wait in the queue it
+    also asks at the moment each cooldown ends: a node turning ready may
+    be what a waiter waits for, and noticing it dispatches the queue.
     """
+    report = proxy.report
+    tick = trio.current_time() + interval
     while True:
-        await trio.sleep(interval)
-        proxy.expire_cooldowns()
+        with trio.move_on_at(min(tick, report.queue_wake_at())):
+            await report.queue.wait_schedule_changed()
+        now = trio.current_time()
+        proxy.expire_cooldowns(now)
+        if now >= tick:
+            tick = now + interval
 
 
 async def serve(
@@ -198,6 +206,8 @@ async def serve(
                 except OSError as exc:
                     raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
             addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+            # Once both listeners are bound: a proxy that cannot listen checks nothing.
+            await services.start(proxy.run_discovery)  # returns at once when off
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:

@@ -33,6 +33,7 @@ import trio
 from ..core import errors
 from ..core.config import Config, Upstream
 from ..core.headers import Headers, get
+from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.sse import SseScanner, is_event_stream
 from . import sockopts
@@ -449,8 +450,9 @@ async def _error_body(
         body_bytes, complete = await read_prefix(stream, conn, ERROR_BODY_LIMIT)
     if body_scope.cancelled_caught:
         raise errors.HeaderTimeout(name, "error body", "stalled after the head")
+    not_found = complete and is_model_not_found(response.status_code, body_bytes)
     code = error_code(body_bytes) if complete else None
-    if not fails_over_on(action, code, config.retry_error_codes):
+    if not not_found and not fails_over_on(action, code, config.retry_error_codes):
         return body_bytes, complete
     headers = list(response.headers)
     saved = (
@@ -464,8 +466,10 @@ async def _error_body(
         if complete
         else None
     )
-    detail = f"answered {response.status_code}" + (f" {code}" if code else "")
-    raise errors.RetryableResponse(name, "head", detail, response.status_code, headers, saved)
+    words = " model not found" if not_found else (f" {code}" if code else "")
+    detail = f"answered {response.status_code}{words}"
+    kind = errors.ModelNotFound if not_found else errors.RetryableResponse
+    raise kind(name, "head", detail, response.status_code, headers, saved)
 
 
 async def _first_body(

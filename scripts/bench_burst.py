@@ -1,0 +1,227 @@
+"""Burst benchmark: a load spike against a fleet of engines with a few slots each.
+
+    make bench                      # runs this after bench.py
+    .venv/bin/python scripts/bench_burst.py --requests 200 --nodes 4 --slots 4 --service-ms 100
+
+Starts ``--nodes`` fake engines on 127.0.0.1, each serving at most
+``--slots`` requests at once and queueing the rest inside itself (as
+llama-server with ``--parallel`` or Ollama with ``OLLAMA_NUM_PARALLEL``
+do), each request taking ``--service-ms``. Then sends ``--requests``
+requests at once through the proxy, run as a real subprocess
+(``trio-failover serve``), twice: with ``--capacity`` equal to the engines'
+slots, and with ``--capacity 0`` (no limit, the proxy's behaviour without
+issue 17). It prints the makespan (first request sent to last answer read)
+against the ideal, requests x service time / total slots, and how many
+requests each node served.
+
+Without capacity every request goes to the first node, which works through
+them ``--slots`` at a time; with it the proxy fills every node's slots and
+holds the rest in its queue. The goal is a makespan within 1.15x of ideal.
+
+A measurement tool, not a test: it asserts nothing, and exits 0 unless
+something could not be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import h11
+import trio
+import trio.testing
+
+from trio_failover.testing import FakeNode, Fleet, NodeIO, ReceivedRequest, read_response
+
+BODY = b'{"model":"bench","messages":[{"role":"user","content":"burst"}],"stream":false}'
+GOAL = 1.15
+
+
+def engine(slots: int, service: float) -> FakeNode:
+    """A fake engine: ``slots`` requests at once, the rest wait inside it."""
+    limiter = trio.CapacityLimiter(slots)
+
+    async def behave(io: NodeIO, received: ReceivedRequest) -> None:
+        async with limiter:
+            await trio.sleep(service)
+        body = b'{"ok": true}'
+        head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await io.send(
+            h11.Response(status_code=200, headers=head), h11.Data(data=body), h11.EndOfMessage()
+        )
+
+    return FakeNode(behave)
+
+
+async def start_proxy(
+    nursery: trio.Nursery, upstreams: list[str], capacity: int
+) -> tuple[trio.Process, tuple[str, int]]:
+    """``trio-failover serve`` in a subprocess; returns it and its client address."""
+    command = [
+        sys.executable,
+        "-m",
+        "trio_failover",
+        "serve",
+        "--listen=127.0.0.1:0",
+        "--admin-listen=off",
+        "--log-level=info",  # the "listening on" line is at info
+        f"--capacity={capacity}",
+        *(f"--upstream={upstream}" for upstream in upstreams),
+    ]
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert process.stderr is not None
+    stderr = process.stderr
+    buffer = b""
+    with trio.fail_after(20):
+        while b"listening on http://" not in buffer:
+            chunk = await stderr.receive_some(65536)
+            if not chunk:
+                raise RuntimeError(f"the proxy exited: {buffer.decode(errors='replace')}")
+            buffer += chunk
+    line = buffer.split(b"listening on http://", 1)[1].split(b"\n", 1)[0].decode()
+    host, _, port = line.strip().rpartition(":")
+
+    async def drain_stderr() -> None:  # a full pipe would block the proxy's logging
+        while await stderr.receive_some(65536):
+            pass
+
+    nursery.start_soon(drain_stderr)
+    return process, (host, int(port))
+
+
+async def burst(address: tuple[str, int], requests: int) -> tuple[float, Counter[str], int]:
+    """Send ``requests`` at once; the makespan, requests per serving node, failures.
+
+    The client connections are opened first and the clock starts when every
+    request is ready to go: the makespan measures the proxy's scheduling,
+    not this script's TCP handshakes.
+    """
+    served: Counter[str] = Counter()
+    failures = 0
+    go = trio.Event()
+    host, port = address
+    head = [
+        (b"host", f"{host}:{port}".encode()),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(BODY)),
+    ]
+
+    async def one(stream: trio.SocketStream) -> None:
+        nonlocal failures
+        conn = h11.Connection(h11.CLIENT)
+        data = b"".join(
+            conn.send(event) or b""
+            for event in (
+                h11.Request(method="POST", target="/v1/chat/completions", headers=head),
+                h11.Data(data=BODY),
+                h11.EndOfMessage(),
+            )
+        )
+        try:
+            await go.wait()
+            await stream.send_all(data)
+            response = await read_response(stream, conn)
+        finally:
+            await trio.aclose_forcefully(stream)
+        if response.status != 200:
+            failures += 1
+            return
+        served[response.header("x-failover-node") or "?"] += 1
+
+    with trio.fail_after(600):
+        streams = [await trio.open_tcp_stream(host, port) for _ in range(requests)]
+        async with trio.open_nursery() as nursery:
+            for stream in streams:
+                nursery.start_soon(one, stream)
+            await trio.testing.wait_all_tasks_blocked()
+            began = trio.current_time()
+            go.set()
+    return trio.current_time() - began, served, failures
+
+
+async def run(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
+    """Both runs, capacity = slots and capacity 0; results by capacity."""
+    service = args.service_ms / 1000
+    names = [f"n{index}" for index in range(1, args.nodes + 1)]
+    results: dict[int, dict[str, Any]] = {}
+    for capacity in (args.slots, 0):
+        # Fresh engines per run: nothing left queued inside them from before.
+        nodes = {name: engine(args.slots, service) for name in names}
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            upstreams = [await fleet.serve_tcp(name) for name in names]
+            process, address = await start_proxy(
+                nursery, [f"{u.name}={u.url}" for u in upstreams], capacity
+            )
+            try:
+                cpu_before = cpu_seconds(process.pid)
+                makespan, served, failures = await burst(address, args.requests)
+                cpu = cpu_seconds(process.pid) - cpu_before
+            finally:
+                process.kill()
+                with trio.CancelScope(shield=True):
+                    await process.wait()
+            nursery.cancel_scope.cancel()
+        results[capacity] = {
+            "makespan": makespan,
+            "served": served,
+            "failures": failures,
+            "cpu": cpu,
+        }
+    return results
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far (Linux /proc; else 0)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    # Fields 14 and 15 of proc(5), utime and stime, counted after the ")".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(args: argparse.Namespace, results: dict[int, dict[str, Any]]) -> list[str]:
+    """The lines to print."""
+    ideal = args.requests * (args.service_ms / 1000) / (args.nodes * args.slots)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lines = [
+        f"burst: {args.requests} requests at once, {args.nodes} nodes x {args.slots} slots, "
+        f"{args.service_ms:g} ms each; ideal makespan {ideal:.3f} s "
+        f"(load average {load:.2f}, {os.cpu_count()} CPUs)",
+    ]
+    for capacity, result in results.items():
+        ratio = result["makespan"] / ideal
+        spread = " ".join(f"{node}={count}" for node, count in sorted(result["served"].items()))
+        verdict = ""
+        if capacity:
+            verdict = f"  (goal <= {GOAL:.2f}x: {'met' if ratio <= GOAL else 'missed'})"
+        lines.append(
+            f"  --capacity {capacity:<3} makespan {result['makespan']:.3f} s  "
+            f"{ratio:.2f}x ideal  proxy CPU {result['cpu'] * 1e6 / args.requests:.0f} us/req  "
+            f"served {spread}  failed {result['failures']}{verdict}"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=4, help="per node, and the proxy's capacity")
+    parser.add_argument("--service-ms", type=float, default=100.0)
+    args = parser.parse_args(argv)
+    results = trio.run(run, args)
+    for line in report(args, results):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The slot scheduler in the Trio shell: slots per attempt, the queue of waiters.
+
+``core/slots.py`` decides (who takes which slot, who waits, who is handed a
+freed slot); this module carries the decisions out. A waiting workload is
+parked on its own ``trio.Event``; a decision that hands it a slot sets that
+event and no other, so a freed slot wakes exactly one workload, and no task
+runs per waiter. The waiter's own ``move_on_at`` is its queue timeout.
+
+Readiness comes from one predicate, ``Report.is_demoted`` (cooling, and
+whatever else demotes a node), asked lazily with the current time. Whoever
+changes a node between ready and demoted calls ``dispatch()``: that can let
+a waiter onto a node it could not use before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..core.config import Config
+from ..core.slots import (
+    Acquired,
+    Exhausted,
+    Granted,
+    Handoff,
+    QueueBudget,
+    Queued,
+    QueueFull,
+    Slot,
+    SlotScheduler,
+    Waiter,
+)
+from ..core.workload import State
+
+if TYPE_CHECKING:  # report.py builds the queue; this module needs its types only
+    from .report import Report, Workload
+
+Demoted = Callable[[str, float], bool]
+
+# Why the queue turned a workload away -> the code and message of its 503.
+REFUSALS = {
+    "queue_full": ("queue_full", "every candidate node is full and so is the queue"),
+    "queue_timeout": ("queue_timeout", "no slot at any candidate node within the queue timeout"),
+    "shutdown": ("shutting_down", "the proxy is shutting down"),
+}
+
+
+class SlotQueue:
+    """One proxy's slots and queue (a ``SlotScheduler`` of parked ``trio.Event``)."""
+
+    def __init__(self, config: Config, is_demoted: Demoted) -> None:
+        """An empty queue; every node's capacity from ``config``.
+
+        Args:
+            config: capacities, ``balance`` and ``max_queue``.
+            is_demoted: ``(node, now) -> bool``, the one readiness predicate.
+        """
+        self.scheduler: SlotScheduler[trio.Event] = SlotScheduler(
+            {node.name: node.capacity for node in config.upstreams},
+            balance=config.balance,
+            max_queue=config.max_queue,
+        )
+        self._is_demoted = is_demoted
+        self.closed = False
+        # Set (and replaced) when the ticker's next wake-up may have moved
+        # earlier: the queue stopped being empty, or a cooldown began.
+        self._schedule_changed = trio.Event()
+
+    def __len__(self) -> int:
+        """Workloads waiting now."""
+        return len(self.scheduler)
+
+    def is_ready(self, node: str) -> bool:
+        """Whether ``node`` is ready now (not demoted)."""
+        return not self._is_demoted(node, trio.current_time())
+
+    # -- one attempt ---------------------------------------------------------
+
+    def acquire(
+        self, order: Sequence[str], *, tried: Iterable[str], preferred: str | None
+    ) -> Acquired[trio.Event]:
+        """Decide the next attempt: a slot now, a place in the queue, or why not.
+
+        A ``Queued`` waiter is in the queue already: ``wait`` for it next,
+        or ``leave`` it. After ``close()`` nobody is queued any more.
+        """
+        result = self.scheduler.acquire(
+            trio.Event(), order, tried=tried, ready=self.is_ready, preferred=preferred
+        )
+        if isinstance(result, Queued) and len(self.scheduler) == 1:
+            self._changed()
+        return result
+
+    async def wait(self, waiter: Waiter[trio.Event], deadline: float) -> Slot | None:
+        """Wait until a hand-off gives ``waiter`` a slot; None at ``deadline`` or close.
+
+        Cancellation: the waiter leaves the queue (a slot handed to it in
+        that same instant goes on to the next waiter), then ``Cancelled``
+        propagates.
+        """
+        if self.closed:  # a newcomer during the drain: nothing frees for it
+            self.leave(waiter)
+            return None
+        try:
+            with trio.move_on_at(deadline):
+                await waiter.token.wait()
+        except BaseException:
+            self.leave(waiter)
+            raise
+        if waiter.slot is None:
+            self.leave(waiter)
+        return waiter.slot
+
+    def leave(self, waiter: Waiter[trio.Event]) -> None:
+        """``waiter`` will not use a slot: out of the queue, its slot handed on."""
+        self._wake(self.scheduler.leave(waiter, ready=self.is_ready))
+
+    def release(self, slot: Slot) -> None:
+        """Give the attempt's slot back (a second call is a no-op); wake who gets it."""
+        handoffs = self.scheduler.release(slot, ready=self.is_ready)
+        if handoffs:
+            self._wake(handoffs)
+
+    # -- node changes and shutdown -------------------------------------------
+
+    def dispatch(self) -> None:
+        """A node changed between ready and demoted: hand out what waiters may use now."""
+        if len(self.scheduler):
+            self._wake(self.scheduler.dispatch(ready=self.is_ready))
+
+    def demoted(self) -> None:
+        """A node was demoted: dispatch, and let the ticker see its end time."""
+        if len(self.scheduler):
+            self._changed()
+            self.dispatch()
+
+    def close(self) -> None:
+        """Shutdown: empty the queue; each waiter wakes without a slot (``503``)."""
+        self.closed = True
+        for waiter in self.scheduler.drain():
+            waiter.token.set()
+
+    def wake_at(self, cooldown_ends: Iterable[float]) -> float:
+        """When the ticker must look again: the first cooldown end, while anyone waits."""
+        if not len(self.scheduler):
+            return math.inf
+        return min(cooldown_ends, default=math.inf)
+
+    async def wait_schedule_changed(self) -> None:
+        """Return once ``wake_at`` may have moved earlier (for the ticker)."""
+        await self._schedule_changed.wait()
+
+    def _changed(self) -> None:
+        self._schedule_changed.set()
+        self._schedule_changed = trio.Event()
+
+    @staticmethod
+    def _wake(handoffs: list[Handoff[trio.Event]]) -> None:
+        for handoff in handoffs:
+            handoff.waiter.token.set()
+
+
+async def take_slot(
+    report: Report, work: Workload, order: list[str], tried: set[str], preferred: str | None
+) -> Slot | str | None:
+    """A slot for the workload's next attempt, at once or after waiting in the queue.
+
+    Publishes the workload's ``queued`` event: a plain one before its first
+    attempt if it never waits, one with ``position`` each time it waits.
+
+    Returns:
+        The slot; None when every candidate was tried; else why the queue
+        turned the workload away (a key of ``REFUSALS``).
+
+    Cancellation: a waiting workload leaves the queue (the client left).
+    """
+    queue = report.queue
+    result = queue.acquire(order, tried=tried, preferred=preferred)
+    if isinstance(result, Granted | QueueFull | Exhausted):
+        if work.attempt == 0:
+            report.publish_workload(work)
+        if isinstance(result, Granted):
+            return result.slot
+        return "queue_full" if isinstance(result, QueueFull) else None
+    waiter = result.waiter
+    if work.state is not State.QUEUED:
+        work.state = State.QUEUED  # failed over into a full fleet
+    started = trio.current_time()
+    work.node, work.queued_since = None, started
+    report.publish_workload(work, position=waiter.position)
+    # One budget for all of a workload's waits; no node deadline runs.
+    budget = QueueBudget(report.config.queue_timeout, work.waited)
+    try:
+        slot = await queue.wait(waiter, budget.deadline(started))
+    finally:
+        report.waited(work, started, trio.current_time())
+    if slot is not None:
+        return slot
+    return "shutdown" if queue.closed else "queue_timeout"
