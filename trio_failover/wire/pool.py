@@ -335,7 +335,11 @@ class _Readiness:
         fd = _socket_fd(entry.stream)
         if self._epoll is None or fd < 0:
             return  # an in-memory stream (tests): deadlines only
-        self._epoll.register(fd, select.EPOLLIN | select.EPOLLRDHUP)
+        events = select.EPOLLIN | select.EPOLLRDHUP
+        try:
+            self._epoll.register(fd, events)
+        except FileExistsError:  # a descriptor number reused before we heard of its close
+            self._epoll.modify(fd, events)
         entry.fd = fd
 
     def forget(self, fd: int) -> None:
