@@ -14,9 +14,13 @@ direct in the same run:
 - RSS of the proxy process idle and with 1,000 open slow streams;
 - failover precision: what a stalled node costs beyond its deadline, and
   what the next request pays while that node cools down;
-- with valgrind installed: instructions per small JSON request of the proxy
-  and of the reference relays, counted by callgrind, ratios that do not
-  depend on how busy the machine is.
+- streaming: N concurrent endless SSE streams, an event every 100 ms each,
+  N climbing 100, 250, 500, ... until the p99 delay of a chunk passes
+  25 ms, with each system's CPU per relayed chunk and RSS per open stream
+  (load generators in bench_stream.py, processes of their own);
+- with valgrind installed: instructions per small JSON request, and per
+  relayed SSE chunk, of the proxy and of the reference relays, counted by
+  callgrind, ratios that do not depend on how busy the machine is.
 
 For the proxy and the reference relays, the JSON rows also give the CPU time
 (user plus system) that process spent per request, read from /proc on Linux.
@@ -30,12 +34,13 @@ installed) is the bare relay with httptools parsing instead of h11;
 ``nginx`` is nginx as a reverse proxy (one worker, upstream keep-alive, no
 access log), when nginx is installed. nginx then also serves the JSON
 answers (``return 200``), so the upstream is not the bottleneck; without it
-the built-in asyncio upstream does.
+the built-in asyncio upstream does. ``litellm`` (JSON and streaming) is the
+LiteLLM proxy, one worker, when ``--litellm`` or the PATH names it.
 
 ``wrk`` drives the JSON rows when it is installed; otherwise a built-in
 asyncio load generator does, which shares the CPUs with the proxy and gives
-lower figures. The SSE, memory and failover parts always use built-in
-clients.
+lower figures. The SSE, memory, failover and streaming parts always use
+built-in clients.
 
 This is a measurement tool, not a test: it asserts nothing, and exits 0
 unless something could not be started.
@@ -435,7 +440,7 @@ NGINX_CONF = """
 worker_processes 1;
 pid {dir}/{name}.pid;
 error_log {dir}/{name}-error.log warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections 20000; }}
 http {{
   access_log off;
   client_body_temp_path {dir}/{name}-body;
@@ -629,9 +634,9 @@ def json_load(
         return asyncio.run(builtin_load(port, clients, duration))
 
     load(1)  # warm-up: connections, pools, caches
-    before = cpu_seconds(pid)
+    before = tree_cpu(pid)
     result = load(args.duration)
-    after = cpu_seconds(pid)
+    after = tree_cpu(pid)
     if before is None or after is None or not result.requests:
         return result, None
     return result, (after - before) / result.requests * 1e6
@@ -765,12 +770,15 @@ def keepalive_requests(port: int, count: int) -> None:
                 data += chunk
 
 
-def instructions_per_request(command: list[str], port: int | None, workdir: Path) -> float:
-    """Run ``command`` under callgrind; count what ``CALLGRIND_REQUESTS`` requests cost it.
+@contextlib.contextmanager
+def under_callgrind(
+    command: list[str], port: int | None, workdir: Path
+) -> Iterator[tuple[int, int, Callable[[], float]]]:
+    """Run ``command`` under callgrind; yields (pid, port, count).
 
     ``port`` None: the command prints its port on its first line (the relay).
-    Only the measured requests are counted: the counters are zeroed after a
-    warm-up and dumped after the last request, with ``callgrind_control``.
+    ``count()`` zeroes the counters on its first call; each later call dumps
+    them (with ``callgrind_control``) and returns the instructions since.
     """
     out = workdir / "callgrind"
     out.mkdir(exist_ok=True)
@@ -789,19 +797,75 @@ def instructions_per_request(command: list[str], port: int | None, workdir: Path
             assert process.stdout is not None
             port = int(process.stdout.readline().split()[0])
         wait_port(port, limit=120)  # Python under valgrind starts slowly
-        keepalive_requests(port, CALLGRIND_WARMUP)
-        control = ["callgrind_control"]
-        subprocess.run([*control, "--zero", str(process.pid)], check=True, capture_output=True)
-        keepalive_requests(port, CALLGRIND_REQUESTS)
-        subprocess.run([*control, "--dump", str(process.pid)], check=True, capture_output=True)
-    dumps = sorted(out.glob(f"cg.{process.pid}.*"), key=lambda path: path.stat().st_mtime)
+        zeroed = False
+
+        def count() -> float:
+            nonlocal zeroed
+            control = ["callgrind_control", "--dump" if zeroed else "--zero", str(process.pid)]
+            subprocess.run(control, check=True, capture_output=True)
+            if not zeroed:
+                zeroed = True
+                return 0.0
+            return callgrind_total(out, process.pid)
+
+        yield process.pid, port, count
+
+
+def callgrind_total(out: Path, pid: int) -> float:
+    """The instruction total of ``pid``'s last callgrind dump in ``out``."""
+    dumps = sorted(out.glob(f"cg.{pid}.*"), key=lambda path: path.stat().st_mtime)
     if not dumps:
         raise OSError("callgrind wrote no dump")
     text = dumps[-1].read_text(errors="replace")
     total = re.search(r"(?m)^(?:summary|totals):\s*(\d+)", text)
     if total is None:
         raise OSError(f"no total in {dumps[-1]}")
-    return int(total.group(1)) / CALLGRIND_REQUESTS
+    return int(total.group(1))
+
+
+def instructions_per_request(command: list[str], port: int | None, workdir: Path) -> float:
+    """Instructions ``command`` spends per small JSON request, after a warm-up."""
+    with under_callgrind(command, port, workdir) as (_pid, port, count):
+        keepalive_requests(port, CALLGRIND_WARMUP)
+        count()
+        keepalive_requests(port, CALLGRIND_REQUESTS)
+        return count() / CALLGRIND_REQUESTS
+
+
+CALLGRIND_STREAMS = 5
+CALLGRIND_STREAM_SECONDS = 4.0
+
+
+def instructions_per_chunk(
+    command: Callable[[int], list[str]], port: int | None, workdir: Path
+) -> tuple[float, int]:
+    """Instructions ``command(upstream_port)`` spends per relayed chunk, and the chunks.
+
+    Few and slow streams, because under callgrind the relay runs some 50
+    times slower, and a backlog would merge chunks into fewer, larger reads.
+    """
+    with (
+        child_stream_upstream() as (upstream_port, _),
+        under_callgrind(command(upstream_port), port, workdir) as (_, port, count),
+        started(
+            [sys.executable, str(STREAM_SCRIPT), "clients", str(port), str(CALLGRIND_STREAMS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        ) as clients,
+    ):
+        assert clients.stdin is not None
+        assert clients.stdout is not None
+        clients.stdout.readline()  # "open N"
+        time.sleep(2)  # warm-up
+        count()
+        clients.stdin.write(b"go\n")
+        clients.stdin.flush()
+        time.sleep(CALLGRIND_STREAM_SECONDS)
+        total = count()
+        clients.stdin.write(b"stop\n")
+        clients.stdin.flush()
+        chunks = int(clients.stdout.readline().split()[0])
+    return total / max(chunks, 1), chunks
 
 
 def run_instructions(s: Setup) -> None:
@@ -831,7 +895,348 @@ def run_instructions(s: Setup) -> None:
         f"  trio-failover {ours / 1e6:.2f} M; bare relay {bare / 1e6:.2f} M: {ours / bare:.2f} x; "
         f"trio pump (no HTTP) {floor / 1e6:.2f} M{httptools}"
     )
+
+    def proxy_for(upstream_port: int) -> list[str]:
+        return [*proxy[:-1], f"http://127.0.0.1:{upstream_port}", *s.args.proxy_arg]
+
+    def relay_for(upstream_port: int) -> list[str]:
+        return [sys.executable, __file__, "relay", str(upstream_port)]
+
+    (ours, our_chunks) = instructions_per_chunk(proxy_for, port, s.workdir)
+    (bare, bare_chunks) = instructions_per_chunk(relay_for, None, s.workdir)
+    s.report.out(
+        f"Instructions per relayed SSE chunk ({CALLGRIND_STREAMS} streams, a chunk every "
+        f"{1000 // TOKENS_PER_SECOND} ms each, {CALLGRIND_STREAM_SECONDS:g} s: "
+        f"{our_chunks} and {bare_chunks} chunks)"
+    )
+    if min(our_chunks, bare_chunks) < CALLGRIND_STREAMS * CALLGRIND_STREAM_SECONDS:
+        s.report.out("  too few chunks arrived to count instructions per chunk")
+    else:
+        s.report.out(
+            f"  trio-failover {ours / 1e3:.0f} k; bare relay {bare / 1e3:.0f} k: "
+            f"{ours / bare:.2f} x"
+        )
     s.report.out()
+
+
+# -- streaming: how many streams one process relays ----------------------------------
+
+STREAM_SCRIPT = Path(__file__).resolve().parent / "bench_stream.py"
+STREAM_LADDER = (100, 250, 500, 1000, 2000, 4000)
+TOKENS_PER_SECOND = 10  # per stream: bench_stream.PERIOD_NS
+TARGET_STREAM_P99_MS = 25.0
+TARGET_STREAMS = 1000
+TARGET_CHUNK_CPU_RATIO = 1.15
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its direct children (nginx's master and its worker)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+    return [pid, *children]
+
+
+def tree_cpu(pid: int | None) -> float | None:
+    if pid is None:
+        return None
+    seconds = [cpu_seconds(p) for p in process_tree(pid)]
+    return sum(s for s in seconds if s is not None) if seconds[0] is not None else None
+
+
+def tree_rss(pid: int | None) -> int | None:
+    return None if pid is None else sum(rss_kb(p) for p in process_tree(pid))
+
+
+@dataclass
+class StreamStep:
+    """What N concurrent streams through one system did in one window."""
+
+    streams: int
+    opened: int
+    chunks: int = 0
+    seconds: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    max_ms: float = float("nan")
+    broken: int = 0
+    cpu_us: float | None = None  # the system's CPU per relayed chunk
+    rss_kb: float | None = None  # the system's RSS per open stream, over its idle RSS
+    upstream_cpu: float = 0.0  # share of one core, in the window
+    clients_cpu: float = 0.0
+
+    @property
+    def rate_ok(self) -> bool:
+        expected = self.streams * TOKENS_PER_SECOND * self.seconds
+        return self.chunks >= 0.95 * expected
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.opened == self.streams
+            and not self.broken
+            and self.rate_ok
+            and self.p99_ms <= TARGET_STREAM_P99_MS
+        )
+
+
+def stream_step(
+    port: int,
+    pid: int | None,
+    upstream_pid: int,
+    streams: int,
+    idle_rss: int | None,
+    warmup: float,
+    duration: float,
+) -> StreamStep:
+    """Open ``streams`` streams through ``port``, let them settle, measure a window."""
+    command = [sys.executable, str(STREAM_SCRIPT), "clients", str(port), str(streams)]
+    with started(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as clients:
+        assert clients.stdin is not None
+        assert clients.stdout is not None
+        opened = int(clients.stdout.readline().split()[1])
+        step = StreamStep(streams, opened)
+        if opened < streams:
+            return step
+        time.sleep(warmup)
+        rss = tree_rss(pid)
+        cpu, upstream_cpu = tree_cpu(pid), cpu_seconds(upstream_pid) or 0.0
+        clients.stdin.write(b"go\n")
+        clients.stdin.flush()
+        time.sleep(duration)
+        clients.stdin.write(b"stop\n")
+        clients.stdin.flush()
+        cpu_after, upstream_after = tree_cpu(pid), cpu_seconds(upstream_pid) or 0.0
+        fields = clients.stdout.readline().split()
+    chunks, seconds = int(fields[0]), float(fields[5])
+    step.chunks, step.seconds, step.broken = chunks, seconds, int(fields[6])
+    step.p50_ms, step.p99_ms, step.max_ms = (float(f) for f in fields[1:4])
+    step.clients_cpu = float(fields[4]) / seconds
+    step.upstream_cpu = (upstream_after - upstream_cpu) / seconds
+    if cpu is not None and cpu_after is not None and chunks:
+        step.cpu_us = (cpu_after - cpu) / chunks * 1e6
+    if rss is not None and idle_rss is not None:
+        step.rss_kb = (rss - idle_rss) / opened
+    time.sleep(0.5)  # the streams close before the next step
+    return step
+
+
+def stream_row(name: str, step: StreamStep, relay_cpu: float | None) -> str:
+    cpu = f"{step.cpu_us:7.0f}" if step.cpu_us is not None else " " * 7
+    ratio = f"{step.cpu_us / relay_cpu:6.2f}" if step.cpu_us and relay_cpu else " " * 6
+    rss = f"{step.rss_kb:7.1f}" if step.rss_kb is not None else " " * 7
+    rate = step.chunks / step.seconds if step.seconds else 0.0
+    notes = []
+    if step.opened < step.streams:
+        notes.append(f"only {step.opened} opened")
+    if step.broken:
+        notes.append(f"{step.broken} broke")
+    if step.seconds and not step.rate_ok:
+        notes.append("chunks late")
+    return (
+        f"{name:13s} {step.streams:6d} {rate:8.0f}  {ms(step.p50_ms)}  {ms(step.p99_ms)}  "
+        f"{ms(step.max_ms)}  {cpu}  {ratio}  {rss}  {step.upstream_cpu * 100:4.0f}% "
+        f"{step.clients_cpu * 100:4.0f}%  {'ok' if step.ok else 'over'}"
+        + (f" ({', '.join(notes)})" if notes else "")
+    )
+
+
+@contextlib.contextmanager
+def stream_systems(s: Setup, upstream_port: int, name: str) -> Iterator[tuple[int, int | None]]:
+    """Start one system in front of the streaming upstream; yields (port, pid)."""
+    top = max(s.args.stream_ladder) + 100
+    if name == "direct":
+        yield upstream_port, None
+    elif name == "trio-failover":
+        extra = ["--max-connections", str(top), *s.args.proxy_arg]
+        with proxy_process(s.workdir, [f"stream=http://127.0.0.1:{upstream_port}"], extra) as (
+            port,
+            pid,
+        ):
+            yield port, pid
+    elif name == "bare relay":
+        with child("relay", str(upstream_port)) as ((port,), pid):
+            yield port, pid
+    elif name == "nginx":
+        assert s.nginx is not None
+        port = free_port()
+        body = NGINX_STREAM.format(port=port, upstream_port=upstream_port)
+        with nginx_process(s.nginx, s.workdir, "stream", body, port) as pid:
+            yield port, pid
+    else:
+        with litellm_process(s, upstream_port) as (port, pid):
+            yield port, pid
+
+
+def stream_ladder(
+    s: Setup, upstream_port: int, upstream_pid: int, name: str, top: int
+) -> list[StreamStep]:
+    """Steps up the ladder (to ``top``) until the p99 delay passes the target."""
+    steps: list[StreamStep] = []
+    with stream_systems(s, upstream_port, name) as (port, pid):
+        stream_step(port, pid, upstream_pid, 10, None, 0.3, 0.5)  # warm-up
+        time.sleep(0.5)
+        idle = tree_rss(pid)
+        for streams in (n for n in s.args.stream_ladder if n <= top):
+            step = stream_step(
+                port,
+                pid,
+                upstream_pid,
+                streams,
+                idle,
+                s.args.stream_warmup,
+                s.args.stream_duration,
+            )
+            steps.append(step)
+            s.report.out(stream_row(name, step, s.stream_relay_cpu.get(streams)))
+            if name == "bare relay" and step.cpu_us is not None:
+                s.stream_relay_cpu[streams] = step.cpu_us
+            if not step.ok:
+                break
+    return steps
+
+
+def largest_ok(steps: list[StreamStep]) -> int:
+    return max((step.streams for step in steps if step.ok), default=0)
+
+
+def run_stream(s: Setup) -> None:
+    ladder = s.args.stream_ladder
+    top = min(max(ladder), (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200) // 2)
+    s.report.out(
+        f"Streaming: N concurrent SSE streams, a ~100 B event every "
+        f"{1000 // TOKENS_PER_SECOND} ms each; delay from the upstream's write to the "
+        f"client's read; {s.args.stream_warmup:g} s settling, then {s.args.stream_duration:g} s "
+        f"measured per row; N up {','.join(str(n) for n in ladder if n <= top)} "
+        f"until p99 > {TARGET_STREAM_P99_MS:g} ms"
+    )
+    s.report.out(
+        "path          streams chunks/s   p50 ms   p99 ms   max ms  CPU us/chunk x relay"
+        "  KiB/stream  upstream clients"
+    )
+    names = ["direct", "bare relay", "trio-failover"]
+    if s.nginx:
+        names.append("nginx")
+    if s.args.litellm:
+        names.append("litellm")
+    results: dict[str, list[StreamStep]] = {}
+    generators_limit = False
+    with child_stream_upstream() as (upstream_port, upstream_pid):
+        for name in names:
+            results[name] = stream_ladder(s, upstream_port, upstream_pid, name, top)
+            if name == "direct" and 0 < largest_ok(results["direct"]) < top:
+                # Past this the load generators, not the systems, are measured.
+                top, generators_limit = largest_ok(results["direct"]), True
+    s.report.out()
+    stream_summary(s, results, top, generators_limit)
+
+
+def stream_summary(
+    s: Setup, results: dict[str, list[StreamStep]], top: int, generators_limit: bool
+) -> None:
+    why = "the load generators' limit" if generators_limit else "the ladder's top"
+    s.report.out(
+        f"Largest N with p99 <= {TARGET_STREAM_P99_MS:g} ms, and what one core would relay at "
+        f"the CPU per chunk measured there ({TOKENS_PER_SECOND} chunks/s per stream):"
+    )
+    for name, steps in results.items():
+        n = largest_ok(steps)
+        capped = bool(steps) and steps[-1].ok and steps[-1].streams >= top
+        passed = [step for step in steps if step.ok and step.cpu_us]
+        core = (
+            f"; one core: ~{1e6 / passed[-1].cpu_us / TOKENS_PER_SECOND:,.0f} streams"
+            if passed and passed[-1].cpu_us
+            else ""
+        )
+        s.report.out(
+            f"  {name:13s} {'>= ' if capped else ''}{n or f'< {min(s.args.stream_ladder)}'}"
+            + (f" ({why})" if capped else "")
+            + core
+        )
+    s.report.out()
+    ours = {step.streams: step for step in results["trio-failover"] if step.ok}
+    bare = {step.streams: step for step in results["bare relay"] if step.ok}
+    ratios = {
+        n: ours[n].cpu_us / bare[n].cpu_us  # type: ignore[operator]
+        for n in sorted(ours.keys() & bare.keys())
+        if ours[n].cpu_us and bare[n].cpu_us
+    }
+    if ratios:
+        s.report.target(
+            f"stream CPU per chunk <= {TARGET_CHUNK_CPU_RATIO} x bare relay",
+            ", ".join(f"{r:.2f} x at {n}" for n, r in ratios.items()),
+            max(ratios.values()) <= TARGET_CHUNK_CPU_RATIO,
+        )
+    n = largest_ok(results["trio-failover"])
+    s.report.target(
+        f">= {TARGET_STREAMS} streams within p99 {TARGET_STREAM_P99_MS:g} ms",
+        f"{n} streams" + (f" ({why})" if n >= top else ""),
+        n >= TARGET_STREAMS,
+    )
+    rss = [step.rss_kb for step in ours.values() if step.rss_kb is not None and step.streams >= 250]
+    if rss:
+        s.report.target(
+            f"stream RSS per open stream <= {TARGET_RSS_PER_STREAM_KB} KB",
+            f"{max(rss):.1f} KiB",
+            max(rss) <= TARGET_RSS_PER_STREAM_KB,
+        )
+
+
+@contextlib.contextmanager
+def litellm_process(s: Setup, upstream_port: int) -> Iterator[tuple[int, int]]:
+    """The LiteLLM proxy (one worker), ``upstream_port`` its OpenAI-compatible model ``bench``."""
+    port = free_port()
+    command = [
+        s.args.litellm,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+        "--model",
+        "openai/bench",
+        "--api_base",
+        f"http://127.0.0.1:{upstream_port}/v1",
+    ]
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "bench",
+        # Without a master key it refuses to start unless told that this
+        # is local use; so the clients need no Authorization header.
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # else it fetches a price list at start
+    }
+    log_path = s.workdir / "litellm.log"
+    with log_path.open("wb") as log, started(command, stdout=log, stderr=log, env=env) as process:
+        try:
+            wait_port(port, limit=120)
+        except OSError:
+            sys.exit(f"litellm did not start:\n{log_path.read_text()[-2000:]}")
+        yield port, process.pid
+
+
+@contextlib.contextmanager
+def child_stream_upstream() -> Iterator[tuple[int, int]]:
+    """bench_stream.py's upstream; yields (port, pid)."""
+    command = [sys.executable, str(STREAM_SCRIPT), "upstream"]
+    with started(command, stdout=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        yield int(process.stdout.readline()), process.pid
+
+
+NGINX_STREAM = """
+  upstream stream {{ server 127.0.0.1:{upstream_port}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+    proxy_buffering off;
+    location / {{ proxy_pass http://stream; }}
+  }}
+"""
 
 
 # -- the report --------------------------------------------------------------------------
@@ -862,6 +1267,8 @@ class Setup:
     json_port: int
     origin: str
     nginx_port: int | None
+    nginx: str | None = None
+    stream_relay_cpu: dict[int, float] = field(default_factory=dict)  # N -> bare relay us/chunk
 
 
 def run_json(s: Setup) -> None:
@@ -895,6 +1302,9 @@ def run_json(s: Setup) -> None:
             paths.append(("httptools", httptools_port, httptools_pid))
         if s.nginx_port:
             paths.append(("nginx", s.nginx_port, None))
+        if s.args.litellm:
+            litellm_port, litellm_pid = optional.enter_context(litellm_process(s, s.json_port))
+            paths.append(("litellm", litellm_port, litellm_pid))
         for clients in CONCURRENCY:
             for name, target, target_pid in paths:
                 result, cpu = json_load(s.args, s.workdir, target, clients, target_pid)
@@ -1132,13 +1542,16 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             origin = "nginx (return 200)"
-        setup = Setup(args, report, workdir, py_port, frozen_port, json_port, origin, nginx_port)
+        setup = Setup(
+            args, report, workdir, py_port, frozen_port, json_port, origin, nginx_port, nginx
+        )
         parts = args.only.split(",")
         for name, part in (
             ("json", run_json),
             ("sse", run_sse),
             ("memory", run_memory),
             ("failover", run_failover),
+            ("stream", run_stream),
             ("instructions", run_instructions),
         ):
             if name in parts:
@@ -1169,11 +1582,36 @@ def main() -> int:
     parser.add_argument(
         "--sse-duration", type=float, default=2.0, help="seconds per SSE row (default 2)"
     )
+    parser.add_argument(
+        "--stream-duration",
+        type=float,
+        default=2.0,
+        help="seconds measured per streaming row (default 2)",
+    )
+    parser.add_argument(
+        "--stream-warmup",
+        type=float,
+        default=1.0,
+        help="seconds the streams run before each streaming row is measured (default 1)",
+    )
+    parser.add_argument(
+        "--stream-ladder",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=STREAM_LADDER,
+        metavar="N,N,...",
+        help=f"stream counts to climb (default: {','.join(map(str, STREAM_LADDER))})",
+    )
+    parser.add_argument(
+        "--litellm",
+        metavar="PATH",
+        default=shutil.which("litellm"),
+        help="the litellm proxy command, for a LiteLLM row (default: litellm on PATH, if any)",
+    )
     parser.add_argument("--stalls", type=int, default=10, help="stalls to time (default 10)")
     parser.add_argument(
         "--only",
-        default="json,sse,memory,failover,instructions",
-        help="comma-separated parts to run (default: all five; instructions needs valgrind)",
+        default="json,sse,memory,failover,stream,instructions",
+        help="comma-separated parts to run (default: all six; instructions needs valgrind)",
     )
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out even if installed")
     parser.add_argument(

@@ -3,14 +3,19 @@
 ``make bench`` is a measurement tool and CI does not run it; these checks
 keep its reference relays, whose figures docs/performance.md reasons from,
 from quietly rotting: each answers the JSON request as the upstream does,
-several times on one keep-alive connection.
+several times on one keep-alive connection; and the streaming part's load
+generators time chunks and its report has a row per system.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import re
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -60,3 +65,51 @@ def test_reference_relay_answers_like_the_upstream(bench: ModuleType, mode: str)
 def test_cpu_seconds_reads_this_process_and_nothing_for_no_pid(bench: ModuleType) -> None:
     assert bench.cpu_seconds(os.getpid()) > 0
     assert bench.cpu_seconds(None) is None
+
+
+def test_stream_generators_time_chunks_through_the_bare_relay(bench: ModuleType) -> None:
+    with (
+        bench.child_stream_upstream() as (upstream_port, upstream_pid),
+        bench.child("relay", str(upstream_port)) as ((port,), pid),
+    ):
+        step = bench.stream_step(port, pid, upstream_pid, 3, None, 0.2, 0.5)
+    assert step.opened == 3
+    assert step.broken == 0
+    # Three streams at ten chunks a second for half a second, give or take a tick.
+    assert 5 <= step.chunks <= 25, step
+    assert 0 <= step.p50_ms <= step.p99_ms <= step.max_ms
+    # /proc counts CPU in clock ticks (10 ms): fifteen chunks may cost less than one.
+    assert step.cpu_us is not None
+    assert step.cpu_us >= 0
+
+
+def test_stream_part_prints_a_row_per_system(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--only",
+        "stream",
+        "--stream-ladder",
+        "5",
+        "--stream-warmup",
+        "0.2",
+        "--stream-duration",
+        "0.5",
+        "--no-nginx",
+        "--litellm",
+        "",
+    ]
+    # A session of its own, so that on a timeout its children (upstreams,
+    # relays, the proxy) go with it instead of living on as orphans.
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            out, _ = process.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, out
+    rows = {line.split()[0] for line in out.splitlines() if re.match(r"\S.* +5 +\d+ ", line)}
+    assert {"direct", "bare", "trio-failover"} <= rows, out
+    assert "Largest N with p99 <= 25 ms" in out

@@ -340,6 +340,15 @@ EXAMPLES: list[Any] = [
     Case(b"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n", (), 0.0, False),
     Case(b"HEAD / HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\n", (), 0.0, False),
     Case(b"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n", (), 0.0, False),
+    # A 100 Continue, then the client's FIN cancels the workload: the
+    # connection closes before the final response, which is no malformed answer.
+    Case(
+        b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+        b"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
+        (30,),
+        0.5,
+        True,
+    ),
 ]
 
 
@@ -354,5 +363,6 @@ EXAMPLES: list[Any] = [
 @example(EXAMPLES[2])
 @example(EXAMPLES[3])
 @example(EXAMPLES[4])
+@example(EXAMPLES[5])
 def test_any_bytes_get_valid_answers_and_only_valid_requests_are_forwarded(case: Case) -> None:
     run(case)

@@ -113,6 +113,21 @@ def test_pure_modules_exist() -> None:
         assert (PACKAGE_DIR / f"{module.replace('.', '/')}.py").is_file(), module
 
 
+# The settings package decides too (precedence, validation): it reads files
+# but needs no Trio, sockets or clock, so it stays importable by a plain CLI.
+SETTINGS_MODULES = sorted(
+    f"cli.settings.{path.stem}" for path in (PACKAGE_DIR / "cli" / "settings").glob("*.py")
+)
+
+
+@pytest.mark.parametrize("module", SETTINGS_MODULES)
+def test_settings_module_reaches_no_io(module: str) -> None:
+    assert len(SETTINGS_MODULES) > 5  # the package, not a leftover module
+    # "settings.__init__" as the name: its relative imports are then resolved
+    # against the package itself.
+    assert forbidden_chains(f"{PACKAGE}.{module}") == []
+
+
 def test_the_core_package_init_imports_nothing() -> None:
     # Importing any core module runs core/__init__.py first.
     tree = ast.parse((PACKAGE_DIR / "core" / "__init__.py").read_text(encoding="utf-8"))

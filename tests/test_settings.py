@@ -1,4 +1,4 @@
-"""Tests of settings.py: the option table, precedence, the config file, errors."""
+"""Tests of cli/settings/: the option table, precedence, the config file, errors."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from trio_failover.cli.settings import (
     ConfigFile,
     Option,
     Source,
-    _key_lines,
     describe,
     expand_env,
     option,
     resolve,
 )
+from trio_failover.cli.settings.toml_file import key_lines as _key_lines
 from trio_failover.core.config import Config
 from trio_failover.core.errors import ConfigError
 

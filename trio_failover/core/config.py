@@ -3,7 +3,7 @@
 A ``Config`` never changes while the proxy serves; derive a changed copy with
 ``attrs.evolve``. Durations are float seconds (``0`` disables the optional
 deadlines), sizes are bytes. Turning strings from flags, environment or TOML
-into these values is the job of ``settings.py``; this module only says what
+into these values is the job of ``cli/settings/``; this module only says what
 a valid configuration is.
 """
 

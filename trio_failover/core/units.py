@@ -9,7 +9,7 @@ message can say so in the user's own terms.
 
 Sizes accept binary (``KiB``, ``MiB``...) and decimal (``kB``, ``MB``...)
 units or plain bytes. Both parsers raise ``ValueError`` whose message says
-what was expected; ``settings.py`` adds the option name and the source.
+what was expected; ``cli/settings/`` adds the option name and the source.
 
 Arithmetic is done in exact fractions so that ``1.1s`` is the nearest float
 to 1.1, not the sum of rounding errors.

@@ -1,0 +1,285 @@
+"""The load generators of ``bench.py``'s streaming part: one upstream, one client process.
+
+    python scripts/bench_stream.py upstream         # prints its port
+    python scripts/bench_stream.py clients PORT N   # driven over stdin/stdout
+
+Both are plain ``selectors`` loops over non-blocking sockets, with nothing
+but the standard library, so that they cost a few microseconds per event and
+the system under test runs out of CPU first (``bench.py`` reports their CPU
+next to the proxy's, to show it).
+
+The upstream answers any request but ``GET /v1/models`` with an endless SSE
+stream: the head and one event at once, then one event every 100 ms, from a
+single timer loop for every stream (a wheel of 100 one-millisecond slots, the
+streams spread over them, so the events go out evenly rather than in bursts).
+Each event is an OpenAI-style chunk of about 100 bytes whose content is
+``t=NANOSECONDS;``: the CLOCK_MONOTONIC time (system-wide on Linux) just
+before it was written, so a proxy that re-encodes chunks keeps the stamp.
+
+The client process opens N streams, then on ``go`` starts counting, and on
+``stop`` prints what it saw since: chunks, the delay of each (its read time
+minus its stamp) as p50/p99/max in ms, its own CPU seconds, and the streams
+that broke. Then it exits.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import selectors
+import socket
+import sys
+import time
+
+PERIOD_NS = 100_000_000  # a token every 100 ms per stream
+SLOTS = 100
+SLOT_NS = PERIOD_NS // SLOTS
+EVENT = (
+    b'data: {"object":"chat.completion.chunk",'
+    b'"choices":[{"index":0,"delta":{"content":"t=%d;"}}]}\n\n'
+)
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+MODELS = b'{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}'
+MODELS_ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(MODELS), MODELS)
+)
+REQUEST_BODY = b'{"model":"bench","messages":[{"role":"user","content":"Count."}],"stream":true}'
+STAMP = re.compile(rb"t=(\d+);")
+
+
+def event() -> bytes:
+    """One chunk of the chunked body: an SSE event stamped now."""
+    data = EVENT % time.monotonic_ns()
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def nodelay(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+# -- the upstream -----------------------------------------------------------------------
+
+
+class Upstream:
+    """Every stream's events from one timer loop."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4096)
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.requests: dict[socket.socket, bytes] = {}  # heads still arriving
+        self.wheel: list[set[socket.socket]] = [set() for _ in range(SLOTS)]
+        self.slot_of: dict[socket.socket, int] = {}
+        self.opened = 0
+
+    def serve(self) -> None:
+        tick_at = time.monotonic_ns() + SLOT_NS
+        tick = 0
+        while True:
+            timeout = max(0, tick_at - time.monotonic_ns()) / 1e9
+            for key, _ in self.selector.select(timeout):
+                if key.fileobj is self.listener:
+                    self.accept()
+                else:
+                    self.readable(key.fileobj)  # type: ignore[arg-type]
+            now = time.monotonic_ns()
+            while tick_at <= now:  # when late, catch up: every slot is served
+                for sock in list(self.wheel[tick % SLOTS]):
+                    self.send(sock, event())
+                tick += 1
+                tick_at += SLOT_NS
+
+    def accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            nodelay(sock)
+            self.requests[sock] = b""
+            self.selector.register(sock, selectors.EVENT_READ)
+
+    def readable(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close(sock)
+        elif sock in self.requests:
+            self.request(sock, self.requests[sock] + data)
+
+    def request(self, sock: socket.socket, data: bytes) -> None:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        if not sep or (length and len(body) < int(length.group(1))):
+            self.requests[sock] = data
+            return
+        del self.requests[sock]
+        if head.startswith(b"GET /v1/models"):
+            self.send(sock, MODELS_ANSWER)
+            self.close(sock)
+            return
+        slot = self.opened % SLOTS
+        self.opened += 1
+        self.wheel[slot].add(sock)
+        self.slot_of[sock] = slot
+        self.send(sock, STREAM_HEAD + event())
+
+    def send(self, sock: socket.socket, data: bytes) -> None:
+        # A full socket buffer means the reader stopped reading; a partial
+        # write would break the chunked framing, so the stream ends there.
+        try:
+            if sock.send(data) == len(data):
+                return
+        except OSError:
+            pass
+        self.close(sock)
+
+    def close(self, sock: socket.socket) -> None:
+        if sock.fileno() < 0:
+            return
+        self.requests.pop(sock, None)
+        slot = self.slot_of.pop(sock, None)
+        if slot is not None:
+            self.wheel[slot].discard(sock)
+        self.selector.unregister(sock)
+        sock.close()
+
+
+def run_upstream() -> None:
+    upstream = Upstream()
+    print(upstream.listener.getsockname()[1], flush=True)
+    upstream.serve()
+
+
+# -- the clients ------------------------------------------------------------------------
+
+
+class Clients:
+    """N streams through ``port``, their chunks timed against their stamps."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.selector = selectors.DefaultSelector()
+        self.tails: dict[socket.socket, bytes] = {}
+        self.open: set[socket.socket] = set()  # has received its first event
+        self.broken = 0
+        self.delays: list[int] = []
+        self.counting = False
+
+    def connect(self, count: int) -> None:
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(REQUEST_BODY), REQUEST_BODY)
+        )
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+            nodelay(sock)
+            sock.send(request)
+            self.tails[sock] = b""
+            self.selector.register(sock, selectors.EVENT_READ)
+
+    def poll(self, timeout: float) -> bool:
+        """Read what has arrived; True if a command is waiting on stdin."""
+        command = False
+        for key, _ in self.selector.select(timeout):
+            if key.data == "stdin":
+                command = True
+                continue
+            sock: socket.socket = key.fileobj  # type: ignore[assignment]
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            received = time.monotonic_ns()  # before parsing: only transit counts
+            if not data:
+                self.broken += 1
+                self.open.discard(sock)
+                self.selector.unregister(sock)
+                del self.tails[sock]
+                sock.close()
+                continue
+            data = self.tails[sock] + data
+            end = 0
+            for match in STAMP.finditer(data):
+                if self.counting:
+                    self.delays.append(received - int(match.group(1)))
+                end = match.end()
+            if end:
+                self.open.add(sock)
+            # A stamp split between two reads is matched once whole.
+            self.tails[sock] = data[max(end, len(data) - 40) :]
+        return command
+
+    def open_streams(self, count: int, limit: float) -> int:
+        """Open ``count`` streams in batches of 100; how many delivered an event."""
+        deadline = time.monotonic() + limit
+        for start in range(0, count, 100):
+            self.connect(min(100, count - start))
+            while len(self.open) < start + min(100, count - start):
+                if time.monotonic() > deadline:
+                    return len(self.open)
+                self.poll(0.05)
+        return len(self.open)
+
+    def run_until_line(self) -> str:
+        """Relay-read every stream until a command arrives on stdin."""
+        stdin = sys.stdin.fileno()
+        self.selector.register(stdin, selectors.EVENT_READ, "stdin")
+        try:
+            while not self.poll(1.0):
+                pass
+            return sys.stdin.readline().strip()
+        finally:
+            self.selector.unregister(stdin)
+
+
+def cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_clients(port: int, count: int) -> None:
+    clients = Clients(port)
+    opened = clients.open_streams(count, limit=30 + count / 50)
+    print("open", opened, flush=True)
+    if clients.run_until_line() != "go":
+        return
+    clients.counting, clients.broken, cpu = True, 0, cpu_now()
+    began = time.monotonic()
+    clients.run_until_line()  # "stop"
+    elapsed, cpu = time.monotonic() - began, cpu_now() - cpu
+    ordered = sorted(clients.delays)
+
+    def ms(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6 if ordered else -1.0
+
+    print(len(ordered), ms(0.5), ms(0.99), ms(1.0), cpu, elapsed, clients.broken, flush=True)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["upstream"]:
+        run_upstream()
+    elif sys.argv[1:2] == ["clients"]:
+        run_clients(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        sys.exit(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Kinds of values: how each type is parsed from text (flag, env) and from TOML, and shown.
+
+Every parser raises ``ValueError`` whose message says what was expected;
+the caller adds the option's name, the source and the value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ...core.config import HOST_PORT_EXPECTED, split_host_port
+from ...core.errors import ConfigError
+from ...core.units import format_duration, format_size, parse_duration, parse_size
+
+__all__ = [
+    "ADMIN",
+    "CAPACITIES",
+    "CLIENTS",
+    "CODES",
+    "CONFIG_PATH",
+    "DIGITS",
+    "DURATION",
+    "FILE",
+    "HOST_PORT",
+    "INT",
+    "NODES",
+    "SECRET",
+    "SIZE",
+    "STATUSES",
+    "TOKEN",
+    "Kind",
+    "capacity_toml",
+    "choice_kind",
+    "comma_list",
+    "existing_file",
+    "show_path",
+]
+
+
+@attrs.frozen
+class Kind:
+    """How values of one type are parsed from text (flag, env) and from TOML, and shown.
+
+    Both parsers raise ``ValueError`` whose message says what was expected.
+    """
+
+    name: str
+    from_text: Callable[[str], Any]
+    from_toml: Callable[[object], Any]
+    show: Callable[[Any], str]
+
+
+def _toml_str(parse: Callable[[str], Any], expected: str) -> Callable[[object], Any]:
+    def from_toml(value: object) -> Any:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, {expected}")
+        return parse(value)
+
+    return from_toml
+
+
+def _duration_toml(value: object) -> float:
+    if isinstance(value, str):
+        return parse_duration(value)
+    # The integer 0 reads naturally as "off"; any other bare number is as
+    # ambiguous in TOML as on the command line.
+    if type(value) is int and value == 0:
+        return 0.0
+    raise ValueError('expected a duration string such as "10s"; only 0 may be a bare number')
+
+
+def _int_text(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
+def _int_toml(value: object) -> int:
+    if type(value) is not int:
+        raise ValueError("expected a whole number")
+    return value
+
+
+def _size_toml(value: object) -> int:
+    if type(value) is int:
+        if value < 0:
+            raise ValueError("a size must not be negative")
+        return value
+    if isinstance(value, str):
+        return parse_size(value)
+    raise ValueError('expected a size such as "32MiB" or a number of bytes')
+
+
+def _host_port(text: str) -> str:
+    split_host_port(text.strip())
+    return text.strip()
+
+
+def _admin_text(text: str) -> str | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return _host_port(text)
+    except ConfigError as exc:
+        expected = exc.expected + ", or off" if exc.expected == HOST_PORT_EXPECTED else exc.expected
+        raise ValueError(expected) from None
+
+
+def _admin_toml(value: object) -> str | None:
+    if value is False:
+        return None
+    if not isinstance(value, str):
+        raise ValueError('expected a string, "HOST:PORT" or "off"')
+    return _admin_text(value)
+
+
+def _choice(choices: tuple[str, ...], *, fold_case: bool = False) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower() if fold_case else text.strip()
+        if value not in choices:
+            raise ValueError("expected one of " + ", ".join(choices))
+        return value
+
+    return parse
+
+
+def _status(item: object) -> int:
+    # Only an error answer may be retried: a 2xx or 3xx is the node's real answer.
+    if type(item) is not int:
+        raise ValueError(f"{item!r} is not an HTTP status code")
+    if not 400 <= item <= 599:
+        raise ValueError(f"{item} is outside 400-599: only error statuses fail over")
+    return item
+
+
+def _statuses_text(text: str) -> frozenset[int]:
+    statuses: set[int] = set()
+    for item in comma_list(text):
+        if not DIGITS.fullmatch(item):
+            raise ValueError(f"{item!r} is not an HTTP status code")
+        statuses.add(_status(int(item)))
+    return frozenset(statuses)
+
+
+def _statuses_toml(value: object) -> frozenset[int]:
+    if not isinstance(value, list):
+        raise ValueError("expected a list of status codes such as [429, 503]")
+    return frozenset(_status(item) for item in value)
+
+
+def _codes_text(text: str) -> frozenset[str]:
+    return frozenset(comma_list(text))
+
+
+def _codes_toml(value: object) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise ValueError('expected a list of error codes such as ["context_length_exceeded"]')
+    return frozenset(str(item) for item in value)
+
+
+def comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# ASCII digits only: int() also reads "٣" and "+3".
+DIGITS = re.compile(r"[0-9]+")
+
+
+def existing_file(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a file path")
+    if not Path(text).is_file():
+        raise ValueError("no such file")
+    return text
+
+
+def capacity_toml(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError("expected a whole number of attempts, 0 (no limit) or more")
+    return value
+
+
+def show_path(value: str | None) -> str:
+    return "none" if value is None else value
+
+
+def _show_list(values: Iterable[int] | Iterable[str]) -> str:
+    return ",".join(str(v) for v in sorted(values)) or "none"
+
+
+SECRET = "***"
+
+
+def _show_secret(value: str | None) -> str:
+    return "none" if value is None else SECRET
+
+
+DURATION = Kind(
+    "duration", parse_duration, _duration_toml, lambda value: format_duration(float(value))
+)
+SIZE = Kind("size", parse_size, _size_toml, lambda value: format_size(int(value)))
+INT = Kind("int", _int_text, _int_toml, str)
+HOST_PORT = Kind("host:port", _host_port, _toml_str(_host_port, '"HOST:PORT"'), str)
+ADMIN = Kind("host:port|off", _admin_text, _admin_toml, lambda v: "off" if v is None else str(v))
+STATUSES = Kind("statuses", _statuses_text, _statuses_toml, _show_list)
+CODES = Kind("codes", _codes_text, _codes_toml, _show_list)
+FILE = Kind("path", existing_file, _toml_str(existing_file, "a file path"), show_path)
+# The token's checks are Config's own validator (run on every given value).
+TOKEN = Kind("token", str, str, _show_secret)
+# --config, --upstream, --capacity and --api-key are read by resolve()
+# itself; these kinds only show them.
+CONFIG_PATH = Kind("path", str, str, show_path)
+NODES = Kind("nodes", str, str, str)
+CAPACITIES = Kind("capacity", str, str, str)
+CLIENTS = Kind("clients", str, str, str)
+
+
+def choice_kind(choices: tuple[str, ...], *, fold_case: bool = False) -> Kind:
+    parse = _choice(choices, fold_case=fold_case)
+    expected = "one of " + ", ".join(choices)
+    return Kind("|".join(choices), parse, _toml_str(parse, expected), str)

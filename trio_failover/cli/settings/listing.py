@@ -1,0 +1,61 @@
+"""``check``'s listing: one row per resolved setting with its source, secrets masked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ...core.config import Config, Upstream, redact_url
+from .kinds import SECRET, show_path
+from .options import OPTIONS
+from .sources import DEFAULT, Source
+
+__all__ = ["describe"]
+
+
+def _show_node(node: Upstream) -> str:
+    text = redact_url(node.url)
+    if node.models is not None:
+        pairs = (k if k == v else f"{k}->{v}" for k, v in node.models.items())
+        text += " models=" + ",".join(pairs)
+    if node.headers:
+        # Every header value is shown masked: they carry API keys, and a
+        # `check` output ends up in tickets and chat logs.
+        text += " headers=" + ",".join(f"{name}:{SECRET}" for name in node.headers)
+    if node.ca_file is not None:
+        text += f" ca_file={node.ca_file}"
+    if node.insecure_skip_verify:
+        text += " insecure_skip_verify"
+    return text
+
+
+def describe(config: Config, sources: Mapping[str, Source]) -> list[tuple[str, str, str]]:
+    """Rows ``(option, value, source)`` of the resolved settings, secrets masked.
+
+    One row per option, in ``OPTIONS`` order; one row per node in place of
+    the ``upstream`` and the ``capacity`` options, one per client key (its
+    value ``***``) in place of ``api-key``.
+    """
+    rows: list[tuple[str, str, str]] = []
+    for opt in OPTIONS:
+        if opt.name == "config":
+            source = sources.get("config", DEFAULT)
+            path = None if source.raw is None else str(source.raw)
+            rows.append((opt.label, show_path(path), str(source)))
+        elif opt.name == "upstream":
+            for node in config.upstreams:
+                source = sources.get(f"upstream:{node.name}", DEFAULT)
+                rows.append((f"upstream {node.name}", _show_node(node), str(source)))
+        elif opt.name == "capacity":
+            for node in config.upstreams:
+                source = sources.get(f"capacity:{node.name}", DEFAULT)
+                rows.append((f"capacity {node.name}", str(node.capacity), str(source)))
+        elif opt.name == "api_key":
+            for client in config.clients:
+                source = sources.get(f"client:{client.name}", DEFAULT)
+                rows.append((f"api-key {client.name}", SECRET, str(source)))
+            if not config.clients:
+                rows.append((opt.label, "none", str(sources.get("clients", DEFAULT))))
+        elif opt.field is not None:
+            value = opt.kind.show(getattr(config, opt.field))
+            rows.append((opt.label, value, str(sources.get(opt.field, DEFAULT))))
+    return rows

@@ -1,0 +1,224 @@
+"""The TOML config file: parsed, its unknown keys found, and the line of every key known.
+
+``tomllib`` keeps no positions, so ``key_lines`` reads enough of TOML's key
+grammar to say which line wrote which key: an error can then point at
+``config.toml:12``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ...core.errors import ConfigError
+from .options import OPTIONS
+from .sources import DEFAULT, Source
+
+__all__ = ["CAPACITY", "CLIENT", "MISSING", "UPSTREAM", "ConfigFile", "KeyPath", "key_lines"]
+
+_TIMEOUTS = "timeouts"
+UPSTREAM = "upstream"
+CLIENT = "client"
+CAPACITY = "capacity"
+_TOP_KEYS: tuple[str, ...] = (
+    *(opt.toml[0] for opt in OPTIONS if opt.toml and len(opt.toml) == 1),
+    _TIMEOUTS,
+)  # includes "upstream", "client" and "capacity"
+_TIMEOUT_KEYS: tuple[str, ...] = tuple(
+    opt.toml[1] for opt in OPTIONS if opt.toml and opt.toml[0] == _TIMEOUTS
+)
+_NODE_KEYS: tuple[str, ...] = (
+    "name",
+    "url",
+    "models",
+    "headers",
+    "ca_file",
+    "insecure_skip_verify",
+    CAPACITY,
+)
+_CLIENT_KEYS: tuple[str, ...] = ("name", "key")
+
+# Enough of TOML's key grammar to find which line wrote which key (tomllib
+# keeps no positions). Bare keys, quoted keys and dotted keys.
+_BARE = r"[A-Za-z0-9_-]+"
+_BASIC = r'"(?:[^"\\]|\\.)*"'
+_LITERAL = r"'[^']*'"
+_PART = rf"(?:{_BARE}|{_BASIC}|{_LITERAL})"
+_DOTTED = rf"{_PART}(?:[ \t]*\.[ \t]*{_PART})*"
+_PART_RE = re.compile(_PART)
+_TABLE_LINE = re.compile(rf"[ \t]*(\[\[?)[ \t]*({_DOTTED})[ \t]*\]")
+_KEY_LINE = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
+_DECODE_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+
+KeyPath = tuple[str | int, ...]
+MISSING = object()
+
+
+def _split_key(dotted: str) -> tuple[str, ...]:
+    parts: list[str] = []
+    for token in _PART_RE.findall(dotted):
+        if token.startswith('"'):
+            try:
+                parts.append(str(json.loads(token)))
+            except ValueError:
+                parts.append(token[1:-1])
+        elif token.startswith("'"):
+            parts.append(token[1:-1])
+        else:
+            parts.append(token)
+    return tuple(parts)
+
+
+def key_lines(text: str) -> dict[KeyPath, int]:
+    """Map each key path (``("upstream", 1, "url")``) to the line that wrote it."""
+    lines: dict[KeyPath, int] = {}
+    table: KeyPath = ()
+    arrays: dict[tuple[str, ...], int] = {}  # [[name]] -> how many seen so far
+    multiline: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if multiline is not None:
+            if line.count(multiline) % 2 == 1:
+                multiline = None
+            continue
+        header = _TABLE_LINE.match(line)
+        if header is not None:
+            names = _split_key(header.group(2))
+            if header.group(1) == "[[":
+                arrays[names] = arrays.get(names, 0) + 1
+            path: list[str | int] = []
+            for depth in range(len(names)):
+                path.append(names[depth])
+                count = arrays.get(names[: depth + 1])
+                if count:
+                    path.append(count - 1)
+            table = tuple(path)
+            lines.setdefault(table, number)
+            continue
+        key = _KEY_LINE.match(line)
+        if key is not None:
+            lines.setdefault(table + _split_key(key.group(1)), number)
+            rest = line[key.end() :]
+            for quotes in ('"""', "'''"):
+                if rest.count(quotes) % 2 == 1:
+                    multiline = quotes
+                    break
+    return lines
+
+
+@attrs.frozen
+class ConfigFile:
+    """A parsed TOML config file that knows on which line each key was written.
+
+    ``mistakes`` are the errors of its layout (unknown keys, a ``[timeouts]``
+    that is not a table...), kept for ``resolve`` to report together with
+    the errors of the values.
+    """
+
+    name: str
+    data: Mapping[str, Any]
+    lines: Mapping[KeyPath, int] = attrs.field(factory=dict, repr=False)
+    mistakes: tuple[ConfigError, ...] = attrs.field(default=(), repr=False)
+
+    @classmethod
+    def parse(cls, text: str, name: str = "config.toml") -> ConfigFile:
+        """Parse TOML text and find its unknown keys (into ``mistakes``).
+
+        Raises:
+            ConfigError: a syntax error, with ``name:line`` as the source.
+        """
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            message = str(exc)
+            match = _DECODE_LINE.search(message)
+            line = int(match.group(1)) if match else max(1, len(text.splitlines()))
+            raise ConfigError(
+                "config", name, f"not valid TOML: {message}", f"{name}:{line}"
+            ) from None
+        file = cls(name, data, key_lines(text))
+        return attrs.evolve(file, mistakes=tuple(file._key_mistakes()))
+
+    @classmethod
+    def read(cls, path: str, source: Source = DEFAULT) -> ConfigFile:
+        """Read and parse the file at ``path``; ``source`` says who named it.
+
+        Raises:
+            ConfigError: the file is unreadable, not UTF-8 or not TOML.
+        """
+        where = source.where or "--config"
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError("config", path, f"cannot read it: {exc.strerror}", where) from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError("config", path, "the file is not UTF-8 text", where) from None
+        return cls.parse(text, path)
+
+    def where(self, *path: str | int) -> str:
+        """``name:line`` of the key at ``path`` (or of its nearest written parent)."""
+        for depth in range(len(path), 0, -1):
+            line = self.lines.get(path[:depth])
+            if line is not None:
+                return f"{self.name}:{line}"
+        return self.name
+
+    def lookup(self, path: Sequence[str]) -> object:
+        """The value at ``path``, or the ``MISSING`` sentinel."""
+        node: object = self.data
+        for key in path:
+            if not isinstance(node, Mapping) or key not in node:
+                return MISSING
+            node = node[key]
+        return node
+
+    def tables(self, key: str) -> list[Mapping[str, Any]] | None:
+        """The ``[[key]]`` tables (none: ``[]``); None when ``key`` is not an array of tables."""
+        tables = self.data.get(key, [])
+        if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+            return None
+        return tables
+
+    def _key_mistakes(self) -> list[ConfigError]:
+        found = self._unknown_keys(self.data, (), _TOP_KEYS, "at the top level")
+        timeouts = self.data.get(_TIMEOUTS, {})
+        if isinstance(timeouts, Mapping):
+            found += self._unknown_keys(timeouts, (_TIMEOUTS,), _TIMEOUT_KEYS, "in [timeouts]")
+        else:
+            found.append(self._error((_TIMEOUTS,), timeouts, "expected a [timeouts] table"))
+        for array, known, what in (
+            (UPSTREAM, _NODE_KEYS, "nodes"),
+            (CLIENT, _CLIENT_KEYS, "client keys"),
+        ):
+            tables = self.tables(array)
+            if tables is None:
+                # Not the value itself: it may hold secrets.
+                found.append(self._error((array,), array, f"{what} are [[{array}]] tables"))
+                continue
+            for index, table in enumerate(tables):
+                found += self._unknown_keys(table, (array, index), known, f"in [[{array}]]")
+        return found
+
+    def _unknown_keys(
+        self, table: Mapping[str, Any], path: KeyPath, known: tuple[str, ...], where: str
+    ) -> list[ConfigError]:
+        found = []
+        for key in table:
+            if key not in known:
+                hint = difflib.get_close_matches(key, known, n=1)
+                expected = f"unknown key {where}" + (f" (did you mean {hint[0]}?)" if hint else "")
+                expected += "; known keys: " + ", ".join(known)
+                found.append(self._error((*path, key), key, expected))
+        return found
+
+    def _error(self, path: KeyPath, value: object, expected: str) -> ConfigError:
+        key = ".".join(str(part) for part in path if isinstance(part, str))
+        return ConfigError(key, value, expected, self.where(*path))

@@ -1,0 +1,230 @@
+"""Pure: each node's slots (``SlotLedger``) and where one workload's next attempt goes.
+
+``choose_node`` decides from the ledger's counts and an answer to "is this
+node ready?"; it takes nothing. Taking, queueing and handing slots on is
+the scheduler's (``slot_queue.py``). ``slots.py`` tells how the two serve
+the shell, and re-exports both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+__all__ = [
+    "BALANCE_MODES",
+    "Balance",
+    "Choice",
+    "Exhausted",
+    "NodeFull",
+    "Readiness",
+    "Slot",
+    "SlotLedger",
+    "Take",
+    "Wait",
+    "as_predicate",
+    "choose_node",
+]
+
+Balance = Literal["priority", "least-loaded"]
+BALANCE_MODES: tuple[Balance, ...] = ("priority", "least-loaded")
+
+Readiness: TypeAlias = Callable[[str], bool] | AbstractSet[str]
+"""Which nodes are ready now: a predicate on the name, or the set of ready names."""
+
+
+class NodeFull(RuntimeError):
+    """``SlotLedger.take`` on a node that has no free slot."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node!r} is full")
+        self.node = node
+
+
+# -- the ledger ------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One attempt's hold on one node, from connect to the end of its relay.
+
+    Release it exactly once, in ``finally``; a second release is a no-op
+    (``SlotLedger.release`` returns False), so releasing early before a
+    failover and again in ``finally`` is safe.
+    """
+
+    node: str
+    ledger: SlotLedger = field(repr=False)
+    released: bool = False
+
+
+class SlotLedger:
+    """Capacity and in-flight count per node; take and release in O(1).
+
+    Counts only this proxy's attempts: other clients of the same engine are
+    invisible to it. Every name passed in must be one of ``capacities``
+    (``KeyError`` otherwise).
+    """
+
+    def __init__(self, capacities: Mapping[str, int]) -> None:
+        """Check and copy the capacities.
+
+        Args:
+            capacities: node name -> most attempts in flight, ``0`` = no limit.
+        """
+        for node, capacity in capacities.items():
+            if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+                raise ValueError(f"capacity of {node!r} must be an int >= 0, not {capacity!r}")
+        self._capacity = dict(capacities)
+        self._in_flight = dict.fromkeys(capacities, 0)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes, in the order they were given."""
+        return tuple(self._capacity)
+
+    def capacity(self, node: str) -> int:
+        """The node's capacity (``0`` = no limit)."""
+        return self._capacity[node]
+
+    def in_flight(self, node: str) -> int:
+        """This proxy's attempts holding a slot at ``node`` now."""
+        return self._in_flight[node]
+
+    def is_full(self, node: str) -> bool:
+        """Whether ``node`` is at its capacity; never true with capacity 0."""
+        capacity = self._capacity[node]
+        return capacity > 0 and self._in_flight[node] >= capacity
+
+    def load(self, node: str) -> float:
+        """``in_flight / max(capacity, 1)``, what ``least-loaded`` minimises.
+
+        Float division is exact enough for ties: two equal ratios of small
+        ints round to the same float, so "ties in resolved order" holds.
+        """
+        return self._in_flight[node] / max(self._capacity[node], 1)
+
+    def take(self, node: str) -> Slot:
+        """Hold one slot at ``node``.
+
+        Raises:
+            NodeFull: the node is at its capacity.
+        """
+        if self.is_full(node):
+            raise NodeFull(node)
+        self._in_flight[node] += 1
+        return Slot(node, self)
+
+    def release(self, slot: Slot) -> bool:
+        """Give ``slot`` back. Returns False if it was already released.
+
+        Raises:
+            ValueError: the slot comes from another ledger.
+        """
+        if slot.ledger is not self:
+            raise ValueError("slot belongs to another ledger")
+        if slot.released:
+            return False
+        slot.released = True
+        self._in_flight[slot.node] -= 1
+        return True
+
+
+# -- the order of one attempt ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """Take a slot at ``node`` now."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Every node this workload may use now is full: ``nodes``, in order."""
+
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """No untried candidate is left."""
+
+
+Choice: TypeAlias = Take | Wait | Exhausted
+
+
+def choose_node(
+    order: Sequence[str],
+    *,
+    tried: AbstractSet[str],
+    ready: Readiness,
+    ledger: SlotLedger,
+    balance: Balance = "priority",
+    preferred: str | None = None,
+) -> Choice:
+    """Where the next attempt of one workload goes, or why it cannot go now.
+
+    The untried candidates are split, stably, into those ready now and the
+    rest (cooling or down). If any is ready, only the ready ones count: the
+    first that is not full by ``balance``, else ``Wait`` for them. Otherwise
+    the rest count, in ``order`` whatever ``balance`` says (SPEC: an
+    all-cooling fleet is used in ranking order), else ``Wait`` for them.
+    ``preferred`` goes first while it has a free slot and is in the group
+    that counts; when it is full the next free node is taken (availability
+    beats cache reuse). With capacity 0 everywhere and ``priority`` the
+    answer is the first untried candidate of today's order, never ``Wait``.
+
+    Args:
+        order: the workload's candidate names in resolved order (model
+            filter, affinity and selection applied). Already partitioned or
+            not: readiness is applied here again, one question per node. For
+            a waiter, pass the order *before* the partition
+            (``resolve_candidates(..., is_cooling=lambda _: False)``): a
+            node that recovers while it waits then regains its place, as in
+            a fresh resolution. Names are unique and known to ``ledger``.
+        tried: the nodes this workload has already tried.
+        ready: which nodes are ready now.
+        ledger: capacities and in-flight counts.
+        balance: ``priority`` = resolved order among the free ready nodes;
+            ``least-loaded`` = lowest ``ledger.load()``, ties in resolved order.
+        preferred: the node resolution moved to the front (``X-Failover-Node``,
+            else the prefix-affinity winner), or None. ``priority`` alone
+            would find it first anyway; ``least-loaded`` needs to be told.
+
+    Returns:
+        ``Take(node)``, ``Wait(nodes)`` or ``Exhausted()``. Nothing is taken:
+        ``SlotScheduler.acquire`` does that.
+    """
+    is_ready = as_predicate(ready)
+    ready_group: list[str] = []
+    other_group: list[str] = []
+    for node in order:
+        if node not in tried:
+            (ready_group if is_ready(node) else other_group).append(node)
+    if ready_group:
+        return _pick(ready_group, ledger, balance, preferred)
+    if other_group:
+        return _pick(other_group, ledger, "priority", preferred)
+    return Exhausted()
+
+
+def _pick(group: list[str], ledger: SlotLedger, balance: Balance, preferred: str | None) -> Choice:
+    free = [node for node in group if not ledger.is_full(node)]
+    if not free:
+        return Wait(tuple(group))
+    if preferred is not None and preferred in free:
+        return Take(preferred)
+    if balance == "priority":
+        return Take(free[0])
+    return Take(min(free, key=ledger.load))  # min() keeps the first of equals
+
+
+def as_predicate(ready: Readiness) -> Callable[[str], bool]:
+    """``ready`` as a predicate on the node name."""
+    if callable(ready):
+        return ready
+    return ready.__contains__

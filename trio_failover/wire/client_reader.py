@@ -1,0 +1,97 @@
+"""The one task that reads a client connection, and doubles as its close watcher.
+
+One reader task per connection receives from the client for the whole
+connection lifetime, so a FIN or an RST is seen at any moment, also while an
+upstream attempt is pending or a committed stream is silent. Received bytes
+are kept (never consumed by the watcher) until the request side takes them,
+so a pipelined next request survives. The reader stops receiving once its
+limit of bytes wait: it never reads without bound.
+
+A single long-lived reader also means ``receive_some`` is never cancelled in
+the middle of a request, which matters for TLS streams.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import trio
+
+from .http1 import RECEIVE_SIZE
+
+__all__ = ["PENDING_LIMIT", "ClientReader", "Closed"]
+
+PENDING_LIMIT = 65536
+
+
+class Closed(enum.Enum):
+    """How the client's side of the connection ended."""
+
+    EOF = "eof"  # FIN: the client closed (or half-closed) its sending side
+    RESET = "reset"  # RST or another socket error
+
+
+class ClientReader:
+    """The client's bytes as they arrive, kept in ``pending``, and how its side ended.
+
+    ``run`` is the task; everything else is called by the request loop, the
+    workload's watcher and the lingering close.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+        self.pending = bytearray()
+        self.closed: Closed | None = None
+        self._closed_event = trio.Event()
+        self._arrived = trio.Event()
+        self._room = trio.Event()
+
+    async def run(self) -> None:
+        """Receive client bytes until EOF or error; run in the connection's nursery."""
+        try:
+            while True:
+                while len(self.pending) >= self._limit:
+                    self._room = trio.Event()
+                    await self._room.wait()
+                data = await self._stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    self.closed = Closed.EOF
+                    return
+                self.pending += data
+                self._wake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = Closed.RESET
+        finally:
+            self._closed_event.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        self._arrived.set()
+        self._arrived = trio.Event()
+
+    async def wait_closed(self) -> Closed:
+        """Wait until the client's side ends; returns how (FIN or RST)."""
+        await self._closed_event.wait()
+        assert self.closed is not None
+        return self.closed
+
+    async def wait_arrival(self) -> None:
+        """Wait for the next bytes, or the end of the client's side."""
+        await self._arrived.wait()
+
+    async def wait_input(self) -> None:
+        """Wait until bytes are pending or the client's side has ended."""
+        while not self.pending and self.closed is None:
+            await self._arrived.wait()
+
+    def take(self) -> bytes:
+        """All pending bytes, removed; the task may receive again."""
+        data = bytes(self.pending)
+        self.discard()
+        return data
+
+    def discard(self) -> None:
+        """Drop the pending bytes (and let the task receive again)."""
+        self.pending.clear()
+        self._room.set()
