@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 
-.PHONY: install lint test demo bench clean
+.PHONY: install lint test e2e demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,12 +25,20 @@ $(RUNTIME_STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff format --check trio_failover tests scripts examples
-	$(BIN)/ruff check trio_failover tests scripts examples
+	$(BIN)/ruff format --check trio_failover tests scripts examples e2e
+	$(BIN)/ruff check trio_failover tests scripts examples e2e
 	$(BIN)/mypy --strict trio_failover
 
 test: lint
 	$(BIN)/pytest
+
+# The proxy in front of real engines (llama-server, llama-cpp-python) and a
+# real model, all on CPU. The first run builds both engines into a cache
+# outside the checkout (~15 min on two cores); later runs take minutes.
+# Writes build/e2e/report.md.
+e2e: install
+	$(BIN)/python e2e/prepare.py
+	$(BIN)/pytest -c e2e/pytest.ini e2e $(E2E_ARGS)
 
 demo: $(RUNTIME_STAMP)
 	$(BIN)/trio-failover demo

@@ -185,6 +185,7 @@ async def scenario(dead_peer_timeout: float, response_header_timeout: float) -> 
             ),
             listen="127.0.0.1:0",
             admin_listen=None,
+            discovery_interval=0,  # the attempt must find the silent node, not a check
             dead_peer_timeout=dead_peer_timeout,
             response_header_timeout=response_header_timeout,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -77,9 +78,10 @@ async def serve_process(
             for raw in done:
                 line = raw.decode(errors="replace")
                 lines.append(line)
-                if "listening on http://" in line:
-                    host, _, port = line.rpartition("http://")[2].rpartition(":")
-                    address.append((host, int(port)))
+                # Text or JSON lines: the address ends at a blank or a quote.
+                found = re.search(r"listening on http://(\S+?):(\d+)\b", line)
+                if found:
+                    address.append((found[1], int(found[2])))
                     listening.set()
 
     try:

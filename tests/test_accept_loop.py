@@ -24,7 +24,7 @@ from trio_failover.proxy import Proxy
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 
-GET = b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n\r\n"
+GET = b"GET /health HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n\r\n"
 BODY = b'{"ok": true}'
 
 

@@ -22,7 +22,11 @@ from trio_failover.service.admin import serve_admin_connection
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, slow_head
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Streamed: the response-header timeout bounds the wait for its head (an
+# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 
 
 def make_proxy(fleet: Fleet, **settings: object) -> Proxy:
@@ -98,8 +102,12 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "in_flight": 0,
             "served": 0,
             "failed": 1,
+            "models": None,  # no models configured, no inventory: discovery is not running
+            "last_outcome": "header_timeout",
+            "last_error": "a: head: no complete response head in 10.0s",
         }
         assert nodes["b"]["state"] == "ready"
+        assert (nodes["b"]["last_outcome"], nodes["b"]["last_error"]) == ("completed", None)
         assert nodes["b"]["cooldown_remaining_s"] == 0
         assert (nodes["b"]["served"], nodes["b"]["failed"]) == (1, 0)
         assert [n["name"] for n in status["nodes"]] == ["a", "b"]  # ranking order
@@ -165,8 +173,8 @@ async def test_metrics_parse_and_count_the_traffic_sent(autojump_clock: trio.abc
     assert value(found, "trio_failover_client_aborts_total") == 1
     assert value(found, "trio_failover_commits_total", node="b") == 3
     assert value(found, "trio_failover_commits_total", node="c") == 0
-    assert value(found, "trio_failover_workloads_total", state="completed") == 3
-    assert value(found, "trio_failover_workloads_total", state="cancelled") == 1
+    assert value(found, "trio_failover_workloads_total", state="completed", client="anonymous") == 3
+    assert value(found, "trio_failover_workloads_total", state="cancelled", client="anonymous") == 1
     for node in ("a", "b", "c"):
         assert value(found, "trio_failover_in_flight", node=node) == 0
     assert value(found, "trio_failover_time_to_head_seconds_count", node="b") == 3
@@ -242,7 +250,12 @@ async def test_real_listeners_keep_the_admin_api_off_the_client_port() -> None:
     with trio.fail_after(10):
         async with Fleet({"a": FakeNode(healthy(b"from the node"))}) as fleet:
             upstream = await fleet.serve_tcp("a")
-            config = Config(upstreams=[upstream], listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
+            config = Config(
+                upstreams=[upstream],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0,  # the node's last request must be the client's
+            )
             async with trio.open_nursery() as nursery:
                 bound: BoundAddresses = await nursery.start(serve, config)
                 assert bound.admin is not None

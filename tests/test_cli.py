@@ -566,6 +566,7 @@ async def test_serve_routes_by_model_with_node_headers(tmp_path: Path) -> None:
             command = [
                 sys.executable, "-m", "trio_failover", "serve",
                 "--config", str(config), "--listen", "127.0.0.1:0", "--admin-listen", "off",
+                "--discovery-interval", "0",  # the nodes log every request they get
             ]  # fmt: skip
             proc = await trio.lowlevel.open_process(
                 command,

@@ -42,6 +42,7 @@ async def serving(
     nodes: dict[str, FakeNode], **settings: object
 ) -> AsyncIterator[tuple[Fleet, tuple[str, int], Proxy]]:
     """The proxy in front of ``nodes`` on real sockets, with its ``Proxy`` for its events."""
+    settings.setdefault("discovery_interval", 0)  # the nodes watch their connections
     async with Fleet(nodes) as fleet:
         upstreams = [await fleet.serve_tcp(name) for name in nodes]
         config = Config(

@@ -26,7 +26,7 @@ from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 
 OK_BODY = b'{"ok": true}'
-GET = b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\n\r\n"
+GET = b"GET /health HTTP/1.1\r\nHost: proxy.test\r\n\r\n"
 
 
 # -- a raw-bytes client ----------------------------------------------------------------------

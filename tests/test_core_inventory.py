@@ -322,6 +322,17 @@ CHECKS = [
         ),
         id="wrong-shape",
     ),
+    pytest.param(
+        {"failure": CheckFailure.NOT_HTTP, "detail": "illegal status line"},
+        CheckVerdict(
+            Health.UNCHANGED,
+            None,
+            *UNKNOWN,
+            "health check: /v1/models answer is not HTTP/1.1 (illegal status line)",
+            "bad_answer",
+        ),
+        id="not-http-leaves-health-alone",
+    ),
 ]
 
 

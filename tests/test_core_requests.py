@@ -16,6 +16,7 @@ from trio_failover.core.requests import (
     is_unstreamed,
     new_workload_id,
     request_document,
+    request_line_path,
     request_model,
     uuid4_text,
     workload_id,
@@ -141,3 +142,59 @@ def test_workload_id_makes_a_uuid_otherwise(headers: list[tuple[bytes, bytes]]) 
 def test_request_document_round_trips_a_large_body() -> None:
     document = {"model": "m", "messages": [{"role": "user", "content": "x" * 100_000}]}
     assert request_document(json.dumps(document).encode()) == document
+
+
+KEPT_IDS = [
+    pytest.param("a", id="one-char"),
+    pytest.param("0f3c9a2e-8d1b-4b7e-9a55-2f0d1c3b4a5e", id="uuid"),
+    pytest.param("req.42_retry:1-A", id="every-punctuation"),
+    pytest.param("x" * 128, id="128-chars"),
+    pytest.param("ebede0e35c12c79a29d38a34", id="not-a-uuid-but-valid"),
+]
+
+
+@pytest.mark.parametrize("value", KEPT_IDS)
+def test_workload_id_passes_a_valid_client_id_through(value: str) -> None:
+    assert workload_id([(b"x-request-id", value.encode())]) == value
+
+
+REPLACED_IDS = [
+    pytest.param(None, id="absent"),
+    pytest.param(b"", id="empty"),
+    pytest.param(b"x" * 129, id="129-chars"),
+    pytest.param(b"has space", id="space"),
+    pytest.param(b"caf\xc3\xa9", id="non-ascii-utf8"),
+    pytest.param(b"caf\xe9", id="non-ascii-latin1"),
+    pytest.param(b"a/b", id="slash"),
+    pytest.param(b'a"b', id="quote"),
+    pytest.param(b"abc\n", id="trailing-newline"),
+    pytest.param(b"\nabc", id="leading-newline"),
+]
+
+
+@pytest.mark.parametrize("value", REPLACED_IDS)
+def test_workload_id_replaces_anything_else_with_a_uuid(value: bytes | None) -> None:
+    headers = [] if value is None else [(b"x-request-id", value)]
+    fresh = workload_id(headers)
+    assert CANONICAL_V4.fullmatch(fresh), fresh
+    assert workload_id(headers) != fresh  # random, not derived from the input
+    # A fresh id is itself valid, so it survives the next hop unchanged.
+    assert workload_id([(b"x-request-id", fresh.encode())]) == fresh
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (b"POST /api/chat HTTP/1.1\r\nHost: x\r\n\r\n", "/api/chat"),
+        (b"GET /api/tags?x=1 HTTP/1.1\r\n", "/api/tags"),
+        (bytearray(b"GET /v1/models HTTP/1.0\r\nX-Big: aaaa"), "/v1/models"),  # cut short
+        (b"POST /api/chat HTTP/1.1\n", ""),  # a bare LF
+        (b"POST  /api/chat HTTP/1.1\r\n", ""),  # two spaces
+        (b"POST http://h/api/chat HTTP/1.1\r\n", ""),  # absolute-form
+        (b"POST /api/chat HTTP/1.1", ""),  # the line has not ended yet
+        (b"POST /api/ch\x00at HTTP/1.1\r\n", ""),
+        (b"", ""),
+    ],
+)
+def test_request_line_path(head: bytes | bytearray, expected: str) -> None:
+    assert request_line_path(head) == expected

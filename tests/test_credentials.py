@@ -231,7 +231,8 @@ headers = {{ Authorization = "Bearer ${{NODE_KEY}}", X-Api-Key = "${{NODE_KEY}}"
     for received in fleet["keyed"].received:
         assert values(received, b"authorization") == [f"Bearer {SECRET}".encode()]
         assert values(received, b"x-api-key") == [SECRET.encode()]
-    assert len(fleet["keyed"].received) == 2
+    # Two requests; a health check, if one came meanwhile, carried the key too.
+    assert len([r for r in fleet["keyed"].received if r.target != b"/v1/models"]) == 2
 
     # ...and nowhere else.
     assert check.exit_code == 0, check.output
@@ -294,7 +295,7 @@ async def test_malformed_request_does_not_log_the_clients_key(
             nursery.start_soon(proxy.handle_connection, server)
             # A space before the colon makes the whole line invalid (RFC 9112 5.1).
             await client.send_all(
-                b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\n"
+                b"GET /health HTTP/1.1\r\nHost: proxy.test\r\n"
                 b"Authorization : Bearer " + CLIENT_KEY.encode() + b"\r\n\r\n"
             )
             answer = b""

@@ -34,7 +34,7 @@ import pytest
 import trio
 import trio_websocket
 
-from trio_failover import Config
+from trio_failover import ClientKey, Config, Upstream
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai
 
@@ -192,6 +192,7 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                 listen="127.0.0.1:0",
                 admin_listen="127.0.0.1:0",
                 response_header_timeout=STALL,
+                discovery_interval=0,  # gpu-b lists another model than BODY's
             )
             bound: BoundAddresses = await nursery.start(serve, config)
             browser_url = await start_chromium(nursery, tmp_path / "profile")
@@ -261,6 +262,106 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
             nursery.cancel_scope.cancel()
 
 
+async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path: Path) -> None:
+    """Opened as ``/?token=...``, the page polls ``/status`` and opens ``/events`` with it."""
+    token, key = "adm-9c1e7b2d4f80a635", "ka-52d8e0b1c3f9a746"
+    with trio.fail_after(50):
+        async with (
+            Fleet({"gpu-a": FakeNode(openai(tokens=3))}) as fleet,
+            trio.open_nursery() as nursery,
+        ):
+            config = Config(
+                upstreams=[await fleet.serve_tcp("gpu-a")],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                clients=(ClientKey("alice", key),),
+                admin_token=token,
+                discovery_interval=0,  # gpu-a lists another model than BODY's
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/?token={token}")
+                await wait_for_page(
+                    devtools,
+                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 1,
+                    "a live event stream and the node, with the token",
+                )
+                async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
+                    response = await http.post(
+                        "/v1/chat/completions",
+                        content=BODY,
+                        headers={"x-request-id": "keyed-1", "authorization": f"Bearer {key}"},
+                    )
+                    assert response.status_code == 200
+                page = await wait_for_page(
+                    devtools,
+                    lambda p: any(
+                        w["id"] == "keyed-1" and w["state"] == "completed" for w in p["workloads"]
+                    ),
+                    "the keyed workload completed",
+                )
+                [row] = [w for w in page["workloads"] if w["id"] == "keyed-1"]
+                assert "alice" in row["text"]
+                assert key not in json.dumps(page)
+
+                # Without the token not even the page is served.
+                await devtools.call("Page.navigate", url=f"{bound.admin_url}/")
+                shown = ""
+                for _ in range(100):
+                    shown = await devtools.evaluate("document.body && document.body.innerText")
+                    if shown and "invalid_admin_token" in shown:
+                        break
+                    await trio.sleep(0.1)
+                assert "invalid_admin_token" in (shown or "")
+            nursery.cancel_scope.cancel()
+
+
+async def test_dashboard_shows_down_nodes_model_counts_and_last_news(
+    chromium: str, tmp_path: Path
+) -> None:
+    nodes = {"gpu-a": FakeNode(refuse=True), "gpu-b": FakeNode(openai("qwen3:32b"))}
+    with trio.fail_after(50):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            up = await fleet.serve_tcp("gpu-b")
+            closed = trio.socket.socket()  # bound, never listening: connections are refused
+            await closed.bind(("127.0.0.1", 0))
+            refusing = Upstream("gpu-a", f"http://127.0.0.1:{closed.getsockname()[1]}")
+            config = Config(
+                upstreams=[refusing, up],
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0.5,
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page(f"{bound.admin_url}/")
+
+                def checked(p: dict[str, Any]) -> bool:
+                    states = {n["name"]: n["state"] for n in p.get("nodes", [])}
+                    return states == {"gpu-a": "down", "gpu-b": "ready"} and all(
+                        "check_" in n["text"] for n in p["nodes"]
+                    )
+
+                page = await wait_for_page(devtools, checked, "gpu-a down, gpu-b checked")
+            closed.close()
+            nursery.cancel_scope.cancel()
+    rows = {n["name"]: n["text"].split("\t") for n in page["nodes"]}
+    # Node, URL, State, Cooldown left, Reason, In flight, Served, Failed,
+    # Models, Last outcome, Last error.
+    a, b = rows["gpu-a"], rows["gpu-b"]
+    assert (a[2], a[4], a[8], a[9]) == ("down", "health_check", "any", "check_connect_failed")
+    assert a[10].startswith("health check cannot connect")
+    assert (b[2], b[8], b[9]) == ("ready", "1", "check_ok")
+
+
 # Installed before the page's own script. Timers never fire (as if the first
 # poll interval and redraw tick had not come yet), and when #nodes and
 # #workloads first get rows, it notes how many GET /status answers the page
@@ -287,7 +388,12 @@ async def test_dashboard_renders_on_the_first_status(chromium: str, tmp_path: Pa
     with trio.fail_after(40):
         async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
             upstreams = [await fleet.serve_tcp(name) for name in nodes]
-            config = Config(upstreams=upstreams, listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
+            config = Config(
+                upstreams=upstreams,
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0,  # the nodes list no models
+            )
             bound: BoundAddresses = await nursery.start(serve, config)
             async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
                 answer = await http.post(

@@ -167,6 +167,7 @@ async def test_slow_but_alive_node_is_not_taken_for_dead() -> None:
                 ),
                 listen="127.0.0.1:0",
                 admin_listen=None,
+                discovery_interval=0,  # the nodes count their requests: no checks
                 dead_peer_timeout=2.0,
                 response_header_timeout=30.0,
             )

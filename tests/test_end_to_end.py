@@ -32,6 +32,7 @@ async def proxy_for(
     fleet: Fleet, names: list[str], *extra: Upstream, **settings: object
 ) -> AsyncIterator[str]:
     upstreams = [*extra, *[await fleet.serve_tcp(name) for name in names]]
+    settings.setdefault("discovery_interval", 0)  # the nodes count their requests
     config = Config(upstreams=upstreams, listen="127.0.0.1:0", admin_listen=None, **settings)  # type: ignore[arg-type]
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(serve, config)

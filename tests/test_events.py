@@ -32,7 +32,11 @@ from trio_failover.service.server import (
 )
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Streamed: the response-header timeout bounds the wait for its head (an
+# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
@@ -317,6 +321,7 @@ async def test_the_ticker_runs_with_the_admin_listener_off(autojump_clock: trio.
             listen="127.0.0.1:0",
             admin_listen=None,
             response_header_timeout=10.0,
+            discovery_interval=0,  # only the ticker's events here
         )
         proxy = Proxy(config, connector=fleet.connector)
         with proxy.events.subscribe(0) as subscription:

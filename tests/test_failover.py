@@ -29,7 +29,11 @@ from trio_failover.testing import (
     stream_then_silence,
 )
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi " * 50}]}).encode()
+# Streamed: the response-header timeout bounds the wait for its head (an
+# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi " * 50}]}
+).encode()
 
 
 def make_proxy(fleet: Fleet, **settings: object) -> Proxy:

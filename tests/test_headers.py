@@ -6,7 +6,6 @@ lower-case names, as h11 hands them to the proxy.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import pytest
@@ -20,7 +19,6 @@ from trio_failover.core.headers import (
     end_to_end,
     get,
     upstream_request_headers,
-    workload_id,
 )
 
 
@@ -125,51 +123,6 @@ def test_framing_is_content_length_and_transfer_encoding() -> None:
 def test_get(name: bytes, value: bytes | None) -> None:
     headers = _h("x-request-id: first", "accept: */*", "x-request-id: second")
     assert get(headers, name) == value
-
-
-# -- the workload id ------------------------------------------------------------------------
-
-KEPT_IDS = [
-    pytest.param("a", id="one-char"),
-    pytest.param("0f3c9a2e-8d1b-4b7e-9a55-2f0d1c3b4a5e", id="uuid"),
-    pytest.param("req.42_retry:1-A", id="every-punctuation"),
-    pytest.param("x" * 128, id="128-chars"),
-]
-
-
-@pytest.mark.parametrize("value", KEPT_IDS)
-def test_workload_id_keeps_a_valid_client_id(value: str) -> None:
-    assert workload_id([(b"x-request-id", value.encode())]) == value
-
-
-REPLACED_IDS = [
-    pytest.param(None, id="absent"),
-    pytest.param(b"", id="empty"),
-    pytest.param(b"x" * 129, id="129-chars"),
-    pytest.param(b"has space", id="space"),
-    pytest.param(b"caf\xc3\xa9", id="non-ascii-utf8"),
-    pytest.param(b"caf\xe9", id="non-ascii-latin1"),
-    pytest.param(b"a/b", id="slash"),
-    pytest.param(b'a"b', id="quote"),
-    pytest.param(b"abc\n", id="trailing-newline"),
-    pytest.param(b"\nabc", id="leading-newline"),
-]
-
-
-@pytest.mark.parametrize("value", REPLACED_IDS)
-def test_workload_id_replaces_anything_else(value: bytes | None) -> None:
-    headers = [] if value is None else [(b"x-request-id", value)]
-    fresh = workload_id(headers)
-    assert re.fullmatch(r"[0-9a-f]{24}", fresh)
-    assert fresh.encode() != value
-    assert workload_id(headers) != fresh  # random, not derived from the input
-    # A fresh id is itself valid, so it survives the next hop unchanged.
-    assert workload_id([(b"x-request-id", fresh.encode())]) == fresh
-
-
-def test_workload_id_takes_the_first_header() -> None:
-    headers = _h("x-request-id: first", "x-request-id: second")
-    assert workload_id(headers) == "first"
 
 
 # -- headers sent upstream -----------------------------------------------------------------

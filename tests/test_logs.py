@@ -27,7 +27,11 @@ from trio_failover.service.logs import (
 )
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, retry_status
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+# Streamed: the response-header timeout bounds the wait for its head (an
+# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+BODY = json.dumps(
+    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
 # Neither looks like a credential to the scrubber in logs.py (no "Bearer",
 # not registered as a secret), so only the proxy's care keeps them out.
 CLIENT_SECRET = "client-secret-4f1c9a"
@@ -265,3 +269,4 @@ async def test_access_line_counts_a_relayed_retryable_answer(
     assert access["status"] == 503
     assert body == b'{"busy": true}'
     assert access["bytes"] == len(body)
+

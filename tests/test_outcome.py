@@ -18,6 +18,7 @@ from trio_failover.core.outcome import (
     Verdict,
     after_commit,
     classify_head,
+    ends_cooldown,
     error_code,
     fails_over_on,
     failure_code,
@@ -50,6 +51,8 @@ VERDICTS: dict[Outcome, tuple[bool, float, bool]] = {
     Outcome.STREAM_BROKEN: (False, 0.0, False),
     # After commit a stall still demotes, but nothing is replayed.
     Outcome.STREAM_IDLE_TIMEOUT: (False, RHT, True),
+    # A stale inventory: fail over, no cooldown; the node is asked again instead.
+    Outcome.MODEL_NOT_FOUND: (True, 0.0, False),
 }
 
 
@@ -61,7 +64,10 @@ def test_every_outcome_has_a_verdict_row() -> None:
 def test_judge(outcome: Outcome, expected: tuple[bool, float, bool]) -> None:
     fail_over, cooldown, timed_out = expected
     assert judge(outcome, response_header_timeout=RHT) == Verdict(
-        fail_over=fail_over, cooldown=cooldown, timed_out=timed_out
+        fail_over=fail_over,
+        cooldown=cooldown,
+        timed_out=timed_out,
+        recheck=outcome is Outcome.MODEL_NOT_FOUND,
     )
 
 
@@ -134,6 +140,9 @@ HEADS = [
     pytest.param(501, DEFAULT_STATUS, DEFAULT_CODES, HeadAction.COMMIT, id="501-not-listed"),
     pytest.param(505, DEFAULT_STATUS, DEFAULT_CODES, HeadAction.COMMIT, id="505-not-listed"),
     pytest.param(400, DEFAULT_STATUS, frozenset(), HeadAction.COMMIT, id="400-no-codes"),
+    # A 404 may say "model not found" (a stale inventory) whatever the codes.
+    pytest.param(404, DEFAULT_STATUS, frozenset(), HeadAction.INSPECT, id="404-no-codes"),
+    pytest.param(404, frozenset({404}), frozenset(), HeadAction.RETRY, id="404-listed"),
     pytest.param(429, DEFAULT_STATUS, frozenset(), HeadAction.RETRY, id="429-no-codes"),
     pytest.param(400, frozenset({400}), DEFAULT_CODES, HeadAction.RETRY, id="listed-4xx-retry"),
     pytest.param(503, frozenset(), DEFAULT_CODES, HeadAction.COMMIT, id="no-retry-status"),
@@ -393,6 +402,17 @@ def test_after_commit(outcome: Outcome, ending: Outcome) -> None:
 )
 def test_may_pool(relayed: bool, client_gone: bool, pooled: bool) -> None:
     assert may_pool(relayed=relayed, client_gone=client_gone) is pooled
+
+
+@pytest.mark.parametrize(
+    ("status", "ends"),
+    [
+        *[(status, True) for status in (200, 204, 304, 400, 404, 499)],
+        *[(status, False) for status in (500, 501, 599)],
+    ],
+)
+def test_ends_cooldown(status: int, ends: bool) -> None:
+    assert ends_cooldown(status) is ends
 
 
 @pytest.mark.parametrize(

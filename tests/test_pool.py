@@ -463,6 +463,7 @@ async def proxy_to(server: KeepAliveServer, **settings: object) -> AsyncIterator
             upstreams=[Upstream("node", f"http://127.0.0.1:{port}")],
             listen="127.0.0.1:0",
             admin_listen=None,
+            discovery_interval=0,  # the node counts its connections: no checks
             **settings,  # type: ignore[arg-type]
         )
         addresses = await nursery.start(serve, config)

@@ -216,7 +216,7 @@ async def test_spec_section_7_serve_in_a_nursery() -> None:
                 assert isinstance(proxy, trio_failover.BoundAddresses)
                 assert proxy.client[0] == "127.0.0.1"
                 assert proxy.client[1] != 0
-                response = await request_tcp(proxy.client, body=b"{}")
+                response = await request_tcp(proxy.client, body=b'{"stream": true}')
                 nursery.cancel_scope.cancel()
     assert response is not None
     assert (response.status, response.body) == (200, b"hi")
@@ -232,7 +232,9 @@ async def test_proxy_with_a_connector_reports_events_in_virtual_time(
         seen: list[tuple[float, str, str, object]] = []
         with proxy.events.subscribe() as events:
             assert isinstance(events, trio_failover.Subscription)
-            response = await request(proxy, body=b"{}", headers=[("x-request-id", "w1")])
+            response = await request(
+                proxy, body=b'{"stream": true}', headers=[("x-request-id", "w1")]
+            )
             events.close()
             async for event in events:
                 key = "node" if event["type"] == "node" else "id"

@@ -56,6 +56,8 @@ class Case:
     cooling: str = ""  # the nodes cooling at the request's now
     selected: str | None = None
     affinity: str | None = None  # the node the affinity key hashes to
+    # node name -> its inventory (the ids of its last model list)
+    inventories: dict[str, tuple[str, ...] | None] = attrs.field(factory=dict)
 
 
 CASES = [
@@ -76,6 +78,26 @@ CASES = [
     Case("star-serves-any", "aqmv", "av", model="mistral"),
     Case("no-node-serves", "qm", "", model="gpt-4o"),
     Case("filtered-then-partitioned", "aqmv", "vaq", model="qwen3:32b", cooling="aq"),
+    # Inventories (SPEC 5a): a node without models takes only what it lists.
+    Case("inventory-filters", "ab", "b", model="m2", inventories={"a": ("m1",), "b": ("m2",)}),
+    Case("no-inventory-yet-serves-all", "abc", "bc", model="m2", inventories={"a": ("m1",)}),
+    Case("unknown-inventory-serves-all", "ab", "ab", model="m2", inventories={"a": None}),
+    Case("inventory-no-model-named", "ab", "ab", inventories={"a": ("m1",), "b": ("m2",)}),
+    Case(
+        "inventory-nobody-lists-it", "ab", "", model="m3", inventories={"a": ("m1",), "b": ("m2",)}
+    ),
+    Case("empty-inventory-serves-all", "ab", "b", model="m3", inventories={"a": ("m1",), "b": ()}),
+    Case("configured-models-win", "qa", "qa", model="qwen3:32b", inventories={"q": ("other",)}),
+    Case("configured-star-wins", "va", "v", model="x", inventories={"v": (), "a": ("m1",)}),
+    Case("inventory-then-demoted", "abc", "cab", model="m", cooling="ab", inventories={}),
+    Case(
+        "inventory-then-partition",
+        "abc",
+        "cb",
+        model="m2",
+        cooling="b",
+        inventories={"a": ("m1",), "b": ("m2",), "c": ("m2", "m1")},
+    ),
     # Manual selection: front of its own group, never above a ready node.
     Case("select-to-front", "abcd", "cabd", selected="c"),
     Case("select-first-is-no-op", "abcd", "abcd", selected="a"),
@@ -117,6 +139,7 @@ def test_resolve_candidates(case: Case) -> None:
         is_cooling=lambda name: name in case.cooling,
         selected=case.selected,
         affinity_key=key,
+        inventories=case.inventories,
     )
     assert "".join(node.name for node in candidates) == case.expected
     assert [node.name for node in ranking] == list(case.ranking)  # never mutated

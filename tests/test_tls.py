@@ -157,6 +157,7 @@ async def wait_until(condition: Callable[[], bool], *, polls: int = 200) -> None
 
 
 def config_for(*upstreams: Upstream, **settings: object) -> Config:
+    settings.setdefault("discovery_interval", 0)  # the nodes count their requests
     return Config(upstreams=upstreams, listen="127.0.0.1:0", admin_listen=None, **settings)  # type: ignore[arg-type]
 
 
@@ -207,7 +208,7 @@ async def test_ip_literal_node_is_checked_against_the_certificate(
             port = await listen(nursery, tls.handle)
             node = Upstream("ip", f"https://127.0.0.1:{port}", ca_file=ca_file)
             proxy = Proxy(config_for(node))
-            response = await request(proxy, "GET", "/v1/models")
+            response = await request(proxy, "GET", "/health")
             nursery.cancel_scope.cancel()
 
     assert response is not None
@@ -297,7 +298,7 @@ async def test_insecure_skip_verify_connects_and_is_warned_about(
             )
             warnings = [r for r in logged.at(logging.WARNING) if r.fields.get("node") == "lab"]  # type: ignore[attr-defined]
             async with httpx.AsyncClient(trust_env=False) as client:
-                response = await client.get(f"{addresses.client_url}/v1/models")
+                response = await client.get(f"{addresses.client_url}/health")
             nursery.cancel_scope.cancel()
 
     assert response.status_code == 200
@@ -369,7 +370,7 @@ async def test_handshake_within_the_connect_timeout_is_not_a_timeout(
             port = await listen(nursery, late)
             node = Upstream("late", f"https://localhost:{port}", ca_file=ca_file)
             proxy = Proxy(config_for(node, connect_timeout=3.0))
-            response = await request(proxy, "GET", "/v1/models")
+            response = await request(proxy, "GET", "/health")
             nursery.cancel_scope.cancel()
 
     assert response is not None
@@ -402,7 +403,7 @@ async def test_node_closing_without_close_notify_ends_the_body(
             port = await listen(nursery, tls.handle)
             node = Upstream("terse", f"https://localhost:{port}", ca_file=ca_file)
             proxy = Proxy(config_for(node))
-            response = await request(proxy, "GET", "/v1/models")
+            response = await request(proxy, "GET", "/health")
             nursery.cancel_scope.cancel()
 
     assert response is not None
@@ -547,7 +548,7 @@ async def test_downstream_tls_with_curl(listener_files: tuple[str, str], ca_file
                         ca_file,
                         "--write-out",
                         "\n%{http_version} %{response_code}",
-                        f"{addresses.client_url}/v1/models",
+                        f"{addresses.client_url}/health",
                     ],
                     capture_stdout=True,
                     capture_stderr=True,
@@ -566,7 +567,7 @@ async def test_plain_http_to_the_tls_port_is_dropped_and_the_proxy_keeps_serving
             node = await fleet.serve_tcp("a")
             async with tls_proxy(listener_files, node) as (_, addresses):
                 plain = await trio.open_tcp_stream(*addresses.client)
-                await plain.send_all(b"GET /v1/models HTTP/1.1\r\nHost: proxy.test\r\n\r\n")
+                await plain.send_all(b"GET /health HTTP/1.1\r\nHost: proxy.test\r\n\r\n")
                 answer = b""
                 with trio.fail_after(5):  # closed promptly, not left to a timeout
                     try:
@@ -578,11 +579,11 @@ async def test_plain_http_to_the_tls_port_is_dropped_and_the_proxy_keeps_serving
                 async with httpx.AsyncClient(
                     verify=client_context(ca_file), trust_env=False
                 ) as client:
-                    after = await client.get(f"{addresses.client_url}/v1/models")
+                    after = await client.get(f"{addresses.client_url}/health")
 
     assert not answer.startswith(b"HTTP/")  # at most a TLS alert, never plaintext
     assert after.status_code == 200
-    assert fleet["a"].received[0].target == b"/v1/models"
+    assert fleet["a"].received[0].target == b"/health"
     assert len(fleet["a"].received) == 1  # the plaintext request went nowhere
     assert not logged.at(logging.ERROR)
 

@@ -156,8 +156,14 @@ class Demo:
                 admin_listen=admin,
                 connect_timeout=1.0,
                 response_header_timeout=HEADER_TIMEOUT,
+                # The fake nodes answer at once, whole answers too: the same
+                # short wait for both keeps the stall of step 1 brief.
+                unstreamed_timeout=HEADER_TIMEOUT,
                 stream_idle_timeout=10.0,
                 shutdown_timeout=1.0,
+                # The script tells failover, step by step: health checks would
+                # mark the frozen node down before its first step.
+                discovery_interval=0,
             )
             proxy = self.proxy = Proxy(config)
             watcher = Watcher(self.screen, proxy)

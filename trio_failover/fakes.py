@@ -244,6 +244,44 @@ def stream_then_silence(chunks: int, silence: float) -> Behaviour:
     return behave
 
 
+def slow_prefill_with_pings(
+    prefill: float,
+    *,
+    ping_every: float = 15.0,
+    ping: bytes = b": ping\r\n\r\n",
+    events: Sequence[bytes] = (b"data: {}\r\n\r\n", b"data: [DONE]\r\n\r\n"),
+    stuck_after: int | None = None,
+) -> Behaviour:
+    """An engine that pings while it reads a long prompt, then streams ``events``.
+
+    Sends an SSE head at once, a ``ping`` comment every ``ping_every``
+    seconds until ``prefill`` seconds have passed, then the events (as
+    llama-cpp-python's server does, every 15 s, with CRLF line ends). With
+    ``stuck_after=N`` the model hangs after ``N`` events while the web
+    server goes on pinging, until the proxy closes the connection.
+    """
+
+    async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        await io.send(
+            h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
+        )
+        waited = 0.0
+        while waited + ping_every < prefill:
+            await io.pause(ping_every)
+            waited += ping_every
+            await io.send(h11.Data(data=ping))
+        await io.pause(prefill - waited)
+        for index, event in enumerate(events):
+            if index == stuck_after:
+                while True:  # bounded by the proxy, which closes the connection
+                    await io.pause(ping_every)
+                    await io.send(h11.Data(data=ping))
+            await io.send(h11.Data(data=event))
+        await io.send(h11.EndOfMessage())
+
+    return behave
+
+
 def retry_status(
     status: int = 503,
     body: bytes = b'{"error": {"message": "busy", "code": "overloaded"}}',

@@ -3,9 +3,10 @@
 A ``FakeNode`` reads each request with h11, records it, and answers by its
 *behaviour*: ``healthy``, ``frozen``, ``headers_then_silence``,
 ``partial_head_then_stall``, ``drop_before_body``, ``slow_head``,
-``die_mid_stream``, ``retry_status``, ``openai``. The same node serves over
-an in-memory stream (``Fleet.connector``, under ``MockClock``) or a real
-socket (``Fleet.serve_tcp``).
+``slow_prefill_with_pings``, ``die_mid_stream``, ``retry_status``,
+``openai``. The same node serves over an in-memory stream
+(``Fleet.connector``, under ``MockClock``) or a real socket
+(``Fleet.serve_tcp``).
 
     async with Fleet({"a": FakeNode(frozen()), "b": FakeNode(healthy(b"hi"))}) as fleet:
         proxy = Proxy(config, connector=fleet.connector)
@@ -43,6 +44,7 @@ from .fakes import (
     retry_status,
     slow_head,
     slow_prefill,
+    slow_prefill_with_pings,
     stream_then_silence,
 )
 from .proxy.proxy import Proxy
@@ -70,6 +72,7 @@ __all__ = [
     "retry_status",
     "slow_head",
     "slow_prefill",
+    "slow_prefill_with_pings",
     "stream_then_silence",
 ]
 

@@ -27,7 +27,6 @@ Use::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from .requests import is_ollama_path
@@ -40,6 +39,7 @@ ADMIN = "admin_error"
 # use (RFC 9110 section 11.6.1), a full or slow queue says when to come back.
 _EXTRA_HEADERS: dict[str, list[tuple[bytes, bytes]]] = {
     "invalid_api_key": [(b"www-authenticate", b"Bearer")],
+    "invalid_admin_token": [(b"www-authenticate", b"Bearer")],
     "queue_full": [(b"retry-after", b"1")],
     "queue_timeout": [(b"retry-after", b"1")],
 }
@@ -95,23 +95,11 @@ def error_document(
     return document
 
 
-def error_body(
-    path: str,
-    status: int,
-    code: str,
-    message: str,
-    attempts: Sequence[Mapping[str, object]] | None = None,
-    *,
-    admin: bool = False,
-) -> bytes:
-    """``error_document`` as the bytes of a response body."""
-    return json.dumps(error_document(path, status, code, message, attempts, admin=admin)).encode()
-
-
 def error_headers(code: str) -> list[tuple[bytes, bytes]]:
     """Headers an error answer needs beyond Content-Type and framing (a fresh list).
 
-    ``401 invalid_api_key`` gets ``WWW-Authenticate: Bearer``; ``503``
-    ``queue_full`` and ``queue_timeout`` get ``Retry-After: 1``.
+    ``401 invalid_api_key`` and ``invalid_admin_token`` get
+    ``WWW-Authenticate: Bearer``; ``503 queue_full`` and ``queue_timeout``
+    get ``Retry-After: 1``.
     """
     return list(_EXTRA_HEADERS.get(code, ()))

@@ -144,6 +144,12 @@ class RetryableResponse(UpstreamError):
         super().__init__(node, phase, detail)
 
 
+class ModelNotFound(RetryableResponse):
+    """The node answered ``404`` "model not found": its inventory is stale (SPEC 5.5)."""
+
+    outcome = Outcome.MODEL_NOT_FOUND
+
+
 class IllegalTransition(FailoverError, RuntimeError):
     """A workload was moved to a state its transition table does not allow (a bug)."""
 

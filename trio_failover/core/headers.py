@@ -9,8 +9,6 @@ names in its own ``Connection`` header. Framing (``Content-Length``,
 
 from __future__ import annotations
 
-import random
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
 Headers = list[tuple[bytes, bytes]]
@@ -38,8 +36,6 @@ PROXY_OWNED_DOWN = frozenset({b"x-request-id", b"x-failover-node", b"x-failover-
 # Headers a node's configuration may not set: they describe one connection
 # or the framing of one message, or carry the workload id.
 NODE_RESERVED = HOP_BY_HOP | FRAMING | frozenset({b"x-request-id"})
-
-_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
 def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -80,17 +76,6 @@ def get(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
         if key == name:
             return value
     return None
-
-
-def workload_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
-    """The client's ``X-Request-Id`` when it is 1-128 of ``[A-Za-z0-9._:-]``, else a new one."""
-    value = get(headers, b"x-request-id")
-    # fullmatch: with match(), "$" would also accept a trailing newline.
-    if value is not None and _REQUEST_ID_RE.fullmatch(value):
-        return value.decode("ascii")
-    # An id, not a secret: 96 bits from the seeded generator make a clash
-    # unlikely without a system call per request (secrets would make one).
-    return f"{random.getrandbits(96):024x}"
 
 
 def upstream_request_headers(

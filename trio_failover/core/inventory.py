@@ -41,6 +41,8 @@ import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .outcome import error_field
+
 WILDCARD = "*"
 DOWN_REASON = "health_check"  # the reason of a node event and of /status
 READY_REASON_CHECK = "health_check"
@@ -173,13 +175,7 @@ def is_model_not_found(status: int, body: bytes) -> bool:
     """
     if status != 404 or len(body) > MAX_NOT_FOUND_BODY:
         return False
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    if not isinstance(document, dict):
-        return False
-    error = document.get("error")
+    error = error_field(body)
     if isinstance(error, dict):
         return error.get("code") == "model_not_found"
     if isinstance(error, str):
@@ -192,10 +188,11 @@ def is_model_not_found(status: int, body: bytes) -> bool:
 
 
 class CheckFailure(enum.StrEnum):
-    """A check that got no answer."""
+    """A check that got no answer (or one that is not HTTP)."""
 
     CONNECT_FAILED = "connect_failed"  # refused, unreachable, TLS, reset or closed early
     TIMED_OUT = "timed_out"  # connect timeout, or no whole answer in time
+    NOT_HTTP = "not_http"  # the node answered, but not in HTTP/1.1: "any other answer"
 
 
 class Health(enum.StrEnum):
@@ -250,8 +247,9 @@ def judge_check(
         Down on connect failure, on a timeout while nothing streams, on a
         5xx (the inventory is kept: the node's models did not change by
         going away). Ready with the listed inventory on a 2xx model list.
-        Health unchanged and the inventory unknown on any other answer.
-        A timeout while streaming changes nothing.
+        Health unchanged and the inventory unknown on any other answer,
+        one that is not HTTP included. A timeout while streaming changes
+        nothing.
 
     Raises:
         ValueError: neither ``failure`` nor ``status`` was given.
@@ -259,6 +257,9 @@ def judge_check(
     suffix = f" ({detail})" if detail else ""
     if failure is CheckFailure.TIMED_OUT and streaming:
         return CheckVerdict(Health.UNCHANGED, None, False, None, None, "timeout_while_streaming")
+    if failure is CheckFailure.NOT_HTTP:
+        error = f"health check: {CHECK_PATH} answer is not HTTP/1.1{suffix}"
+        return CheckVerdict(Health.UNCHANGED, None, True, None, error, "bad_answer")
     if failure is not None:
         words = "timed out" if failure is CheckFailure.TIMED_OUT else "cannot connect"
         return _down(f"health check {words}{suffix}", str(failure))

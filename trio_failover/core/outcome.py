@@ -37,6 +37,7 @@ class Outcome(enum.StrEnum):
     PROTOCOL_ERROR = "protocol_error"
     DEAD_PEER = "dead_peer"
     RETRYABLE_RESPONSE = "retryable_response"
+    MODEL_NOT_FOUND = "model_not_found"  # a 404 "model not found": a stale inventory
     CLIENT_ABORT = "client_abort"
     # After commit:
     COMPLETED = "completed"
@@ -63,12 +64,14 @@ class Rule:
         status: the proxy's own answer when every attempt ended like this
             (504 for a deadline before commit, else 502); None where the
             proxy never answers for the node (after commit, client gone).
+        rechecks: the node's inventory is checked again at once (SPEC 5a).
     """
 
     fails_over: bool
     cools: Cooling
     timed_out: bool
     status: int | None
+    rechecks: bool = False
 
 
 _FAST = Rule(fails_over=True, cools=Cooling.NONE, timed_out=False, status=502)
@@ -90,6 +93,9 @@ RULES: dict[Outcome, Rule] = {
     Outcome.PROTOCOL_ERROR: _FAST,
     Outcome.DEAD_PEER: _STALL,
     Outcome.RETRYABLE_RESPONSE: attrs.evolve(_FAST, cools=Cooling.RETRY_AFTER),
+    # The node does not have the model (any more): another node may, and the
+    # node's inventory is stale, so it is asked again rather than demoted.
+    Outcome.MODEL_NOT_FOUND: attrs.evolve(_FAST, rechecks=True),
     Outcome.CLIENT_ABORT: _SETTLED,
     Outcome.COMPLETED: _SETTLED,
     # After commit a stall still demotes, but nothing is replayed.
@@ -106,11 +112,13 @@ class Verdict:
         fail_over: try the next candidate (pre-commit failures only).
         cooldown: demote the node for this many seconds (0: no demotion).
         timed_out: a deadline ended the attempt (the row's ``timed_out``).
+        recheck: ask for the node's inventory again now (the row's ``rechecks``).
     """
 
     fail_over: bool
     cooldown: float
     timed_out: bool
+    recheck: bool = False
 
 
 def judge(
@@ -130,7 +138,12 @@ def judge(
         cooldown = response_header_timeout
     elif rule.cools is Cooling.RETRY_AFTER and retry_after:
         cooldown = min(retry_after, response_header_timeout)
-    return Verdict(fail_over=rule.fails_over, cooldown=cooldown, timed_out=rule.timed_out)
+    return Verdict(
+        fail_over=rule.fails_over,
+        cooldown=cooldown,
+        timed_out=rule.timed_out,
+        recheck=rule.rechecks,
+    )
 
 
 def retry_after_of(status: int, headers: Headers) -> float | None:
@@ -149,6 +162,18 @@ def retry_after_of(status: int, headers: Headers) -> float | None:
 def after_commit(outcome: Outcome) -> Outcome:
     """The outcome of a stream that broke after commit, from its error's outcome."""
     return Outcome.DEAD_PEER if outcome is Outcome.DEAD_PEER else Outcome.STREAM_BROKEN
+
+
+def ends_cooldown(status: int) -> bool:
+    """Whether a committed answer with ``status`` ends its node's cooldown early.
+
+    A cooldown is for a node that stalled. One that answers promptly with a
+    client error (``400``, ``404``...) is alive: the error is the request's,
+    as nginx and Envoy count it, so any status below 500 ends the cooldown.
+    A relayed 5xx (one not in retry-status) is the node's own failure and
+    proves nothing: the cooldown runs on (docs/failover.md).
+    """
+    return status < 500
 
 
 def may_pool(*, relayed: bool, client_gone: bool) -> bool:
@@ -172,9 +197,15 @@ class HeadAction(enum.Enum):
 def classify_head(
     status: int, *, retry_status: Iterable[int], retry_error_codes: Iterable[str]
 ) -> HeadAction:
-    """Classify a final response status."""
+    """Classify a final response status.
+
+    A ``404`` is always inspected: its body may say "model not found"
+    (``inventory.is_model_not_found``), which fails over (SPEC 5.5).
+    """
     if status in retry_status:
         return HeadAction.RETRY
+    if status == 404:
+        return HeadAction.INSPECT
     if 400 <= status < 500 and any(True for _ in retry_error_codes):
         return HeadAction.INSPECT
     return HeadAction.COMMIT
@@ -185,17 +216,20 @@ def fails_over_on(action: HeadAction, code: str | None, retry_error_codes: Itera
     return action is HeadAction.RETRY or (code is not None and code in retry_error_codes)
 
 
-def error_code(body: bytes) -> str | None:
-    """The ``error.code`` of an OpenAI-style JSON error body, if it has one."""
+def error_field(body: bytes) -> object:
+    """The ``error`` member of a JSON error body (OpenAI's object, Ollama's string), else None."""
     try:
         document = json.loads(body)
     except (ValueError, RecursionError):
         # ValueError covers bad JSON and bad UTF-8; RecursionError a node's
         # body of thousands of nested brackets, which is garbage all the same.
         return None
-    if not isinstance(document, dict):
-        return None
-    error = document.get("error")
+    return document.get("error") if isinstance(document, dict) else None
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an OpenAI-style JSON error body, if it has one."""
+    error = error_field(body)
     if isinstance(error, dict) and isinstance(error.get("code"), str):
         return str(error["code"])
     return None

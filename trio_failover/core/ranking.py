@@ -4,26 +4,29 @@ The ranking from configuration is immutable. For each request it is
 resolved in four steps, each a plain function of data:
 
 1. model filter: a node with ``models`` only takes requests naming one of
-   them (a request that names no model goes to every node);
+   them; a node without takes only the ids of its inventory, once it has
+   one (``inventory.serves``); a request that names no model goes to every
+   node;
 2. prefix affinity (``--affinity prefix``): rendezvous hashing of the model
    and the start of the prompt moves one node to the front;
 3. manual selection (``X-Failover-Node``) moves the named node to the front;
-4. a *stable* partition: ready nodes first, cooling nodes after, each group in
-   the order the first three steps left it.
+4. a *stable* partition: ready nodes first, demoted (cooling or down) nodes
+   after, each group in the order the first three steps left it.
 
 Because the partition comes last, neither affinity nor a manual selection
-can lift a cooling node above a ready one. A sole candidate, or a fleet where
-every node cools, stays usable: demotion never excludes.
+can lift a demoted node above a ready one. A sole candidate, or a fleet where
+every node is demoted, stays usable: demotion never excludes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import Upstream
+from .inventory import Inventory, serves
 
 # How much of the prompt identifies a conversation for KV-cache affinity.
 # System prompt and first turns fit in it; a growing chat keeps its prefix.
@@ -37,21 +40,25 @@ def resolve_candidates(
     is_cooling: Callable[[str], bool],
     selected: str | None = None,
     affinity_key: bytes | None = None,
+    inventories: Mapping[str, Inventory] | None = None,
 ) -> list[Upstream]:
     """The nodes to try for one request, in order.
 
     Args:
         ranking: all nodes in configuration order.
         model: the ``"model"`` of the request body, if any.
-        is_cooling: whether a node (by name) is demoted now.
+        is_cooling: whether a node (by name) is demoted now (cooling or down).
         selected: the node named by ``X-Failover-Node``, if any.
         affinity_key: from ``affinity_key()``, when prefix affinity is on.
+        inventories: the known inventories by node name (SPEC 5a); a node
+            missing from it, or with None, has none yet.
 
     Returns:
-        The candidates: ready first, cooling after. Empty only when no node
+        The candidates: ready first, demoted after. Empty only when no node
         serves ``model``.
     """
-    nodes = [node for node in ranking if node.serves(model)]
+    known = inventories or {}
+    nodes = [node for node in ranking if serves(model, node.models, known.get(node.name))]
     if affinity_key is not None and nodes:
         nodes = _to_front(nodes, rendezvous_choice([n.name for n in nodes], affinity_key))
     if selected is not None:

@@ -5,7 +5,9 @@
   answer is done (then ``--unstreamed-timeout`` replaces the response-header
   timeout for the wait);
 - ``workload_id``: the client's own ``X-Request-Id`` when acceptable, else a
-  new canonical version-4 UUID.
+  new canonical version-4 UUID;
+- ``request_line_path``: the path of a raw head's request line, for the
+  error answer to a head that h11 never parsed.
 """
 
 from __future__ import annotations
@@ -15,10 +17,29 @@ import random
 import re
 from collections.abc import Iterable
 
-# The client's id is passed on unchanged when it is this (the rule of
-# headers.workload_id, kept): no spaces, quotes or control bytes that could
-# break a log line or a node's header parser.
+# The client's id is passed on unchanged when it is this (SPEC 5.3): no
+# spaces, quotes or control bytes that could break a log line or a node's
+# header parser.
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+# A request line (RFC 9112 section 3) with an origin-form target: method
+# token, one space, a target of visible ASCII, one space, the version.
+_REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ (/[!-~]*) HTTP/[0-9]\.[0-9]\r\n")
+
+
+def request_line_path(head: bytes | bytearray) -> str:
+    """The path (no query) of the request line that begins ``head``; "" if malformed.
+
+    For the error answer to a request refused before h11 parsed it (a bad
+    header, a head too large or too slow): the shape of the error depends on
+    the path (``answers.error_document``), and a well-formed request line
+    names it even when the rest of the head is bad.
+    """
+    match = _REQUEST_LINE.match(head)
+    if match is None:
+        return ""
+    return match.group(1).partition(b"?")[0].decode("ascii")
 
 
 def is_ollama_path(path: str) -> bool:

@@ -2,7 +2,8 @@
 
 The body keeps the client's bytes unless the node calls the model by
 another name; the target loses an absolute-form's scheme and authority and
-gains the node's base path. Headers are ``headers.upstream_request_headers``.
+gains the node's base path. Headers are ``headers.upstream_request_headers``;
+the parsed body is ``requests.request_document``'s.
 """
 
 from __future__ import annotations
@@ -11,27 +12,12 @@ import json
 from typing import Any
 
 from .config import Upstream
-
-
-def body_json(body: bytes) -> Any:
-    """The JSON document of a request body that is a JSON object, else None."""
-    if body.lstrip()[:1] != b"{":
-        return None
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def requested_model(document: Any) -> str | None:
-    """The ``model`` a JSON request body names, if it names one."""
-    model = document.get("model") if isinstance(document, dict) else None
-    return model if isinstance(model, str) else None
+from .requests import request_model
 
 
 def node_body(body: bytes, document: Any, node: Upstream) -> bytes:
     """The body for ``node``: its own name of the model, the rest as the client sent it."""
-    model = requested_model(document)
+    model = request_model(document)
     if model is not None and node.models is not None:
         node_model = node.model_name_for(model)
         if node_model != model:

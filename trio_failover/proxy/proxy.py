@@ -20,6 +20,9 @@ from ..wire.client import ClientConnection, ClientRequest
 from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
+from .discovery import Discovery
+from .gate import ClientGate
+from .lists import FleetLists, is_list_route
 from .report import NodeStats, Report
 from .workload import WorkloadRunner
 
@@ -43,7 +46,11 @@ class Proxy:
         )
         self.report = Report(config)
         self._drain = Drain()
+        self._gate = ClientGate(config, self.report)
         self._workloads = WorkloadRunner(config, self.connector, self.pool, self.report)
+        # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
+        self.lists = FleetLists(config, self.connector, self.report)
+        self.discovery = Discovery(config, self.connector, self.report)
 
     @property
     def cooldowns(self) -> CooldownTable:
@@ -87,12 +94,33 @@ class Proxy:
             client_header_timeout=config.client_header_timeout,
             keepalive_timeout=config.keepalive_timeout,
             drain=self._drain,
+            admit=self._gate.allows if self._gate.checks else None,
         )
 
         async def handler(client: ClientConnection, request: ClientRequest) -> bool:
-            return await self._workloads.run(client, request, client_address, scheme)
+            # Every request of the client listener passes the key check
+            # first, whatever route answers it (SPEC 5b).
+            admitted = await self._gate.admit(client, request)
+            if admitted is None:
+                return client.reusable
+            if is_list_route(admitted.request):  # the fleet's lists, answered here (SPEC 5a)
+                return await self.lists.answer(client, admitted.request)
+            return await self._workloads.run(
+                client, admitted.request, client_address, scheme, client_name=admitted.client
+            )
 
         await client.serve(handler)
+
+    async def run_discovery(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the health and inventory checks of every node until cancelled (SPEC 5a).
+
+        ``serve()`` starts it; an embedder that drives ``handle_connection``
+        itself starts it with ``await nursery.start(proxy.run_discovery)``.
+        With ``discovery_interval`` 0 it returns at once.
+        """
+        await self.discovery.run(task_status=task_status)
 
     def begin_drain(self) -> None:
         """Stop taking new requests: idle keep-alive connections close now."""

@@ -19,14 +19,19 @@ import trio
 from .. import __version__
 from ..core.config import Config, redact_url
 from ..core.cooldown import CooldownTable
-from ..core.outcome import AttemptRecord, Outcome
+from ..core.inventory import DOWN_REASON, READY_REASON_CHECK, CheckVerdict, Health, advertised_ids
+from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
 from ..service.logs import access_logger, log_access, logger
 from ..service.metrics import Metrics
 from ..wire.client import Closed
+from .health import HealthBooks
 
 RECENT_WORKLOADS = 50
+# The ``client`` label of the workloads metric when no key is configured
+# (with keys, every workload has its key's name; the two never mix).
+ANONYMOUS = "anonymous"
 
 
 @attrs.define
@@ -60,6 +65,7 @@ class Workload:
     status: int | None = None
     body_bytes: int = 0
     client_left: Closed | None = None
+    client: str | None = None  # the name of the client's key; None: no keys configured
 
     def summary(self, now: float) -> dict[str, Any]:
         """The JSON form used by events, ``/status`` and the dashboard."""
@@ -67,6 +73,7 @@ class Workload:
             "id": self.id,
             "method": self.method,
             "path": self.path,
+            "client": self.client,
             "state": str(self.state),
             "status": self.status,
             "node": self.node,
@@ -88,6 +95,7 @@ class Report:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.cooldowns = CooldownTable()
+        self.health = HealthBooks(node.name for node in config.upstreams)
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
@@ -103,6 +111,7 @@ class Report:
         """Record a failed attempt before commit."""
         work.attempts.append(record)
         self.stats[record.node].failed += 1
+        self.health.attempt_ended(record.node, str(record.outcome), record.detail)
         self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
         if moving_on:
             self.metrics.child(self.metrics.failovers, record.node, str(record.outcome)).inc()
@@ -112,13 +121,18 @@ class Report:
         )
 
     def committed(self, work: Workload, node: str, time_to_head: float, now: float) -> None:
-        """Count a commit; a success ends the node's cooldown."""
+        """Count a commit; an answer below 500 ends the node's cooldown (``ends_cooldown``)."""
         self.stats[node].served += 1
-        ended = self.cooldowns.restore(node)
+        alive = work.status is not None and ends_cooldown(work.status)
+        ended = self.cooldowns.restore(node) if alive else None
+        # The same test for down: a served answer proves the node is back.
+        was_down = alive and self.health.served(node) is Health.READY
         if ended is not None:
-            if ended.until > now:
-                self.node_ready(node, "success")
             self.metrics.cooling.set(len(self.cooldowns.active(now)))
+        if was_down:
+            self.metrics.down.set(self.health.down_count())
+        if was_down or (ended is not None and ended.until > now):
+            self.node_ready(node, "success")
         self.metrics.child(self.metrics.commits, node).inc()
         self.metrics.child(self.metrics.time_to_head, node).observe(time_to_head)
         self.metrics.child(self.metrics.time_to_commit, node).observe(now - work.started)
@@ -127,8 +141,12 @@ class Report:
     def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
         """Record how a committed stream ended."""
         work.attempts.append(record)
+        failed = record.outcome is not Outcome.COMPLETED
+        self.health.attempt_ended(
+            record.node, str(record.outcome), record.detail if failed else None
+        )
         self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
-        if record.outcome is Outcome.COMPLETED:
+        if not failed:
             return
         self.stats[record.node].failed += 1
         logger.warning("stream aborted", extra={"fields": {"id": work.id, **record.to_json()}})
@@ -162,8 +180,33 @@ class Report:
         ended = self.cooldowns.expire(now)
         if ended:  # asked at every workload: the common answer costs nothing
             for entry in ended:
-                self.node_ready(entry.node, "expired")
+                if not self.health.is_down(entry.node):  # else "ready" would be false news
+                    self.node_ready(entry.node, "expired")
             self.metrics.cooling.set(len(self.cooldowns.active(now)))
+
+    # -- health checks (SPEC 5a) ---------------------------------------------
+
+    def is_demoted(self, name: str, now: float) -> bool:
+        """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
+
+        The one readiness predicate: ranking, and whatever else orders nodes,
+        asks this and nothing else.
+        """
+        return self.cooldowns.is_cooling(name, now) or self.health.is_down(name)
+
+    def check_finished(self, node: str, verdict: CheckVerdict, now: float) -> None:
+        """Keep a finished health check's verdict; tell of a node going down or coming back."""
+        change = self.health.apply_check(node, verdict)
+        self.metrics.child(self.metrics.checks, node, verdict.result).inc()
+        if change is Health.DOWN:
+            fields = {"node": node, "reason": DOWN_REASON, "error": verdict.last_error}
+            logger.warning("node down", extra={"fields": fields})
+            self.events.publish(
+                {"type": "node", "node": node, "state": "down", "reason": DOWN_REASON, "until_s": 0}
+            )
+        elif change is Health.READY and not self.cooldowns.is_cooling(node, now):
+            self.node_ready(node, READY_REASON_CHECK)
+        self.metrics.down.set(self.health.down_count())
 
     def node_ready(self, node: str, reason: str) -> None:
         """Tell that ``node`` takes requests again."""
@@ -186,6 +229,7 @@ class Report:
             "attempt": work.attempt,
             "method": work.method,
             "path": work.path,
+            "client": work.client,
         }
         if work.status is not None:
             event["status"] = work.status
@@ -195,7 +239,8 @@ class Report:
         """Keep, count, publish and log a finished workload."""
         now = trio.current_time()
         self._recent.append((work, now))
-        self.metrics.child(self.metrics.workloads, str(work.state)).inc()
+        client = ANONYMOUS if work.client is None else work.client
+        self.metrics.child(self.metrics.workloads, str(work.state), client).inc()
         if work.node is not None:
             self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
         if self.events.subscriber_count:
@@ -207,6 +252,7 @@ class Report:
                 "id": work.id,
                 "method": work.method,
                 "path": work.path,
+                "client": work.client,
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
@@ -215,6 +261,28 @@ class Report:
                 ),
                 "duration_ms": _ms(now - work.started),
                 "bytes": work.body_bytes,
+            }
+        )
+
+    def unauthorized(self, request_id: str, method: str, path: str, started: float) -> None:
+        """Count and log a request refused for want of a valid key (no workload).
+
+        It stays out of ``/status`` and the events: a client without a key
+        must not be able to push the fleet's workloads out of view.
+        """
+        self.metrics.child(self.metrics.unauthorized, "client").inc()
+        log_access(
+            {
+                "id": request_id,
+                "method": method,
+                "path": path,
+                "client": None,
+                "status": 401,
+                "state": "unauthorized",
+                "nodes": [],
+                "commit_ms": None,
+                "duration_ms": _ms(trio.current_time() - started),
+                "bytes": 0,
             }
         )
 
@@ -231,16 +299,24 @@ class Report:
         for node in self.config.upstreams:
             entry = self.cooldowns.get(node.name, now)
             stats = self.stats[node.name]
+            health = self.health.nodes[node.name]
+            state, reason = ("cooling", entry.reason) if entry else ("ready", None)
+            if health.down:  # the graver news: its last check could not reach it
+                state, reason = "down", DOWN_REASON
+            models = advertised_ids(node.models, health.inventory)
             nodes.append(
                 {
                     "name": node.name,
                     "url": redact_url(node.url),
-                    "state": "cooling" if entry else "ready",
+                    "state": state,
                     "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
-                    "reason": entry.reason if entry else None,
+                    "reason": reason,
                     "in_flight": stats.in_flight,
                     "served": stats.served,
                     "failed": stats.failed,
+                    "models": list(models) if models is not None else None,
+                    "last_outcome": health.last_outcome,
+                    "last_error": health.last_error,
                 }
             )
         return {"version": __version__, "nodes": nodes, "workloads": self.recent}

@@ -24,7 +24,7 @@ import trio
 from ..core.answers import error_document
 from ..core.config import Config, Upstream
 from ..core.errors import RetryableResponse, UpstreamError
-from ..core.headers import client_response_headers, get, upstream_request_headers, workload_id
+from ..core.headers import client_response_headers, get, upstream_request_headers
 from ..core.outcome import (
     AttemptRecord,
     Outcome,
@@ -37,7 +37,8 @@ from ..core.outcome import (
     retry_after_of,
 )
 from ..core.ranking import affinity_key, resolve_candidates
-from ..core.rewrite import body_json, node_body, node_target, requested_model
+from ..core.requests import is_unstreamed, request_document, request_model, workload_id
+from ..core.rewrite import node_body, node_target
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
@@ -56,9 +57,6 @@ class WorkloadRunner:
         self.connector = connector
         self.pool = pool
         self.report = report
-        self._needs_body_json = config.affinity == "prefix" or any(
-            node.models is not None for node in config.upstreams
-        )
 
     async def run(
         self,
@@ -66,8 +64,14 @@ class WorkloadRunner:
         request: ClientRequest,
         client_address: str | None = None,
         scheme: str = "http",
+        *,
+        client_name: str | None = None,
     ) -> bool:
-        """Serve one request: attempts, failover, relay. Returns keep-alive."""
+        """Serve one request: attempts, failover, relay. Returns keep-alive.
+
+        ``client_name`` is the name of the client key the request presented
+        (``ClientGate``), None when no key is configured.
+        """
         now = trio.current_time()
         self.report.expire_cooldowns(now)
         work = Workload(
@@ -75,8 +79,11 @@ class WorkloadRunner:
             method=request.method.decode("ascii", "replace"),
             path=request.target.split(b"?", 1)[0].decode("ascii", "replace"),
             started=now,
+            client=client_name,
         )
-        document = body_json(request.body) if self._needs_body_json else None
+        # Parsed for every request: whether it streams picks the head
+        # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
+        document = request_document(request.body)
         candidates = self._candidates(request, document, now)
         self.report.publish_workload(work)
 
@@ -108,13 +115,14 @@ class WorkloadRunner:
 
     def _candidates(self, request: ClientRequest, document: Any, now: float) -> list[Upstream]:
         selected = get(request.headers, b"x-failover-node")
-        cooldowns = self.report.cooldowns
+        report = self.report
         candidates = resolve_candidates(
             self.config.upstreams,
-            model=requested_model(document),
-            is_cooling=lambda name: cooldowns.is_cooling(name, now),
+            model=request_model(document),
+            is_cooling=lambda name: report.is_demoted(name, now),
             selected=selected.decode("latin-1") if selected else None,
             affinity_key=affinity_key(document) if self.config.affinity == "prefix" else None,
+            inventories=report.health.inventories,
         )
         if self.config.max_attempts:
             candidates = candidates[: self.config.max_attempts]
@@ -183,7 +191,8 @@ class WorkloadRunner:
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
     ) -> bool:
         try:
-            relayed = await self._relay(client, work, node, response)
+            with self.report.health.streaming(node.name):  # a slow check then proves nothing
+                relayed = await self._relay(client, work, node, response)
         except BaseException:
             await response.aclose()  # cancelled or failed: never pooled
             raise
@@ -221,21 +230,9 @@ class WorkloadRunner:
         idle_timeout = self.config.stream_idle_timeout or math.inf
         try:
             await client.send(*commit)
-            while not response.complete:
-                with trio.move_on_after(idle_timeout) as idle:
-                    chunk = await response.receive_chunk()
-                if idle.cancelled_caught:
-                    self._stream_ended(
-                        work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
-                    )
-                    return False
-                work.body_bytes += len(chunk)
-                if not response.complete:
-                    await client.send(h11.Data(data=chunk))
-                elif chunk:  # the last bytes and the end in one write
-                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
-                else:
-                    await client.send(h11.EndOfMessage())
+            if not await self._stream_rest(client, work, response, idle_timeout):
+                self._stream_ended(work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent")
+                return False
         except UpstreamError as exc:
             # After commit nothing is replayed: the client sees a truncated
             # response (no terminating chunk, or a short Content-Length body).
@@ -249,6 +246,47 @@ class WorkloadRunner:
             return False
         self._stream_ended(work, node, Outcome.COMPLETED, "")
         return True
+
+    async def _stream_rest(
+        self,
+        client: ClientConnection,
+        work: Workload,
+        response: UpstreamResponse,
+        idle_timeout: float,
+    ) -> bool:
+        """Relay the body after the commit; False: the node went silent too long.
+
+        One cancel scope for the whole stream, its deadline moved chunk by
+        chunk: a scope per chunk would cost more on the hot path. The
+        deadline bounds only the waits for the node; it is lifted while the
+        proxy writes to the client, whose pace is not the node's silence. In
+        an event stream only a chunk that begins a line other than a comment
+        or a blank one moves it (SPEC 5.6), and before the first such line
+        there is none: the wait is still the first-body wait, unbounded
+        (a long prefill with pings is never cut, an engine that only pings
+        after its first token is).
+        """
+        scanner = response.scanner
+        deadline = trio.current_time() + idle_timeout if response.progressed else math.inf
+        with trio.CancelScope(deadline=deadline) as idle:
+            while not response.complete:
+                chunk = await response.receive_chunk()
+                idle.deadline = math.inf
+                work.body_bytes += len(chunk)
+                progress = scanner is None or scanner.progress(chunk)
+                sending = 0.0 if progress else trio.current_time()
+                if not response.complete:
+                    await client.send(h11.Data(data=chunk))
+                elif chunk:  # the last bytes and the end in one write
+                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
+                else:
+                    await client.send(h11.EndOfMessage())
+                if progress:
+                    deadline = trio.current_time() + idle_timeout
+                else:  # the node's silence runs on, less the time spent writing
+                    deadline += trio.current_time() - sending
+                idle.deadline = deadline
+        return not idle.cancelled_caught
 
     def _request_for(
         self,
@@ -271,7 +309,13 @@ class WorkloadRunner:
             content_length=len(body) if carries_body else None,
         )
         target = node_target(request.target, node.base_path)
-        return OutgoingRequest(method=request.method, target=target, headers=headers, body=body)
+        return OutgoingRequest(
+            method=request.method,
+            target=target,
+            headers=headers,
+            body=body,
+            unstreamed=is_unstreamed(work.path, document),
+        )
 
     # -- answers that are not a node's stream --------------------------------
 
@@ -303,9 +347,8 @@ class WorkloadRunner:
     ) -> None:
         work.status = status
         attempts = [record.to_json() for record in work.attempts]
-        # No path: the OpenAI shape on every path, as before (/api/ answers
-        # in Ollama's shape are core.answers' to give once the shell asks).
-        document = error_document("", status, code, message, attempts)
+        # Ollama's shape under /api/, OpenAI's elsewhere (SPEC 5.7).
+        document = error_document(work.path, status, code, message, attempts)
         headers = [
             (b"x-request-id", work.id.encode()),
             (b"x-failover-attempts", b"%d" % len(work.attempts)),
@@ -342,6 +385,8 @@ class WorkloadRunner:
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
             self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        if verdict.recheck:
+            self.report.health.ask_recheck(node.name)
         return verdict.fail_over
 
     def _committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:

@@ -33,7 +33,8 @@ import h11
 import trio
 import trio_websocket
 
-from ..core.answers import error_document
+from ..core.answers import error_document, error_headers
+from ..core.auth import admin_allowed
 from ..core.config import split_host_port
 from ..core.headers import get
 from ..proxy.proxy import Proxy
@@ -105,7 +106,10 @@ async def serve_admin_connection(
             if request is None:
                 return
             path = request.target.split(b"?", 1)[0]
-            if path == b"/events" and _wants_websocket(request):
+            if not _authorized(proxy, request, path):
+                proxy.metrics.child(proxy.metrics.unauthorized, "admin").inc()
+                reply = _UNAUTHORIZED
+            elif path == b"/events" and _wants_websocket(request):
                 refusal = _check_websocket(request)
                 if refusal is None:
                     await _serve_events(proxy, conn, stream, request, event_buffer)
@@ -184,6 +188,23 @@ def _error(status: int, code: str, message: str) -> Reply:
     return Reply(status, body.encode())
 
 
+def _authorized(proxy: Proxy, request: h11.Request, path: bytes) -> bool:
+    # /healthz stays open: a load balancer probes it without credentials.
+    # Every other path needs the token, unknown ones too, so that a client
+    # without it learns nothing, not even which routes exist.
+    token = proxy.config.admin_token
+    if token is None or path == b"/healthz":
+        return True
+    return admin_allowed(request.headers, request.target, token)
+
+
+# The answer names no token and echoes nothing the client sent.
+_UNAUTHORIZED = attrs.evolve(
+    _error(401, "invalid_admin_token", "missing or invalid admin token"),
+    headers=tuple(error_headers("invalid_admin_token")),
+)
+
+
 def _route(proxy: Proxy, request: h11.Request, path: bytes) -> Reply:
     routes: dict[bytes, Callable[[Proxy, h11.Request], Reply]] = {
         b"/healthz": lambda p, _: _healthz_reply(p),
@@ -236,7 +257,13 @@ def _dashboard_reply() -> Reply:
         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
         "form-action 'none'; frame-ancestors 'none'"
     )
-    headers = ((b"content-security-policy", policy.encode()), (b"x-frame-options", b"DENY"))
+    headers = (
+        (b"content-security-policy", policy.encode()),
+        (b"x-frame-options", b"DENY"),
+        # Opened as /?token=..., the page's URL holds the admin token: no
+        # request it makes may carry that URL on as a Referer.
+        (b"referrer-policy", b"no-referrer"),
+    )
     return Reply(200, page, b"text/html; charset=utf-8", headers)
 
 

@@ -53,6 +53,15 @@ class Metrics:
             "trio_failover_cooldowns", "Cooldowns started", ["node", "reason"], registry=r
         )
         self.cooling = Gauge("trio_failover_cooling_nodes", "Nodes cooling now", registry=r)
+        self.checks = Counter(
+            "trio_failover_health_checks",
+            "Health and inventory checks (GET /v1/models) by node and result",
+            ["node", "result"],
+            registry=r,
+        )
+        self.down = Gauge(
+            "trio_failover_down_nodes", "Nodes down now (last check failed)", registry=r
+        )
         self.client_aborts = Counter(
             "trio_failover_client_aborts", "Workloads cancelled by the client leaving", registry=r
         )
@@ -60,7 +69,16 @@ class Metrics:
             "trio_failover_commits", "Responses committed to clients", ["node"], registry=r
         )
         self.workloads = Counter(
-            "trio_failover_workloads", "Finished workloads by final state", ["state"], registry=r
+            "trio_failover_workloads",
+            "Finished workloads by final state and client",
+            ["state", "client"],
+            registry=r,
+        )
+        self.unauthorized = Counter(
+            "trio_failover_unauthorized",
+            "Requests refused with 401 for want of a valid key or admin token",
+            ["listener"],
+            registry=r,
         )
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r

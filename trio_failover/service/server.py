@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import ipaddress
 import logging
 import signal
 import ssl
@@ -113,6 +114,35 @@ def log_tls_warnings(config: Config) -> None:
             )
 
 
+def log_exposure_warning(config: Config, hosts: list[str]) -> None:
+    """Warn, once at startup, when the client listener is reachable beyond this
+    machine and no client key is set (SPEC 5b): anyone on that network can
+    then run generations on every node.
+
+    Args:
+        config: the settings (its ``clients``).
+        hosts: the addresses the client listener is bound to.
+    """
+    if config.clients or all(is_loopback(host) for host in hosts):
+        return
+    logger.warning(
+        "the client listener is not on a loopback address and no API key is set: "
+        "anyone who can reach it can use every node (see --api-key, docs/security.md)",
+        extra={"fields": {"listen": config.listen}},
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bound address is a loopback one (``127.0.0.0/8``, ``::1``)."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 EXPIRY_TICK = 1.0
 
 
@@ -156,6 +186,7 @@ async def serve(
         raise _cannot_listen("client", "listen", config.listen, exc) from exc
     scheme = "https" if context else "http"
     bound = listeners[0].socket.getsockname()
+    log_exposure_warning(config, [str(listener.socket.getsockname()[0]) for listener in listeners])
     limiter = trio.CapacityLimiter(config.max_connections)
     try:
         async with trio.open_nursery() as services:
@@ -170,6 +201,8 @@ async def serve(
                 except OSError as exc:
                     raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
             addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+            # Once both listeners are bound: a proxy that cannot listen checks nothing.
+            await services.start(proxy.run_discovery)  # returns at once when off
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:

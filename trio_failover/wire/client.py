@@ -24,11 +24,13 @@ from .client_requests import ClientRequest, RequestReader
 from .client_responses import ClientGone, ResponseWriter
 from .drain import Drain
 
-__all__ = ["ClientConnection", "ClientGone", "ClientRequest", "Closed", "Handler"]
+__all__ = ["Admit", "ClientConnection", "ClientGone", "ClientRequest", "Closed", "Handler"]
 
 logger = logging.getLogger("trio_failover")
 
 Handler = Callable[["ClientConnection", ClientRequest], Awaitable[bool]]
+# Whether a request, by its head, may have its body buffered (a key check).
+Admit = Callable[[list[tuple[bytes, bytes]]], bool]
 
 
 class ClientConnection:
@@ -49,8 +51,10 @@ class ClientConnection:
         client_header_timeout: float,
         keepalive_timeout: float = math.inf,
         drain: Drain | None = None,
+        admit: Admit | None = None,
     ) -> None:
         self.stream = stream
+        self._admit = admit
         self._drain = drain or Drain()
         self._keepalive_timeout = keepalive_timeout
         self._header_timeout = client_header_timeout
@@ -150,15 +154,21 @@ class ClientConnection:
         if read is None:
             return None
         head, headers = read
-        if self.conn.they_are_waiting_for_100_continue:
+        # A request refused by its head (no valid key) never gets its body
+        # buffered: a client without a key cannot make the proxy hold
+        # --max-request-body bytes per connection. Nor is it invited to send
+        # a body only to have it dropped (no 100 Continue).
+        refused = self._admit is not None and not self._admit(headers)
+        if not refused and self.conn.they_are_waiting_for_100_continue:
             await self.send(h11.InformationalResponse(status_code=100, headers=[]))
-        body = await self._requests.read_body()
+        body = await self._requests.read_body(keep=not refused)
         return ClientRequest(
             method=head.method,
             target=head.target,
             headers=headers,
             body=body,
             http_version=head.http_version,
+            refused=refused,
         )
 
     async def aclose(self) -> None:

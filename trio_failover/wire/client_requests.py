@@ -18,6 +18,7 @@ import h11
 import trio
 
 from ..core.errors import ClientError
+from ..core.requests import request_line_path
 from ..core.screen import check_framing, screen_head
 from .client_reader import ClientReader
 
@@ -40,6 +41,9 @@ class ClientRequest:
     headers: Headers
     body: bytes
     http_version: bytes
+    # Refused at its head by ``admit``: its body was read and thrown away
+    # (``body`` is empty), so that the connection can carry the next request.
+    refused: bool = False
 
 
 class _HeadScreen:
@@ -49,11 +53,14 @@ class _HeadScreen:
         self._max_head = max_head
         self.passed = False
         self._searched = 0  # pending bytes already searched for the head's end
+        # The screened head, kept (no copy) for the path of an error answer.
+        self.head: bytes | None = None
 
     def reset(self) -> None:
         """A next request: its head is screened anew."""
         self.passed = False
         self._searched = 0
+        self.head = None
 
     def lets_through(self, pending: bytearray, closed: bool) -> bool:
         """Whether the pending bytes may go to h11 now.
@@ -72,7 +79,8 @@ class _HeadScreen:
                 return False
             # Cut short by the client: h11 tells what the bytes amount to.
         else:
-            screen_head(bytes(pending[: match.end()]), self._max_head)
+            self.head = bytes(pending[: match.end()])
+            screen_head(self.head, self._max_head)
         self.passed = True
         return True
 
@@ -118,6 +126,17 @@ class RequestReader:
             self._eof_fed = False
             self.answering_head = False
         return conn.our_state is h11.IDLE and conn.their_state is h11.IDLE
+
+    def error_path(self) -> str:
+        """The path for the shape of an error answer to this request ("" if unknown).
+
+        Read from the raw head's request line (the whole head once screened,
+        else as far as it came), so that a head refused before h11 parsed it
+        (a bad header, too large, too slow) still names its path when that
+        line is well-formed (SPEC 5.1, 5.7).
+        """
+        head = self._screen.head
+        return request_line_path(self._reader.pending if head is None else head)
 
     def has_buffered(self) -> bool:
         """Whether request bytes (or the client's close) wait to be read."""
@@ -210,8 +229,10 @@ class RequestReader:
                 raise ClientError(413, "request body too large", "request_too_large")
         return event, headers
 
-    async def read_body(self) -> bytes:
+    async def read_body(self, *, keep: bool = True) -> bytes:
         """The request's whole body; the client may pause one header timeout between bytes.
+
+        With ``keep=False`` the body is read to its end and dropped (``b""``).
 
         Raises:
             ClientError: 400 incomplete or malformed, 408 stalled, 413 too large.
@@ -225,7 +246,8 @@ class RequestReader:
                 size += len(event.data)
                 if size > self._max_body:
                     raise ClientError(413, "request body too large", "request_too_large")
-                parts.append(bytes(event.data))
+                if keep:
+                    parts.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 return b"".join(parts)
             else:

@@ -84,10 +84,15 @@ class ResponseWriter:
         return body
 
     async def send_client_error(self, error: ClientError) -> None:
-        """Answer a bad request with its JSON error; the connection then closes."""
+        """Answer a bad request with its JSON error; the connection then closes.
+
+        Ollama's shape when the request line is well-formed and names a path
+        under ``/api/``; otherwise, also when that line is malformed, OpenAI's.
+        """
         if self._requests.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        document = error_document("", error.status, error.code, str(error))
+        path = self._requests.error_path()
+        document = error_document(path, error.status, error.code, str(error))
         try:
             await self.send_json(error.status, document, close=True)
         except (ClientGone, h11.LocalProtocolError):

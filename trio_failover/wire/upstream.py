@@ -6,12 +6,15 @@ Each deadline wraps the smallest operation that owns it:
     connect (+TLS)         connect_timeout           -> ConnectTimeout
     write request          response_header_timeout   -> HeaderTimeout
     read the whole head    response_header_timeout   -> HeaderTimeout
+                           (unstreamed_timeout for an unstreamed request)
     head -> first byte     first_body_timeout (opt)  -> FirstBodyTimeout
+                           (an event stream's first line that is not a
+                           comment or blank, SPEC 5.5)
 
 Each phase is one function (``_connect``, ``_request_and_head``,
-``_error_body``, ``_first_body``). Trio, OS, TLS and h11 errors become
-``UpstreamError`` subclasses in one place, ``_map_error``, phase by phase;
-what they mean for the workload is ``outcome.judge``'s call.
+``_error_body``, ``_first_body``, ``_first_event``). Trio, OS, TLS and h11
+errors become ``UpstreamError`` subclasses in one place, ``_map_error``,
+phase by phase; what they mean for the workload is ``outcome.judge``'s call.
 Cancellation: whatever cancels an attempt (client abort, shutdown), its
 socket is closed at once; only a connection whose response was relayed to
 its end goes back to the node's pool (``pool.py``) instead.
@@ -29,8 +32,10 @@ import trio
 
 from ..core import errors
 from ..core.config import Config, Upstream
-from ..core.headers import Headers
+from ..core.headers import Headers, get
+from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
+from ..core.sse import SseScanner, is_event_stream
 from . import sockopts
 from .connect import Connector, TCPConnector, open_tcp
 from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_prefix
@@ -50,6 +55,10 @@ __all__ = [
 # error.code; a retryable status keeps this much to relay if it is the last
 # answer. Anything longer is not an error body worth holding.
 ERROR_BODY_LIMIT = 65536
+# Comment and blank lines of an event stream held before its first event
+# (SPEC 5.5). Pings are a few bytes every few seconds; a node that sends this
+# much and no event is not pinging, and holding more would be unbounded.
+HELD_LIMIT = 65536
 
 
 @attrs.frozen
@@ -62,12 +71,17 @@ class OutgoingRequest:
     the checks of ``config``; the rest is the proxy's own (a workload id that
     matched its pattern, an address, digits). h11 still checks the method,
     the target and the Host header.
+
+    ``unstreamed`` (``requests.is_unstreamed``): the node sends its head only
+    once the whole answer is done, so ``unstreamed_timeout`` bounds the wait
+    for it instead of ``response_header_timeout``.
     """
 
     method: bytes
     target: bytes
     headers: Headers
     body: bytes
+    unstreamed: bool = False
 
 
 @attrs.frozen
@@ -134,6 +148,12 @@ class UpstreamResponse:
     relayed to its end, ``release`` hands the connection back to the pool
     (if it may carry another request); otherwise ``aclose`` closes it. A
     response that was not read to its end is never pooled.
+
+    An event stream carries its ``scanner`` (``core.sse``), already fed with
+    ``first_chunk``, for the relay to go on with; ``progressed`` says whether
+    a line other than a comment or a blank one has come (always True for
+    other bodies). ``first_chunk`` then holds, in order, the comment lines
+    held before the first event.
     """
 
     def __init__(
@@ -146,6 +166,9 @@ class UpstreamResponse:
         complete: bool,
         timings: Timings,
         pool: ConnectionPool | None = None,
+        *,
+        scanner: SseScanner | None = None,
+        progressed: bool = True,
     ) -> None:
         self.node = node
         self.status = response.status_code
@@ -154,6 +177,8 @@ class UpstreamResponse:
         self.first_chunk = first_chunk
         self.complete = complete
         self.timings = timings
+        self.scanner = scanner
+        self.progressed = progressed
         self._stream = stream
         self._conn = conn
         self._pool = pool
@@ -306,12 +331,33 @@ async def _exchange(
         retry_status=config.retry_status,
         retry_error_codes=config.retry_error_codes,
     )
-    if action is HeadAction.COMMIT:
-        first, complete = await _first_body(node.name, stream, conn, config)
-    else:
+    scanner, progressed = None, True
+    if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
+    elif not is_event_stream(get(response.headers, b"content-type")):
+        first, complete = await _first_body(node.name, stream, conn, config)
+    elif config.first_body_timeout:
+        scanner = SseScanner()
+        first, complete = await _first_event(node.name, stream, conn, config, scanner)
+    else:
+        # Every byte commits (the pings reach the client), but the relay's
+        # stream-idle timer waits for the first event line.
+        scanner = SseScanner()
+        first, complete = await _first_body(node.name, stream, conn, config)
+        progressed = scanner.progress(first)
     timings = Timings(started, written, head_at, trio.current_time())
-    return UpstreamResponse(node, stream, conn, response, first, complete, timings, pool)
+    return UpstreamResponse(
+        node,
+        stream,
+        conn,
+        response,
+        first,
+        complete,
+        timings,
+        pool,
+        scanner=scanner,
+        progressed=progressed,
+    )
 
 
 async def _request_and_head(
@@ -324,19 +370,21 @@ async def _request_and_head(
 ) -> tuple[h11.Response, float]:
     """Write the request and read the whole head (1xx skipped); the head and when it was written.
 
-    One scope, two deadlines of the same length: first for the write (a node
-    that does not even take the request is as stalled as one that takes it
-    and never answers), then, moved, from the request fully written to the
-    whole head read.
+    One scope, two deadlines: first one response-header timeout for the
+    write (a node that does not even take the request is as stalled as one
+    that takes it and never answers), then, moved, from the request fully
+    written to the whole head read: the same length, or the unstreamed
+    timeout for a request whose answer comes whole.
     """
     header_timeout = config.response_header_timeout
+    head_timeout = config.unstreamed_timeout if request.unstreamed else header_timeout
     phase = "write"
     written = 0.0
     with trio.move_on_after(header_timeout) as scope:
         try:
             await _write_request(stream, conn, request)
             written = trio.current_time()
-            scope.deadline = written + header_timeout
+            scope.deadline = written + head_timeout
             phase = "head"
             if reused:
                 await _receive_answer_start(stream, conn)
@@ -352,7 +400,7 @@ async def _request_and_head(
     if scope.cancelled_caught:
         if phase == "write":
             raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
-        raise errors.HeaderTimeout(name, "head", f"no complete response head in {header_timeout}s")
+        raise errors.HeaderTimeout(name, "head", f"no complete response head in {head_timeout}s")
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
     return event, written
@@ -399,8 +447,9 @@ async def _error_body(
         body_bytes, complete = await read_prefix(stream, conn, ERROR_BODY_LIMIT)
     if body_scope.cancelled_caught:
         raise errors.HeaderTimeout(name, "error body", "stalled after the head")
+    not_found = complete and is_model_not_found(response.status_code, body_bytes)
     code = error_code(body_bytes) if complete else None
-    if not fails_over_on(action, code, config.retry_error_codes):
+    if not not_found and not fails_over_on(action, code, config.retry_error_codes):
         return body_bytes, complete
     headers = list(response.headers)
     saved = (
@@ -414,8 +463,10 @@ async def _error_body(
         if complete
         else None
     )
-    detail = f"answered {response.status_code}" + (f" {code}" if code else "")
-    raise errors.RetryableResponse(name, "head", detail, response.status_code, headers, saved)
+    words = " model not found" if not_found else (f" {code}" if code else "")
+    detail = f"answered {response.status_code}{words}"
+    kind = errors.ModelNotFound if not_found else errors.RetryableResponse
+    raise kind(name, "head", detail, response.status_code, headers, saved)
 
 
 async def _first_body(
@@ -434,4 +485,39 @@ async def _first_body(
     # Only the deadline gets here.
     raise errors.FirstBodyTimeout(
         name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
+    )
+
+
+async def _first_event(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config, scanner: SseScanner
+) -> tuple[bytes, bool]:
+    """The first body bytes of an event stream, up to its first event line (SPEC 5.5).
+
+    Comment and blank lines (an engine's ``: ping`` during a long prefill)
+    are held, not counted as the first body byte: the deadline runs on. The
+    held bytes come back in front of the read with the first other line,
+    unchanged. A body that ends or breaks with only such lines ended before
+    its first byte (``UpstreamClosedEarly`` or the break's own error: next
+    candidate, no cooldown). An empty body with a valid end commits, as any.
+    """
+    held: list[bytes] = []
+    size = 0
+    timeout = config.first_body_timeout
+    with trio.move_on_after(timeout), _mapped(name, "first body byte"):
+        while True:
+            chunk, complete = await read_body(stream, conn)
+            if scanner.first_event_line(chunk) is not None:
+                return b"".join([*held, chunk]) if held else chunk, complete
+            if complete and not held and not chunk:
+                return b"", True
+            if complete:
+                raise EarlyClose("the event stream ended with comments only")
+            held.append(chunk)
+            size += len(chunk)
+            if size > HELD_LIMIT:
+                raise errors.UpstreamProtocolError(
+                    name, "first body byte", f"over {HELD_LIMIT} bytes of comments, no event"
+                )
+    raise errors.FirstBodyTimeout(
+        name, "first body byte", f"no body byte {timeout}s after head (comments only)"
     )

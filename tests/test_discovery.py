@@ -1,0 +1,326 @@
+"""The discovery loop (SPEC 5a) under MockClock over the in-memory connector.
+
+Exact virtual times: the first check of node ``i`` of ``n`` at ``i/n``, the
+next ones one interval after the last began (less jitter), one check per
+node at a time, a hanging check ended by its 10 s answer deadline, a node
+that comes back, the streaming exemption, and the stale-inventory ``404``
+that fails over and has its node checked again at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import trio.testing
+
+from trio_failover import Config, Proxy, Upstream
+from trio_failover.core.inventory import (
+    CHECK_ANSWER_TIMEOUT,
+    CHECK_JITTER,
+    CheckFailure,
+    judge_check,
+)
+from trio_failover.proxy.discovery import Discovery
+from trio_failover.service.events import Subscription
+from trio_failover.testing import (
+    Behaviour,
+    FakeNode,
+    Fleet,
+    NodeIO,
+    ReceivedRequest,
+    frozen,
+    healthy,
+    request,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def listing(*ids: str) -> Behaviour:
+    """An OpenAI-style ``GET /v1/models`` answer."""
+    document = {"object": "list", "data": [{"id": name, "object": "model"} for name in ids]}
+    return healthy(json.dumps(document).encode())
+
+
+def routed(routes: Mapping[bytes, Behaviour], default: Behaviour | None = None) -> Behaviour:
+    """Answers each path with its own behaviour (``default`` for the rest)."""
+    other = default or healthy(b'{"ok": true}')
+
+    async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        await routes.get(request.target.split(b"?")[0], other)(io, request)
+
+    return behave
+
+
+def checks(node: FakeNode) -> list[float]:
+    """When ``node`` received each health check."""
+    return [r.at for r in node.received if r.target == b"/v1/models"]
+
+
+def chat(model: str | None = None) -> bytes:
+    return json.dumps({"model": model, "messages": []} if model else {"messages": []}).encode()
+
+
+def node_events(subscription: Subscription) -> list[dict[str, Any]]:
+    """The node events published so far (workload events left out)."""
+    events = []
+    while True:
+        try:
+            event = subscription.receive.receive_nowait()
+        except trio.WouldBlock:
+            return [event for event in events if event["type"] == "node"]
+        events.append(event)
+
+
+def node_status(proxy: Proxy, name: str) -> dict[str, Any]:
+    [node] = [node for node in proxy.status()["nodes"] if node["name"] == name]
+    return node
+
+
+@asynccontextmanager
+async def checking(
+    fleet: Fleet, *, interval: float = 30.0, jitter: float = 0.0, **settings: Any
+) -> AsyncIterator[Proxy]:
+    """A proxy over ``fleet`` with its discovery running (jitter fixed for exact times)."""
+    config = Config(
+        upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=interval, **settings
+    )
+    proxy = Proxy(config, connector=fleet.connector)
+    proxy.discovery = Discovery(config, fleet.connector, proxy.report, jitter=lambda: jitter)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run_discovery)
+        yield proxy
+        nursery.cancel_scope.cancel()
+
+
+async def test_first_checks_spread_over_a_second_then_one_per_interval(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    nodes = {name: FakeNode(listing("m")) for name in "abc"}
+    async with Fleet(nodes) as fleet, checking(fleet, interval=30.0):
+        await trio.sleep(61.0)
+    for index, name in enumerate("abc"):
+        first = 1.0 * index / 3  # node i of n at i/n of the first second
+        assert checks(nodes[name]) == [first, first + 30.0, first + 30.0 + 30.0]
+
+
+async def test_jitter_brings_a_check_early_never_late(autojump_clock: trio.abc.Clock) -> None:
+    node = FakeNode(listing("m"))
+    async with Fleet({"a": node}) as fleet, checking(fleet, interval=10.0, jitter=1.0):
+        await trio.sleep(25.0)
+    early = 10.0 * (1 - CHECK_JITTER)  # the most jitter takes off an interval
+    assert checks(node) == [0.0, early, 2 * early]
+
+
+async def test_a_hanging_check_times_out_marks_down_and_is_never_doubled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    hanging = FakeNode(routed({b"/v1/models": frozen()}))
+    async with Fleet({"a": hanging}) as fleet, checking(fleet, interval=4.0) as proxy:
+        with proxy.events.subscribe(0) as subscription:
+            await trio.sleep(CHECK_ANSWER_TIMEOUT + 0.5)
+            status = node_status(proxy, "a")
+            events = node_events(subscription)
+        await trio.sleep(20.0)
+    # Each check waits for the one before: at 0, its deadline at 10 ends it,
+    # the next (due at 4) begins then, and so on; never two at once.
+    assert checks(hanging) == [0.0, 10.0, 20.0, 30.0]
+    # Each closed at its deadline; the last one when the test ended.
+    assert hanging.closed_at == [10.0, 20.0, 30.0, 30.5]
+    assert status["state"] == "down"
+    assert status["reason"] == "health_check"
+    assert status["last_outcome"] == "check_timed_out"
+    assert status["last_error"] == "health check timed out (answer: no whole answer in 10.0s)"
+    assert events == [
+        {"type": "node", "node": "a", "state": "down", "reason": "health_check", "until_s": 0}
+    ]
+    [(_, sample)] = [
+        (s.labels, s.value)
+        for family in proxy.metrics.registry.collect()
+        if family.name == "trio_failover_health_checks"
+        for s in family.samples
+        if s.name.endswith("_total") and s.labels == {"node": "a", "result": "timed_out"}
+    ]
+    assert sample == 3
+
+
+async def test_a_down_node_goes_last_and_is_ready_again_after_the_next_good_check(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    a, b = FakeNode(listing("m"), refuse=True), FakeNode(healthy(b"from b"))
+    async with Fleet({"a": a, "b": b}) as fleet, checking(fleet, interval=5.0) as proxy:
+        await trio.sleep(1.0)
+        assert node_status(proxy, "a")["state"] == "down"
+        assert node_status(proxy, "a")["last_outcome"] == "check_connect_failed"
+        response = await request(proxy, body=chat())
+        assert response is not None
+        # b first: a down node is demoted, and b's answer needs no second attempt.
+        assert (response.header("x-failover-node"), response.header("x-failover-attempts")) == (
+            "b",
+            "1",
+        )
+        a.refuse = False  # a comes back
+        with proxy.events.subscribe(0) as subscription:
+            await trio.sleep(4.5)  # a's next check is at 5.0
+            ready = node_events(subscription)
+        status = node_status(proxy, "a")
+    assert ready == [
+        {"type": "node", "node": "a", "state": "ready", "reason": "health_check", "until_s": 0}
+    ]
+    assert (status["state"], status["reason"], status["models"]) == ("ready", None, ["m"])
+    assert status["last_outcome"] == "check_ok"
+
+
+async def test_a_slow_check_of_a_streaming_node_does_not_count(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # The node streams a 20 s answer to our client and is too busy to list
+    # its models in time; a second check, with nothing streaming, does count.
+    busy = FakeNode(
+        routed(
+            {b"/v1/models": frozen()},
+            healthy([b"data: %d\n\n" % i for i in range(21)], chunk_delay=1.0),
+        )
+    )
+    async with Fleet({"a": busy}) as fleet:
+        config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=30.0)
+        proxy = Proxy(config, connector=fleet.connector)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: request(proxy, body=chat()))
+            await trio.sleep(0.5)  # committed, streaming
+            await nursery.start(proxy.run_discovery)  # first check at 0.5
+            await trio.sleep(10.0 + 0.25)  # its deadline passed at 10.5
+            during = node_status(proxy, "a")
+            await trio.sleep(30.0)  # the second check, 30.5 to 40.5, with no stream
+            after = node_status(proxy, "a")
+            nursery.cancel_scope.cancel()
+    assert (during["state"], during["last_outcome"]) == ("ready", "check_timeout_while_streaming")
+    assert (after["state"], after["last_outcome"]) == ("down", "check_timed_out")
+
+
+async def test_a_stale_inventory_404_fails_over_uncooled_and_rechecks_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # a listed m1 at its first check, then unloaded it: its next listing is
+    # empty and a request for m1 gets Ollama's 404.
+    listings = [listing("m1"), listing("m2")]
+    not_found = healthy(b'{"error": "model \'m1\' not found"}', status=404)
+
+    async def list_then_change(io: NodeIO, request: ReceivedRequest) -> None:
+        await listings[min(len(checks(a)) - 1, 1)](io, request)
+
+    a = FakeNode(routed({b"/v1/models": list_then_change}, not_found))
+    b = FakeNode(routed({b"/v1/models": listing("m1")}, healthy(b"from b")))
+    async with Fleet({"a": a, "b": b}) as fleet, checking(fleet, interval=30.0) as proxy:
+        await trio.sleep(5.0)
+        assert node_status(proxy, "a")["models"] == ["m1"]
+        first = await request(proxy, body=chat("m1"))
+        await trio.sleep(0.001)  # the re-check runs at once (no time passes in memory)
+        second = await request(proxy, body=chat("m1"))
+        status = node_status(proxy, "a")
+    assert first is not None
+    assert second is not None
+    assert (first.status, first.header("x-failover-node")) == (200, "b")
+    assert [x["outcome"] for x in proxy.recent[0]["attempts"]] == ["model_not_found", "completed"]
+    assert not proxy.cooldowns.is_cooling("a", 5.0)
+    assert checks(a) == [0.0, 5.0]  # the re-check, not 30 s later
+    assert status["models"] == ["m2"]
+    # The healed inventory sends m1 to b alone: one attempt.
+    assert (second.header("x-failover-node"), second.header("x-failover-attempts")) == ("b", "1")
+
+
+async def test_every_node_404_gives_the_last_node_answer(autojump_clock: trio.abc.Clock) -> None:
+    # model_not_found is a retryable answer (SPEC 5.7): the client gets the
+    # last node's 404 as the node sent it, not a 502 of the proxy's.
+    body = b'{"error": {"message": "no such model", "code": "model_not_found"}}'
+    nodes = {name: FakeNode(healthy(body, status=404)) for name in "ab"}
+    async with Fleet(nodes) as fleet:
+        proxy = Proxy(
+            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
+        )
+        response = await request(proxy, body=chat("gone"))
+    assert response is not None
+    assert (response.status, response.body) == (404, body)
+    assert response.header("x-failover-node") == "b"
+    assert response.header("x-failover-attempts") == "2"
+
+
+async def test_discovery_off_checks_nothing(autojump_clock: trio.abc.Clock) -> None:
+    node = FakeNode(listing("m"))
+    async with Fleet({"a": node}) as fleet, checking(fleet, interval=0):
+        await trio.sleep(100.0)
+    assert node.received == []
+
+
+async def test_a_served_request_makes_a_down_node_ready(autojump_clock: trio.abc.Clock) -> None:
+    a = FakeNode(healthy(b"from a"), refuse=True)
+    async with Fleet({"a": a}) as fleet, checking(fleet, interval=600.0) as proxy:
+        await trio.sleep(1.0)
+        assert node_status(proxy, "a")["state"] == "down"
+        assert proxy.metrics.registry.get_sample_value("trio_failover_down_nodes") == 1
+        a.refuse = False  # back, long before its next check
+        with proxy.events.subscribe(0) as subscription:
+            response = await request(proxy, body=chat())  # a sole node: demoted, still tried
+            events = node_events(subscription)
+        status = node_status(proxy, "a")
+    assert response is not None
+    assert response.status == 200
+    assert events == [
+        {"type": "node", "node": "a", "state": "ready", "reason": "success", "until_s": 0}
+    ]
+    assert (status["state"], status["last_outcome"]) == ("ready", "completed")
+    assert proxy.metrics.registry.get_sample_value("trio_failover_down_nodes") == 0
+    # The check's error stays as the last one seen.
+    assert status["last_error"].startswith("health check cannot connect (connect: ")
+
+
+async def test_status_models_are_the_configured_ones_else_the_inventory(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    nodes = {name: FakeNode(listing("listed")) for name in ("mapped", "plain", "star")}
+    async with Fleet(nodes) as fleet:
+        upstreams = [
+            Upstream("mapped", "http://mapped.invalid", models={"qwen3": "Qwen/Qwen3", "*": "x"}),
+            Upstream("plain", "http://plain.invalid"),
+            Upstream("star", "http://star.invalid", models={"*": "x"}),
+        ]
+        config = Config(upstreams=upstreams, admin_listen=None, discovery_interval=30.0)
+        proxy = Proxy(config, connector=fleet.connector)
+        before = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run_discovery)
+            await trio.sleep(1.0)
+            after = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
+            nursery.cancel_scope.cancel()
+    assert before == {"mapped": ["qwen3"], "plain": None, "star": []}
+    # Configured models win over the inventory; "*" alone names no id.
+    assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": []}
+
+
+async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
+    proxy = Proxy(config)
+    report = proxy.report
+    with proxy.events.subscribe(0) as subscription:
+        report.demote("a", 5.0, "header_timeout", trio.current_time())
+        down = judge_check(failure=CheckFailure.CONNECT_FAILED, detail="refused")
+        report.check_finished("a", down, trio.current_time())
+        both = node_status(proxy, "a")
+        await trio.sleep(6.0)
+        proxy.expire_cooldowns()  # the cooldown is over, but the node is still down
+        after = node_status(proxy, "a")
+        events = node_events(subscription)
+    assert (both["state"], both["reason"], both["cooldown_remaining_s"]) == (
+        "down",
+        "health_check",
+        5.0,
+    )
+    assert (after["state"], after["cooldown_remaining_s"]) == ("down", 0)
+    assert [event["state"] for event in events] == ["cooling", "down"]
+    assert report.is_demoted("a", trio.current_time())

@@ -1,0 +1,335 @@
+"""The fleet's model lists and health over real 127.0.0.1 sockets (SPEC 5a).
+
+Fake nodes of several shapes (OpenAI-style ``/v1/models``, Ollama's
+``/api/tags``, one that never answers, one that answers garbage) behind the
+real listeners of ``serve()``; issue 18's "done when" with a node whose port
+closes and opens again; and the official ``ollama`` client listing the
+merged models of two fake Ollama nodes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import ollama
+import trio
+
+from tests.test_discovery import chat, listing, routed
+from trio_failover import ClientKey, Config, Proxy, Upstream
+from trio_failover.service.server import BoundAddresses, serve
+from trio_failover.testing import (
+    Behaviour,
+    FakeNode,
+    NodeIO,
+    ReceivedRequest,
+    frozen,
+    healthy,
+    request_tcp,
+)
+
+INTERVAL = 0.5  # --discovery-interval of the health tests
+ANSWER_TIMEOUT = 0.5  # instead of 10 s per node asked, so a silent node costs little
+
+
+class SocketNode:
+    """A fake node on a real port that can be stopped (port closed) and started again."""
+
+    def __init__(self, name: str, behaviour: Behaviour) -> None:
+        self.name = name
+        self.fake = FakeNode(behaviour)
+        self.port = 0
+        self._scope: trio.CancelScope | None = None
+        self._stopped = trio.Event()
+
+    @property
+    def upstream(self) -> Upstream:
+        return Upstream(self.name, f"http://127.0.0.1:{self.port}")
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        await nursery.start(self._run)
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        self._stopped = trio.Event()
+        try:
+            with trio.CancelScope() as self._scope:
+                listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
+                self.port = listeners[0].socket.getsockname()[1]
+                task_status.started()
+                # Closes the listener when cancelled: the port refuses from then on.
+                await trio.serve_listeners(self.fake.serve_connection, listeners)
+        finally:
+            self._stopped.set()
+
+    async def stop(self) -> None:
+        assert self._scope is not None
+        self._scope.cancel()
+        await self._stopped.wait()
+
+
+def tags(*names: str) -> Behaviour:
+    """Ollama's ``GET /api/tags`` answer."""
+    models = [
+        {
+            "name": name,
+            "model": name,
+            "modified_at": "2026-11-30T12:00:00Z",
+            "size": 4_700_000_000,
+            "digest": f"sha256:{abs(hash(name)):064x}"[:71],
+            "details": {"format": "gguf", "family": "llama", "parameter_size": "8B"},
+        }
+        for name in names
+    ]
+    return healthy(json.dumps({"models": models}).encode())
+
+
+def ollama_node(*names: str) -> Behaviour:
+    """An Ollama server: ``/api/tags`` and its OpenAI-compatible ``/v1/models``."""
+    return routed({b"/api/tags": tags(*names), b"/v1/models": listing(*names)})
+
+
+def garbage() -> Behaviour:
+    """Answers every request with bytes that are not HTTP."""
+
+    async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        await io.send_raw(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await io.stream.aclose()
+
+    return behave
+
+
+async def get_json(address: tuple[str, int], path: str) -> tuple[int, Any]:
+    with trio.fail_after(10):
+        response = await request_tcp(address, "GET", path)
+    assert response is not None
+    return response.status, response.json()
+
+
+async def wait_status(
+    admin: tuple[str, int], name: str, ready: Callable[[dict[str, Any]], bool], within: float
+) -> dict[str, Any]:
+    """Poll ``/status`` until node ``name`` satisfies ``ready``; fail after ``within`` s."""
+    with trio.fail_after(within):
+        for _ in range(1000):  # pragma: no branch - the deadline ends it first
+            _, status = await get_json(admin, "/status")
+            [node] = [node for node in status["nodes"] if node["name"] == name]
+            if ready(node):
+                return node
+            await trio.sleep(0.02)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def proxy_for(*nodes: Upstream, **settings: Any) -> Proxy:
+    config = Config(
+        upstreams=nodes,
+        listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        connect_timeout=1.0,
+        **settings,
+    )
+    proxy = Proxy(config)
+    proxy.lists.answer_timeout = proxy.discovery.answer_timeout = ANSWER_TIMEOUT
+    return proxy
+
+
+async def test_lists_merge_nodes_of_every_shape_and_leave_out_the_silent_and_the_garbled() -> None:
+    nodes = [
+        SocketNode("openai", routed({b"/v1/models": listing("m1", "m2")})),
+        SocketNode("silent", frozen()),
+        SocketNode("ollama", ollama_node("llama3:8b", "m1")),
+        SocketNode("garbled", garbage()),
+        SocketNode("silent-2", frozen()),
+        SocketNode("silent-3", frozen()),
+    ]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        configured = Upstream("configured", "http://127.0.0.1:9", models={"qwen3": "Qwen/Qwen3"})
+        proxy = proxy_for(*(node.upstream for node in nodes), configured, discovery_interval=0)
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+        started = trio.current_time()
+        models_status, models = await get_json(bound.client, "/v1/models")
+        took = trio.current_time() - started
+        tags_status, merged = await get_json(bound.client, "/api/tags")
+        nursery.cancel_scope.cancel()
+    assert models_status == 200
+    assert models["object"] == "list"
+    assert [(m["id"], m["nodes"]) for m in models["data"]] == [
+        ("m1", ["openai", "ollama"]),
+        ("m2", ["openai"]),
+        ("llama3:8b", ["ollama"]),
+        ("qwen3", ["configured"]),  # from its configuration: never asked
+    ]
+    assert {m["object"] for m in models["data"]} == {"model"}
+    # In parallel: the silent nodes' deadline once, not three times over.
+    assert took < 2.5 * ANSWER_TIMEOUT
+    assert tags_status == 200
+    assert [m["name"] for m in merged["models"]] == ["llama3:8b", "m1"]
+    assert merged["models"][0]["details"]["family"] == "llama"  # as the node sent it
+    # The silent node was asked both lists; the configured one never.
+    assert [r.target for r in nodes[1].fake.received] == [b"/v1/models", b"/api/tags"]
+
+
+async def test_no_node_answering_is_a_502_in_the_route_s_shape() -> None:
+    nodes = [SocketNode("silent", frozen()), SocketNode("garbled", garbage())]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        proxy = proxy_for(*(node.upstream for node in nodes), discovery_interval=0)
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+        models = await get_json(bound.client, "/v1/models")
+        tags_answer = await get_json(bound.client, "/api/tags")
+        nursery.cancel_scope.cancel()
+    assert models == (
+        502,
+        {
+            "error": {
+                "message": "no node answered",
+                "type": "upstream_error",
+                "code": "upstream_unavailable",
+            }
+        },
+    )
+    assert tags_answer == (502, {"error": "no node answered", "code": "upstream_unavailable"})
+
+
+async def test_a_bad_answer_is_a_failed_check_with_its_reason_never_a_crash() -> None:
+    nodes = [
+        SocketNode("garbled", garbage()),
+        SocketNode("html", routed({b"/v1/models": healthy(b"<html>hi</html>")})),
+        SocketNode("good", routed({b"/v1/models": listing("m1")})),
+    ]
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            await node.start(nursery)
+        proxy = proxy_for(*(node.upstream for node in nodes), discovery_interval=INTERVAL)
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+        assert bound.admin is not None
+        garbled = await wait_status(bound.admin, "garbled", lambda n: n["last_error"], 2.0)
+        html = await wait_status(bound.admin, "html", lambda n: n["last_error"], 2.0)
+        good = await wait_status(bound.admin, "good", lambda n: n["models"], 2.0)
+        nursery.cancel_scope.cancel()
+    # Any answer but a refusal, a timeout or a 5xx leaves the node's health alone.
+    assert (garbled["state"], garbled["models"], garbled["last_outcome"]) == (
+        "ready",
+        None,
+        "check_bad_answer",
+    )
+    assert garbled["last_error"].startswith("health check: /v1/models answer is not HTTP/1.1 (")
+    assert (html["state"], html["models"], html["last_outcome"]) == (
+        "ready",
+        None,
+        "check_bad_body",
+    )
+    assert html["last_error"] == "health check: /v1/models answered 200, not a model list: not JSON"
+    assert (good["state"], good["models"], good["last_error"]) == ("ready", ["m1"], None)
+
+
+async def test_inventories_route_and_a_closed_port_is_down_then_ready_within_an_interval() -> None:
+    # Issue 18, done when: two nodes without models, one listing m1, the other m2.
+    a = SocketNode("a", routed({b"/v1/models": listing("m1")}, healthy(b'"from a"')))
+    b = SocketNode("b", routed({b"/v1/models": listing("m2")}, healthy(b'"from b"')))
+    async with trio.open_nursery() as nursery:
+        await a.start(nursery)
+        await b.start(nursery)
+        proxy = proxy_for(a.upstream, b.upstream, discovery_interval=INTERVAL)
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+        assert bound.admin is not None
+        await wait_status(bound.admin, "a", lambda n: n["models"] == ["m1"], 1.0 + INTERVAL)
+        await wait_status(bound.admin, "b", lambda n: n["models"] == ["m2"], 1.0 + INTERVAL)
+
+        async def post(body: bytes) -> tuple[int, str | None, str | None, Any]:
+            with trio.fail_after(10):
+                response = await request_tcp(bound.client, body=body)
+            assert response is not None
+            node, tries = response.header("x-failover-node"), response.header("x-failover-attempts")
+            return response.status, node, tries, response.json()
+
+        # m2 goes straight to b: one attempt, a never asked.
+        assert await post(chat("m2")) == (200, "b", "1", "from b")
+        assert [r.target for r in a.fake.received if r.method == b"POST"] == []
+        # The fleet's list: both ids, each with its node.
+        status, models = await get_json(bound.client, "/v1/models")
+        assert (status, [(m["id"], m["nodes"]) for m in models["data"]]) == (
+            200,
+            [("m1", ["a"]), ("m2", ["b"])],
+        )
+        # m3: no node serves it, the same 404 as without inventories.
+        status, _, _, document = await post(chat("m3"))
+        assert (status, document["error"]["code"]) == (404, "model_not_found")
+
+        # a's port closes: down within one interval, and b takes the next request first.
+        await a.stop()
+        stopped = trio.current_time()
+        down = await wait_status(bound.admin, "a", lambda n: n["state"] == "down", 2 * INTERVAL)
+        assert trio.current_time() - stopped <= INTERVAL + 0.3  # one interval (+ a loaded CPU)
+        assert (down["reason"], down["last_outcome"]) == ("health_check", "check_connect_failed")
+        assert down["last_error"].startswith("health check cannot connect (connect: ")
+        assert down["models"] == ["m1"]  # a node going away keeps its inventory
+        assert await post(chat()) == (200, "b", "1", "from b")
+        # Unreachable when the list is built: left out of it.
+        _, models = await get_json(bound.client, "/v1/models")
+        assert [(m["id"], m["nodes"]) for m in models["data"]] == [("m2", ["b"])]
+
+        # a listens again on the same port: ready within one interval.
+        await a.start(nursery)
+        restarted = trio.current_time()
+        ready = await wait_status(bound.admin, "a", lambda n: n["state"] == "ready", 2 * INTERVAL)
+        assert trio.current_time() - restarted <= INTERVAL + 0.3
+        assert (ready["reason"], ready["last_outcome"]) == (None, "check_ok")
+        assert await post(chat()) == (200, "a", "1", "from a")
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_ollama_client_lists_the_merged_models_of_two_nodes() -> None:
+    first = SocketNode("gpu-a", ollama_node("llama3:8b", "qwen3:32b"))
+    second = SocketNode("gpu-b", ollama_node("qwen3:32b", "mistral:7b"))
+    async with trio.open_nursery() as nursery:
+        await first.start(nursery)
+        await second.start(nursery)
+        proxy = proxy_for(first.upstream, second.upstream, discovery_interval=0)
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+
+        def listed() -> list[str]:
+            # trust_env=False: no HTTP(S)_PROXY of the test machine in the way.
+            with ollama.Client(host=bound.client_url, trust_env=False, timeout=10) as client:
+                return [str(model.model) for model in client.list().models]
+
+        with trio.fail_after(20):
+            names = await trio.to_thread.run_sync(listed)
+        nursery.cancel_scope.cancel()
+    assert names == ["llama3:8b", "qwen3:32b", "mistral:7b"]
+
+
+async def test_the_lists_need_a_client_key_like_every_route() -> None:
+    node = SocketNode("openai", routed({b"/v1/models": listing("m1")}))
+    key = "k-3f6a9c0e1b7d2485"
+    async with trio.open_nursery() as nursery:
+        await node.start(nursery)
+        proxy = proxy_for(node.upstream, discovery_interval=0, clients=[ClientKey("alice", key)])
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+        with trio.fail_after(10):
+            refused = await request_tcp(bound.client, "GET", "/v1/models")
+            listed = await request_tcp(
+                bound.client, "GET", "/v1/models", headers=[("authorization", f"Bearer {key}")]
+            )
+        nursery.cancel_scope.cancel()
+    assert refused is not None
+    assert listed is not None
+    assert (refused.status, refused.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert (listed.status, [m["id"] for m in listed.json()["data"]]) == (200, ["m1"])
+    assert len(node.fake.received) == 1  # the refused request asked no node
