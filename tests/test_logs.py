@@ -13,7 +13,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_failover import Config, Upstream
+from trio_failover import ClientKey, Config, Upstream
 from trio_failover.proxy import Proxy
 from trio_failover.service.logs import (
     BatchedStreamHandler,
@@ -270,3 +270,13 @@ async def test_access_line_counts_a_relayed_retryable_answer(
     assert body == b'{"busy": true}'
     assert access["bytes"] == len(body)
 
+
+async def test_access_line_counts_the_body_of_a_401(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    configure_logging("json", "info", stream=captured)
+    async with Fleet({"a": FakeNode(healthy())}) as fleet:
+        proxy = make_proxy(fleet, clients=(ClientKey("alice", "k-3b9f2c71d0e4a856"),))
+        body, access = await access_line_of(proxy, captured)
+    assert (access["status"], access["state"]) == (401, "unauthorized")
+    assert access["bytes"] == len(body) > 0
