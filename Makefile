@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 
 .PHONY: install lint test e2e demo bench clean
 
@@ -13,6 +14,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# The demo needs only the runtime dependencies, not the test extras.
+$(RUNTIME_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME_STAMP)
 
 install: $(STAMP)
 
@@ -32,7 +40,7 @@ e2e: install
 	$(BIN)/python e2e/prepare.py
 	$(BIN)/pytest -c e2e/pytest.ini e2e $(E2E_ARGS)
 
-demo: install
+demo: $(RUNTIME_STAMP)
 	$(BIN)/trio-failover demo
 
 bench: install

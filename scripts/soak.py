@@ -12,12 +12,20 @@ proxy's fault. Clients abort some requests at random (FIN or RST, before the
 answer or mid-stream). Every other response must arrive whole, with the
 exact body its request asked for.
 
+The nodes close a keep-alive connection idle for ``--node-keepalive``
+(2 s), as uvicorn does after 5 s; the proxy's pool keeps idle connections
+for up to ``--pool-idle-timeout`` (4 s, the default), so after a burst it is
+the nodes that close first, and the proxy must notice.
+
 It reports requests OK / aborted / failed, and the proxy's RSS and open file
 descriptors (from ``/proc``) at startup, after a warm-up (the baseline) and
-after the run, with the idle pools swept on both occasions. It exits 1 on
-any lost response (a request not aborted that did not get a full, correct
-body), on more than baseline + 10 descriptors after the run, on RSS growth
-over 30 MB, or when the proxy does not exit 0 on SIGTERM at the end.
+after the run. Both times no request is sent afterwards: the script waits
+for the nodes to close their idle connections, then measures how long the
+proxy took to get back to its startup descriptor count (+2). It exits 1
+on any lost response (a request not aborted that did not get a full,
+correct body), when the descriptors are not back at startup + 2 within a
+second of the last node close, on RSS growth over 10 MB, or when the proxy
+does not exit 0 on SIGTERM at the end.
 
 This is a measurement, not a unit test (Linux only: it reads ``/proc``).
 docs/reliability.md has the figures of a run and how to read them.
@@ -44,11 +52,11 @@ from pathlib import Path
 import h11
 import trio
 
-FD_MARGIN = 10
-RSS_GROWTH_LIMIT = 30 * 1024 * 1024
+FD_MARGIN = 2
+FD_SETTLE = 1.0  # seconds after the last node close for the proxy to close its side
+RSS_GROWTH_LIMIT = 10 * 1024 * 1024
 REQUEST_TIMEOUT = 30.0
 RESPONSE_HEADER_TIMEOUT = 1.0  # what a stall costs: short, so a run stays short
-POOL_IDLE_TIMEOUT = 1.0
 FAULTS = ("stall", "close", "reset", "head_then_close", "status_503")
 NODES = ("a", "b", "c")
 FAULTY = ("a", "b")
@@ -98,8 +106,12 @@ def random_spec(rng: random.Random, name: str) -> Spec:
 class Fleet:
     rng: random.Random
     fault_rate: float
+    keepalive: float  # a node closes a connection idle this long
     injected: collections.Counter[str] = field(default_factory=collections.Counter)
     served: collections.Counter[str] = field(default_factory=collections.Counter)
+    open: int = 0
+    last_close: float = 0.0
+    closed: trio.Event = field(default_factory=trio.Event)
 
     def fault_for(self, node: str, spec: Spec) -> str | None:
         if node not in FAULTY or not spec.faults or self.rng.random() >= self.fault_rate:
@@ -110,11 +122,13 @@ class Fleet:
 
     async def serve_connection(self, node: str, stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
+        self.open += 1
         try:
             while True:
-                spec = await read_spec(stream, conn)
-                if spec is None:
-                    return
+                with trio.move_on_after(self.keepalive) as idle:
+                    spec = await read_spec(stream, conn)
+                if idle.cancelled_caught or spec is None:
+                    return  # idle too long (the node's keep-alive), or the proxy left
                 fault = self.fault_for(node, spec)
                 if fault == "stall":
                     # Never answer; the proxy gives up after its header timeout.
@@ -148,6 +162,10 @@ class Fleet:
             pass
         finally:
             await trio.aclose_forcefully(stream)
+            self.open -= 1
+            self.last_close = trio.current_time()
+            self.closed.set()
+            self.closed = trio.Event()
 
 
 async def send(stream: trio.abc.Stream, conn: h11.Connection, *events: h11.Event) -> None:
@@ -355,27 +373,37 @@ class Sample:
         return cls(fds(pid), rss(pid))
 
 
-async def sweep(address: tuple[str, int]) -> None:
-    """Bring the proxy to a comparable idle state: every client gone, pools expired.
+@dataclass
+class Settled:
+    """The proxy's descriptors once the nodes closed every idle connection."""
 
-    Idle pooled connections to nodes are closed lazily, at the next checkout
-    for that node (docs/failover.md); one fault-free request per node, after
-    the pool's idle timeout, closes them, leaving at most one per node.
+    sample: Sample
+    after_last_close: float | None  # seconds from the last node close to startup + 2
+
+
+async def settle(pid: int, fleet: Fleet, target: int | None, limit: float) -> Settled:
+    """Send nothing; wait for the nodes to close their idle connections.
+
+    Then, with ``target``, poll the proxy's descriptor count (a kernel fact no
+    event reports) until it is at most ``target``, for at most ``limit``
+    seconds, and say how long after the last node close it got there.
     """
-    await trio.sleep(POOL_IDLE_TIMEOUT + 0.2)
-    tally = Tally()
-    for node in NODES:
-        client = Client(address, random.Random(0))
-        spec = Spec(id=f"sweep-{node}", chunks=1, size=16, chunked=False, delay=0.0, faults=False)
-        await client.run(spec, tally, abort=None, reset=False, extra=[("x-failover-node", node)])
-        await client.close()
-    if tally.failed:
-        raise RuntimeError(f"sweep requests failed: {tally.examples}")
-    await trio.sleep(0.3)  # the proxy notices the clients' closes
+    with trio.fail_after(fleet.keepalive + REQUEST_TIMEOUT):
+        while fleet.open:
+            await fleet.closed.wait()
+    if target is None:
+        await trio.sleep(limit)  # the warm-up: let the proxy close its side
+        return Settled(Sample.of(pid), None)
+    with trio.move_on_after(limit):
+        while fds(pid) > target:  # noqa: ASYNC110 (no event reports it)
+            await trio.sleep(0.01)
+    reached = trio.current_time() - fleet.last_close
+    sample = Sample.of(pid)
+    return Settled(sample, reached if sample.fds <= target else None)
 
 
 async def start_proxy(
-    nodes: dict[str, int], log: Path, extra: list[str]
+    nodes: dict[str, int], log: Path, pool_idle_timeout: float, extra: list[str]
 ) -> tuple[trio.Process, tuple[str, int]]:
     command = [
         sys.executable,
@@ -387,7 +415,7 @@ async def start_proxy(
         *[f"--upstream={name}=http://127.0.0.1:{port}" for name, port in nodes.items()],
         f"--response-header-timeout={RESPONSE_HEADER_TIMEOUT}s",
         "--connect-timeout=2s",
-        f"--pool-idle-timeout={POOL_IDLE_TIMEOUT}s",
+        f"--pool-idle-timeout={pool_idle_timeout}s",
         "--shutdown-timeout=10s",
         *extra,
     ]
@@ -419,6 +447,7 @@ class Report:
     baseline: Sample
     peak_rss: int
     after: Sample
+    settled_in: float | None
     exit_status: int | None
     fleet: Fleet
     problems: list[str] = field(default_factory=list)
@@ -447,7 +476,16 @@ class Report:
         yield f"  served by  {served}"
         yield (
             f"  proxy fds  startup {self.startup.fds}, baseline {self.baseline.fds}, "
-            f"after {self.after.fds} (limit {self.baseline.fds + FD_MARGIN})"
+            f"after {self.after.fds} (limit: startup + {FD_MARGIN})"
+        )
+        settled = (
+            f"{self.settled_in:.2f} s"
+            if self.settled_in is not None
+            else f"not within {FD_SETTLE:g} s"
+        )
+        yield (
+            f"  idle pool  nodes close idle connections after {self.args.node_keepalive:g} s; "
+            f"back at startup + {FD_MARGIN} {settled} after the last node close"
         )
         growth = self.after.rss - self.baseline.rss
         yield (
@@ -464,7 +502,7 @@ class Report:
 
 async def soak(args: argparse.Namespace, log: Path) -> Report:
     rng = random.Random(args.seed)
-    fleet = Fleet(rng, args.fault_rate)
+    fleet = Fleet(rng, args.fault_rate, args.node_keepalive)
     async with trio.open_nursery() as nursery:
         ports: dict[str, int] = {}
         for name in NODES:
@@ -473,7 +511,7 @@ async def soak(args: argparse.Namespace, log: Path) -> Report:
                 functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
             )
             ports[name] = listeners[0].socket.getsockname()[1]
-        process, address = await start_proxy(ports, log, args.proxy_arg)
+        process, address = await start_proxy(ports, log, args.pool_idle_timeout, args.proxy_arg)
         try:
             pid = process.pid
             startup = Sample.of(pid)
@@ -485,8 +523,7 @@ async def soak(args: argparse.Namespace, log: Path) -> Report:
                 abort_rate=args.abort_rate,
                 label="warmup",
             )
-            await sweep(address)
-            baseline = Sample.of(pid)
+            baseline = (await settle(pid, fleet, None, FD_SETTLE)).sample
             peak = baseline.rss
 
             async def watch_rss() -> None:
@@ -510,8 +547,8 @@ async def soak(args: argparse.Namespace, log: Path) -> Report:
                 )
                 seconds = trio.current_time() - started
                 watcher.cancel_scope.cancel()
-            await sweep(address)
-            after = Sample.of(pid)
+            settled = await settle(pid, fleet, startup.fds + FD_MARGIN, FD_SETTLE * 5)
+            after = settled.sample
             process.send_signal(signal.SIGTERM)
             with trio.move_on_after(15):
                 await process.wait()
@@ -522,14 +559,20 @@ async def soak(args: argparse.Namespace, log: Path) -> Report:
                 await process.wait()
         nursery.cancel_scope.cancel()
 
-    report = Report(args, warmup, run, seconds, startup, baseline, peak, after, exit_status, fleet)
+    settled_in = settled.after_last_close
+    report = Report(
+        args, warmup, run, seconds, startup, baseline, peak, after, settled_in, exit_status, fleet
+    )
     lost = warmup.failed + run.failed
     if lost:
         report.problems.append(f"{lost} lost responses ({warmup.failed} in the warm-up)")
-    if after.fds > baseline.fds + FD_MARGIN:
-        report.problems.append(f"{after.fds} open fds after the run, baseline {baseline.fds}")
+    if settled_in is None or settled_in > FD_SETTLE:
+        report.problems.append(
+            f"{after.fds} open fds after the run, {startup.fds} at startup: not back at"
+            f" startup + {FD_MARGIN} within {FD_SETTLE:g} s of the nodes closing"
+        )
     if after.rss - baseline.rss > RSS_GROWTH_LIMIT:
-        report.problems.append("RSS grew by more than 30 MB")
+        report.problems.append(f"RSS grew by more than {RSS_GROWTH_LIMIT // 2**20} MB")
     if exit_status != 0:
         report.problems.append(f"the proxy exited with {exit_status} on SIGTERM")
     return report
@@ -543,6 +586,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fault-rate", type=float, default=0.1, help="per attempt at a or b")
     parser.add_argument("--abort-rate", type=float, default=0.05, help="per request")
+    parser.add_argument(
+        "--node-keepalive", type=float, default=2.0, help="seconds before a node closes idle"
+    )
+    parser.add_argument(
+        "--pool-idle-timeout", type=float, default=4.0, help="the proxy's, in seconds"
+    )
     parser.add_argument(
         "--proxy-arg", action="append", default=[], help="an extra option for the proxy"
     )

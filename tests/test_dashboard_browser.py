@@ -420,3 +420,66 @@ async def test_dashboard_shows_slots_in_use_and_the_queue(chromium: str, tmp_pat
                     assert waiting["id"].startswith("burst-")
                     clients.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
+
+
+# Installed before the page's own script. Timers never fire (as if the first
+# poll interval and redraw tick had not come yet), and when #nodes and
+# #workloads first get rows, it notes how many GET /status answers the page
+# had by then.
+WATCH_FIRST_RENDER = """
+window.setTimeout = () => 0;
+window.setInterval = () => 0;
+window.__first = {};
+const statusCount = () => performance.getEntriesByType("resource")
+  .filter(entry => new URL(entry.name).pathname === "/status").length;
+new MutationObserver(() => {
+  for (const id of ["nodes", "workloads"]) {
+    const body = document.getElementById(id);
+    if (body && body.children.length && !(id in window.__first)) {
+      window.__first[id] = statusCount();
+    }
+  }
+}).observe(document, {childList: true, subtree: true});
+"""
+
+
+async def test_dashboard_renders_on_the_first_status(chromium: str, tmp_path: Path) -> None:
+    nodes = {"gpu-a": FakeNode(healthy(b'{"ok": true}')), "gpu-b": FakeNode(healthy())}
+    with trio.fail_after(40):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            upstreams = [await fleet.serve_tcp(name) for name in nodes]
+            config = Config(
+                upstreams=upstreams,
+                listen="127.0.0.1:0",
+                admin_listen="127.0.0.1:0",
+                discovery_interval=0,  # the nodes list no models
+            )
+            bound: BoundAddresses = await nursery.start(serve, config)
+            async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
+                answer = await http.post(
+                    "/v1/chat/completions", content=BODY, headers={"x-request-id": "before"}
+                )
+                assert answer.status_code == 200
+            browser_url = await start_chromium(nursery, tmp_path / "profile")
+            async with trio_websocket.open_websocket_url(
+                browser_url, max_message_size=64 * 1024 * 1024
+            ) as ws:
+                devtools = DevTools(ws)
+                await devtools.open_page("about:blank")
+                await devtools.call("Page.enable")
+                await devtools.call(
+                    "Page.addScriptToEvaluateOnNewDocument", source=WATCH_FIRST_RENDER
+                )
+                await devtools.call("Page.navigate", url=f"{bound.admin_url}/")
+                page = await wait_for_page(
+                    devtools,
+                    lambda p: len(p["nodes"]) == 2 and len(p["workloads"]) == 1,
+                    "the nodes and the workload from /status",
+                )
+                assert [n["name"] for n in page["nodes"]] == ["gpu-a", "gpu-b"]
+                assert page["workloads"][0]["id"] == "before"
+                # No event came (no traffic), no timer fired: the first /status
+                # drew both tables.
+                first = await devtools.evaluate("JSON.stringify(window.__first)")
+                assert json.loads(first) == {"nodes": 1, "workloads": 1}
+            nursery.cancel_scope.cancel()

@@ -18,8 +18,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
+import trio.testing
 
-from trio_failover import demo
+from trio_failover import Config, Upstream, demo
+from trio_failover.demo_view import Watcher
+from trio_failover.proxy import Proxy
 from trio_failover.testing import healthy
 
 BEHAVIOURS = (
@@ -54,6 +58,8 @@ def test_run_demo_once_shows_every_behaviour(capsys: pytest.CaptureFixture[str])
     assert re.search(r"frozen\s+cooling\s+\d\.\d s \(header_timeout\)", out)
     assert "frozen is ready again (expired)" in out
     assert out.count("token 'word") == demo.TOKENS
+    step_2 = out[out.index("2. The cooldown") : out.index("3. A pre-commit drop")]
+    assert step_2.index("commit: healthy") < step_2.index("token 'word0")  # in order
     assert "keeps serving" not in out  # --once exits after the script
 
 
@@ -153,3 +159,31 @@ def test_colour_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     assert demo.Screen(io.StringIO()).style("ok", "green") == "ok"
     monkeypatch.setenv("NO_COLOR", "1")
     assert demo.Screen(FakeTerminal()).style("ok", "green") == "ok"
+
+
+async def test_a_script_line_prints_after_the_events_published_before_it() -> None:
+    # The client's callback can run before the watcher task although the
+    # commit event was published first: the watcher holds the event, not yet
+    # shown, when the token arrives. The token must still come second.
+    proxy = Proxy(Config(upstreams=[Upstream("healthy", "http://127.0.0.1:9")]))
+    out = io.StringIO()
+    watcher = Watcher(demo.Screen(out), proxy)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watcher.run)
+            await trio.testing.wait_all_tasks_blocked()
+            started = trio.current_time()
+            proxy.events.publish(
+                {"type": "workload", "id": "w", "state": "committed", "node": "healthy"}
+            )
+            watcher.note(started, "token 'word0 '")  # no checkpoint in between
+            await trio.testing.wait_all_tasks_blocked()
+            watcher.note(started, "token 'word1 '")  # no event pending: printed on its own
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    lines = [re.sub(r"^\s*\+\d+\.\d+ s\s+", "", line) for line in out.getvalue().splitlines()]
+    assert lines == [
+        "commit: healthy's response starts reaching the client",
+        "token 'word0 '",
+        "token 'word1 '",
+    ]

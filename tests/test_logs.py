@@ -13,7 +13,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_failover import Config, Upstream
+from trio_failover import ClientKey, Config, Upstream
 from trio_failover.proxy import Proxy
 from trio_failover.service.logs import (
     BatchedStreamHandler,
@@ -25,7 +25,7 @@ from trio_failover.service.logs import (
     logger,
     redact,
 )
-from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
+from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, retry_status
 
 # Streamed: the response-header timeout bounds the wait for its head (an
 # unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
@@ -233,3 +233,50 @@ def test_text_lists_read_as_json_writes_them(value: list[str]) -> None:
 )
 def test_text_of_awkward_lists(value: object) -> None:
     assert _text(value) == _text_by_json(value)
+
+
+async def access_line_of(proxy: Proxy, captured: io.StringIO) -> tuple[bytes, dict[str, Any]]:
+    """One request's body as the client got it, and its access line."""
+    response = await request(proxy, body=BODY)
+    assert response is not None
+    [access] = [
+        line
+        for line in map(json.loads, captured.getvalue().splitlines())
+        if line["logger"] == "trio_failover.access"
+    ]
+    return response.body, access
+
+
+async def test_access_line_counts_the_proxys_own_error_body(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    configure_logging("json", "info", stream=captured)
+    async with Fleet({"frozen": FakeNode(frozen())}) as fleet:
+        proxy = make_proxy(fleet, response_header_timeout=1.0)
+        body, access = await access_line_of(proxy, captured)
+    assert access["status"] == 504
+    assert body.startswith(b'{"error"')
+    assert access["bytes"] == len(body)
+
+
+async def test_access_line_counts_a_relayed_retryable_answer(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    configure_logging("json", "info", stream=captured)
+    async with Fleet({"busy": FakeNode(retry_status(503, b'{"busy": true}'))}) as fleet:
+        proxy = make_proxy(fleet)
+        body, access = await access_line_of(proxy, captured)
+    assert access["status"] == 503
+    assert body == b'{"busy": true}'
+    assert access["bytes"] == len(body)
+
+
+async def test_access_line_counts_the_body_of_a_401(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    configure_logging("json", "info", stream=captured)
+    async with Fleet({"a": FakeNode(healthy())}) as fleet:
+        proxy = make_proxy(fleet, clients=(ClientKey("alice", "k-3b9f2c71d0e4a856"),))
+        body, access = await access_line_of(proxy, captured)
+    assert (access["status"], access["state"]) == (401, "unauthorized")
+    assert access["bytes"] == len(body) > 0

@@ -272,3 +272,64 @@ async def test_second_sigterm_during_a_long_stream_exits_promptly() -> None:
         assert returncode == 1  # forced: not a clean drain
         assert not reply.complete  # the client sees a cut stream, not a false end
         assert any("second signal" in line for line in proxy.lines)
+
+
+# -- /healthz during a drain -------------------------------------------------------------------
+
+
+async def healthz(address: tuple[str, int]) -> tuple[int, bytes]:
+    """``GET /healthz`` on the admin listener: (status, body)."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        await stream.send_all(
+            b"GET /healthz HTTP/1.1\r\nHost: admin.test\r\nConnection: close\r\n\r\n"
+        )
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+async def test_healthz_answers_503_once_the_drain_begins() -> None:
+    async with Fleet({"a": streaming(1.5)}) as fleet:
+        node = await fleet.serve_tcp("a")
+        config = attrs.evolve(config_for(node, shutdown_timeout=10.0), admin_listen="127.0.0.1:0")
+        shutdown = trio.Event()
+        reply = Reply()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                bound: BoundAddresses = await nursery.start(
+                    partial(serve, config, shutdown=shutdown)
+                )
+                assert bound.admin is not None
+                assert await healthz(bound.admin) == (200, b"ok")
+                nursery.start_soon(fetch, bound.client, reply)
+                await reply.first_chunk.wait()
+                shutdown.set()
+                await trio.testing.wait_all_tasks_blocked()
+                # The stream keeps the drain going; the admin listener stays up.
+                assert await healthz(bound.admin) == (503, b"draining")
+        assert reply.complete
+
+
+async def test_healthz_of_a_real_process_answers_503_after_sigterm() -> None:
+    async with Fleet({"a": streaming(3.0)}) as fleet:
+        node = await fleet.serve_tcp("a")
+        reply = Reply()
+        with trio.fail_after(20):
+            async with (
+                proxy_process(node, "--admin-listen=127.0.0.1:0") as proxy,
+                trio.open_nursery() as clients,
+            ):
+                line = await proxy.lines.wait_for("admin on http://")
+                host, _, port = line.rpartition("http://")[2].rpartition(":")
+                admin = (host, int(port))
+                assert await healthz(admin) == (200, b"ok")
+                clients.start_soon(fetch, proxy.address, reply)
+                await reply.first_chunk.wait()
+                proxy.process.send_signal(signal.SIGTERM)
+                await proxy.lines.wait_for("draining")
+                assert await healthz(admin) == (503, b"draining")
+                assert await proxy.process.wait() == 0
+        assert reply.complete

@@ -309,7 +309,7 @@ class Demo:
         def show_tokens(chunk: bytes) -> None:
             for token in sse_tokens(chunk):
                 tokens.append(token)
-                watcher.say(started, f"token {token!r}")
+                watcher.note(started, f"token {token!r}")  # after the commit it follows
 
         response, final = await self._send(
             addresses,

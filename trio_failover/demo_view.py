@@ -108,14 +108,49 @@ class Watcher:
         self.node_events: list[Event] = []
         self.announce = False  # print a line when a request arrives (once serving)
         self._changed = trio.Event()
+        self._notes: list[str] = []  # lines of the script's own, not yet printed
+        self._waiting: trio.CancelScope | None = None
+        self._running = False
 
     async def run(self) -> None:
-        with self.proxy.events.subscribe(buffer=0) as events:
-            async for event in events:
-                self.show(event)
-                # Wake whoever waits for a condition on what was seen so far.
-                self._changed.set()
-                self._changed = trio.Event()
+        # One task prints everything, events first: an event published before
+        # the client's bytes went out may already be handed to this task (a
+        # memory channel gives it to the waiting receiver at once) when the
+        # client, scheduled in the same batch, sees those bytes. So the script
+        # leaves its lines here (``note``) instead of printing them itself.
+        self._running = True
+        try:
+            with self.proxy.events.subscribe(buffer=0) as events:
+                while True:
+                    with trio.CancelScope() as self._waiting:
+                        try:
+                            event = await events.receive.receive()
+                        except (trio.EndOfChannel, trio.ClosedResourceError):
+                            return
+                        self.show(event)
+                        # Wake whoever waits for a condition on what was seen so far.
+                        self._changed.set()
+                        self._changed = trio.Event()
+                    self._waiting = None
+                    self._print_notes()
+        finally:
+            self._running = False
+            self._print_notes()
+
+    def note(self, since: float, text: str) -> None:
+        """Print a line of the script's, after every event published before it."""
+        line = self._timed(since, text)
+        if not self._running:
+            self.screen.line(line)
+            return
+        self._notes.append(line)
+        if self._waiting is not None:
+            self._waiting.cancel()  # an event already handed over is still shown first
+
+    def _print_notes(self) -> None:
+        notes, self._notes = self._notes, []
+        for line in notes:
+            self.screen.line(line)
 
     async def wait_for(self, condition: Callable[[], bool]) -> None:
         """Wait until ``condition()`` holds after some event."""
@@ -128,8 +163,11 @@ class Watcher:
         return self.finished[workload]
 
     def say(self, since: float, text: str) -> None:
+        self.screen.line(self._timed(since, text))
+
+    def _timed(self, since: float, text: str) -> str:
         offset = f"+{trio.current_time() - since:.3f} s"
-        self.screen.line(f"  {self.screen.style(offset.rjust(10), 'dim')}  {text}")
+        return f"  {self.screen.style(offset.rjust(10), 'dim')}  {text}"
 
     def show(self, event: Event) -> None:
         if event.get("type") == "node":

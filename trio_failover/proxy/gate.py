@@ -76,8 +76,9 @@ class ClientGate:
         request_id = workload_id(request.headers)
         document = error_document(path, 401, "invalid_api_key", REFUSAL_MESSAGE)
         headers = [*error_headers("invalid_api_key"), (b"x-request-id", request_id.encode())]
+        sent = 0
         with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-            await client.send_json(401, document, headers)
+            sent = await client.send_json(401, document, headers)
         self.report.unauthorized(
-            request_id, request.method.decode("ascii", "replace"), path, started
+            request_id, request.method.decode("ascii", "replace"), path, started, sent
         )

@@ -314,7 +314,9 @@ class Report:
             }
         )
 
-    def unauthorized(self, request_id: str, method: str, path: str, started: float) -> None:
+    def unauthorized(
+        self, request_id: str, method: str, path: str, started: float, sent: int = 0
+    ) -> None:
         """Count and log a request refused for want of a valid key (no workload).
 
         It stays out of ``/status`` and the events: a client without a key
@@ -332,7 +334,7 @@ class Report:
                 "nodes": [],
                 "commit_ms": None,
                 "duration_ms": _ms(trio.current_time() - started),
-                "bytes": 0,
+                "bytes": sent,  # the 401's own body
             }
         )
 

@@ -434,6 +434,7 @@ class WorkloadRunner:
             )
         except ClientGone:
             return False
+        work.body_bytes += 0 if work.method == "HEAD" else len(saved.body)
         return True
 
     async def _send_failure(
@@ -454,7 +455,8 @@ class WorkloadRunner:
             *error_headers(code),
         ]
         with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-            await client.send_json(status, document, headers)
+            # The access line's bytes count the proxy's own bodies too.
+            work.body_bytes += await client.send_json(status, document, headers)
 
     # -- milestones: execute the verdict, tell the report --------------------
 

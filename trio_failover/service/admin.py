@@ -207,7 +207,7 @@ _UNAUTHORIZED = attrs.evolve(
 
 def _route(proxy: Proxy, request: h11.Request, path: bytes) -> Reply:
     routes: dict[bytes, Callable[[Proxy, h11.Request], Reply]] = {
-        b"/healthz": lambda _, __: Reply(200, b"ok", b"text/plain; charset=utf-8"),
+        b"/healthz": lambda p, _: _healthz_reply(p),
         b"/status": lambda p, _: Reply(200, json.dumps(p.status()).encode()),
         b"/metrics": _metrics_reply,
         b"/": lambda _, __: _dashboard_reply(),
@@ -224,6 +224,14 @@ def _route(proxy: Proxy, request: h11.Request, path: bytes) -> Reply:
         reply = _error(405, "method_not_allowed", "the admin API is read-only")
         return attrs.evolve(reply, headers=((b"allow", b"GET, HEAD"),))
     return answer(proxy, request)
+
+
+def _healthz_reply(proxy: Proxy) -> Reply:
+    # A drain lasts --shutdown-timeout: a load balancer polling /healthz sees
+    # the 503 at its next check and stops sending while in-flight work ends.
+    if proxy.draining:
+        return Reply(503, b"draining", b"text/plain; charset=utf-8")
+    return Reply(200, b"ok", b"text/plain; charset=utf-8")
 
 
 def _metrics_reply(proxy: Proxy, request: h11.Request) -> Reply:

@@ -199,6 +199,9 @@ async def serve(
     try:
         async with trio.open_nursery() as services:
             services.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
+            # Idle node connections close when their node closes them or at
+            # --pool-idle-timeout, with no traffic needed (SPEC 5 item 11).
+            services.start_soon(proxy.pool.watch)
             admin = None
             if config.admin_listen is not None:
                 try:

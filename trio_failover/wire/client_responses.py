@@ -94,9 +94,12 @@ class ResponseWriter:
         headers: list[tuple[bytes, bytes]] | None = None,
         *,
         close: bool = False,
-    ) -> None:
-        """Send a complete JSON response."""
-        await self.send(*json_answer(status, document, headers, close=close))
+    ) -> int:
+        """Send a complete JSON response; returns the body bytes sent (none after a HEAD)."""
+        events = json_answer(status, document, headers, close=close)
+        body = 0 if self._requests.answering_head else len(events[1].data)
+        await self.send(*events)
+        return body
 
     async def send_client_error(self, error: ClientError) -> None:
         """Answer a bad request with its JSON error; the connection then closes.

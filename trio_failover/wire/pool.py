@@ -14,9 +14,18 @@ path of every request. The rules, which ``upstream.open_response`` and
 - A connection idle for ``idle_timeout`` or longer is never handed out. The
   default of 4 s stays below uvicorn's 5 s keep-alive (vLLM's server), so
   the node does not close a connection just as the proxy reuses it. Expiry
-  is computed from ``now`` at checkout and release; there is no timer task,
-  so an expired connection stays open (unused) until the next checkout or
-  release for its node, or until ``aclose``.
+  is computed from ``now`` at checkout and release, and by ``watch``.
+- ``watch`` is the pool's one watcher task (``server.serve`` runs it for the
+  server's lifetime): it sleeps until the earliest idle deadline or until
+  any idle socket turns readable, whichever comes first, and closes what is
+  due. An idle connection has no answer pending, so readable means the node
+  closed it (EOF, reset) or sent bytes nobody asked for: either way it
+  cannot be used, the test httpcore and urllib3 make at checkout. The
+  sockets are watched through one epoll set (Linux) whose own descriptor
+  the watcher waits on, so the request path pays one ``epoll_ctl`` at
+  release and at checkout, and no task. Without ``watch`` (an embedded
+  ``Proxy`` that does not run it), expired connections stay open until the
+  next checkout or release for their node, or until ``aclose``.
 - At most ``max_idle`` idle connections per node; a release beyond that
   closes the oldest one.
 - ``max_idle == 0`` or ``idle_timeout == 0`` turns pooling off.
@@ -25,24 +34,34 @@ A pooled connection can still turn out dead when used (the node closed it
 after the check); ``upstream.open_response`` then retries once on a fresh
 connection, which is not a node failure.
 
-The decisions (``take_idle``, ``put_idle``, ``is_reusable``) are plain
-functions of the idle list and ``now``; ``ConnectionPool`` only closes what
-they discard.
+The decisions (``take_idle``, ``put_idle``, ``sweep_idle``, ``next_expiry``,
+``is_reusable``) are plain functions of the idle lists and ``now``;
+``ConnectionPool`` only closes what they discard.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 import attrs
 import h11
 import trio
 
-__all__ = ["ConnectionPool", "IdleConnection", "is_reusable", "put_idle", "take_idle"]
+__all__ = [
+    "ConnectionPool",
+    "IdleConnection",
+    "is_reusable",
+    "next_expiry",
+    "put_idle",
+    "sweep_idle",
+    "take_idle",
+]
 
 
 class _Idle(Protocol):
@@ -110,6 +129,40 @@ def put_idle(
     return discarded
 
 
+def sweep_idle(
+    idle: list[IdleT], *, now: float, idle_timeout: float, dead: Callable[[IdleT], bool]
+) -> list[IdleT]:
+    """Take out the idle connections of one node that must close now.
+
+    Args:
+        idle: the node's idle connections, oldest first; changed in place.
+        now: the current Trio time.
+        idle_timeout: seconds after which an idle connection is not reused.
+        dead: whether a connection turned readable while idle (closed by
+            the node, or sent bytes nobody asked for).
+
+    Returns:
+        The expired and the dead connections, oldest first.
+    """
+    expired = _expired_prefix(idle, now, idle_timeout)
+    discarded = idle[:expired]
+    kept = [entry for entry in idle[expired:] if not dead(entry)]
+    discarded += [entry for entry in idle[expired:] if dead(entry)]
+    idle[:] = kept
+    return discarded
+
+
+def next_expiry(idle: Mapping[str, Sequence[_Idle]], idle_timeout: float) -> float:
+    """When the next idle connection expires (``math.inf`` with none idle).
+
+    Each node's list is oldest first, so only its first entry counts.
+    """
+    return min(
+        (entries[0].idle_since + idle_timeout for entries in idle.values() if entries),
+        default=math.inf,
+    )
+
+
 def is_reusable(conn: h11.Connection) -> bool:
     """Whether a client-side h11 connection may carry another request.
 
@@ -128,6 +181,7 @@ class IdleConnection:
     stream: trio.abc.Stream
     conn: h11.Connection
     idle_since: float
+    fd: int = -1  # its socket's descriptor while the watcher watches it
 
 
 class ConnectionPool:
@@ -147,6 +201,8 @@ class ConnectionPool:
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
         self._idle: dict[str, list[IdleConnection]] = {}
+        self._readiness: _Readiness | None = None  # while ``watch`` runs
+        self._wake = trio.Event()  # set on release: the watcher may have a deadline now
         # A pool dropped without aclose() (an embedder that never calls it)
         # would leave its sockets to the garbage collector, which warns.
         weakref.finalize(self, _close_abandoned, self._idle)
@@ -169,8 +225,10 @@ class ConnectionPool:
         if not idle:
             return None
         entry, expired = take_idle(idle, now=trio.current_time(), idle_timeout=self.idle_timeout)
+        if entry is not None:
+            self._unwatch(entry)  # in use now: its bytes are the answer's
         try:
-            await _close_all(expired)
+            await self._close_all(expired)
         except BaseException:
             if entry is not None:
                 await trio.aclose_forcefully(entry.stream)
@@ -198,18 +256,118 @@ class ConnectionPool:
             idle_timeout=self.idle_timeout,
             max_idle=self.max_idle,
         )
-        await _close_all(discarded)
+        if self._readiness is not None:
+            self._readiness.add(entry)
+            self._wake.set()
+        await self._close_all(discarded)
+
+    async def watch(self) -> None:
+        """Close idle connections once expired or closed by their node; runs until cancelled.
+
+        The pool's one watcher: run it in a nursery that lives as long as the
+        pool (``server.serve`` does). It waits for the earliest idle deadline
+        or for any idle socket to turn readable, and closes what is due.
+        """
+        if not self.enabled:
+            await trio.sleep_forever()
+        readiness = self._readiness = _Readiness()
+        try:
+            for entries in self._idle.values():
+                for entry in entries:
+                    readiness.add(entry)
+            while True:
+                deadline = next_expiry(self._idle, self.idle_timeout)
+                if deadline == math.inf:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                    continue
+                with trio.move_on_at(deadline):
+                    await readiness.wait()
+                await self._sweep(readiness)
+        finally:
+            self._readiness = None
+            for entries in self._idle.values():
+                for entry in entries:
+                    entry.fd = -1
+            readiness.close()
+
+    async def _sweep(self, readiness: _Readiness) -> None:
+        ready = readiness.ready()
+        now = trio.current_time()
+        doomed: list[IdleConnection] = []
+        for entries in self._idle.values():
+            doomed += sweep_idle(
+                entries, now=now, idle_timeout=self.idle_timeout, dead=lambda e: e.fd in ready
+            )
+        for fd in ready:  # one that is no longer idle must not wake the watcher again
+            readiness.forget(fd)
+        await self._close_all(doomed)
+
+    def _unwatch(self, entry: IdleConnection) -> None:
+        if self._readiness is not None:
+            self._readiness.forget(entry.fd)
+        entry.fd = -1
+
+    async def _close_all(self, entries: list[IdleConnection]) -> None:
+        for entry in entries:  # out of the epoll set before its descriptor is reused
+            self._unwatch(entry)
+        for entry in entries:
+            await trio.aclose_forcefully(entry.stream)
 
     async def aclose(self) -> None:
         """Close every idle connection (at shutdown)."""
         entries = [entry for node in self._idle.values() for entry in node]
         self._idle.clear()
-        await _close_all(entries)
+        await self._close_all(entries)
 
 
-async def _close_all(entries: list[IdleConnection]) -> None:
-    for entry in entries:
-        await trio.aclose_forcefully(entry.stream)
+class _Readiness:
+    """The idle sockets in one epoll set, whose own descriptor Trio can wait on.
+
+    Where ``select.epoll`` does not exist, nothing is watched and ``wait``
+    only ends by its deadline: idle connections then close at expiry only.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+
+    def add(self, entry: IdleConnection) -> None:
+        fd = _socket_fd(entry.stream)
+        if self._epoll is None or fd < 0:
+            return  # an in-memory stream (tests): deadlines only
+        events = select.EPOLLIN | select.EPOLLRDHUP
+        try:
+            self._epoll.register(fd, events)
+        except FileExistsError:  # a descriptor number reused before we heard of its close
+            self._epoll.modify(fd, events)
+        entry.fd = fd
+
+    def forget(self, fd: int) -> None:
+        if self._epoll is not None and fd >= 0:
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(fd)
+
+    async def wait(self) -> None:
+        if self._epoll is None:
+            await trio.sleep_forever()
+        else:
+            await trio.lowlevel.wait_readable(self._epoll.fileno())
+
+    def ready(self) -> Collection[int]:
+        if self._epoll is None:
+            return frozenset()
+        return {fd for fd, _ in self._epoll.poll(0)}
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            trio.lowlevel.notify_closing(self._epoll.fileno())
+            self._epoll.close()
+
+
+def _socket_fd(stream: trio.abc.Stream) -> int:
+    transport = getattr(stream, "transport_stream", stream)  # TLS
+    sock = getattr(transport, "socket", None)
+    return sock.fileno() if isinstance(sock, trio.socket.SocketType) else -1
 
 
 def _close_abandoned(idle: dict[str, list[IdleConnection]]) -> None:
