@@ -12,7 +12,7 @@ Each deadline wraps the smallest operation that owns it:
                            comment or blank, SPEC 5.5)
 
 Each phase is one function (``_connect``, ``_request_and_head``,
-``_error_body``; ``first_body.py``'s ``first_body`` and ``first_event``).
+``_error_body``; ``first_bytes.py``'s ``first_body`` and ``first_event``).
 Trio, OS, TLS and h11 errors become ``UpstreamError`` subclasses in one
 place, ``upstream_errors.map_error``, phase by phase; what they mean for
 the workload is ``outcome.judge``'s call.
@@ -33,9 +33,8 @@ from ..core.headers import Headers, get
 from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.sse import SseScanner, is_event_stream
-from . import sockopts
+from . import first_bytes, sockopts
 from .connect import Connector, TCPConnector, open_tcp
-from .first_body import first_body, first_event
 from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_prefix
 from .pool import ConnectionPool
 
@@ -287,15 +286,15 @@ async def _exchange(
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
     elif not is_event_stream(get(response.headers, b"content-type")):
-        first, complete = await first_body(node.name, stream, conn, config)
+        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
     elif config.first_body_timeout:
         scanner = SseScanner()
-        first, complete = await first_event(node.name, stream, conn, config, scanner)
+        first, complete = await first_bytes.first_event(node.name, stream, conn, config, scanner)
     else:
         # Every byte commits (the pings reach the client), but the relay's
         # stream-idle timer waits for the first event line.
         scanner = SseScanner()
-        first, complete = await first_body(node.name, stream, conn, config)
+        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
         progressed = scanner.progress(first)
     timings = Timings(started, written, head_at, trio.current_time())
     return UpstreamResponse(
