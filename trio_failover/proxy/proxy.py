@@ -75,7 +75,7 @@ class Proxy:
     @property
     def recent(self) -> list[dict[str, Any]]:
         """The last finished workloads, oldest first, in their ``/status`` form."""
-        return self.report.recent
+        return self.report.view.recent()
 
     @property
     def draining(self) -> bool:
@@ -137,4 +137,4 @@ class Proxy:
 
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
-        return self.report.status()
+        return self.report.view.document()

@@ -1,26 +1,25 @@
-"""What the proxy tells about its work: node counters, cooldowns, recent
-workloads, and the events, metrics and log lines they make.
+"""What the proxy tells about its work: node counters, recent workloads, and
+the events, metrics and log lines they make.
 
 ``Report`` is the one place that writes them; the workload shell
-(``workload.py``) calls it at each milestone, and the admin API and the demo
-read ``status()``, ``recent`` and ``events`` from it (through ``Proxy``).
+(``workload.py``, ``attempts.py``, ``milestones.py``) calls it at each
+milestone. Its parts: ``Readiness`` (``readiness.py``) keeps the cooldowns
+and down flags and tells their changes, ``StatusView`` (``status.py``)
+builds ``/status`` and the recent workloads for the admin API and the demo
+(through ``Proxy``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
-from functools import partial
 from typing import Any
 
 import attrs
 import trio
 
-from .. import __version__
-from ..core.config import Config, redact_url
-from ..core.cooldown import CooldownTable
-from ..core.inventory import DOWN_REASON, READY_REASON_CHECK, CheckVerdict, Health, advertised_ids
+from ..core.config import Config
+from ..core.inventory import Health
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
@@ -28,7 +27,8 @@ from ..service.logs import access_logger, log_access, logger
 from ..service.metrics import Metrics
 from ..wire.client import Closed
 from .health import HealthBooks
-from .queue import SlotQueue
+from .readiness import Readiness
+from .status import StatusView, workload_event
 
 RECENT_WORKLOADS = 50
 # The ``client`` label of the workloads metric when no key is configured
@@ -103,22 +103,25 @@ class Report:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.cooldowns = CooldownTable()
         self.health = HealthBooks(node.name for node in config.upstreams)
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
-        # Slots from connect to the end of the relay: in_flight of SPEC 2.
-        self.queue = SlotQueue(config, self.is_demoted)
-        ledger = self.queue.scheduler.ledger
-        for name in self.stats:
-            # Read at scrape time: no gauge update per attempt.
-            self.metrics.in_flight.labels(name).set_function(partial(ledger.in_flight, name))
-        self.metrics.queue_length.set_function(self.queue.__len__)
+        self.readiness = Readiness(config, self.health, self.events, self.metrics)
+        self.cooldowns = self.readiness.cooldowns
+        self.queue = self.readiness.queue
+        # The node books' methods, under the names the shell and embedders call.
+        self.demote = self.readiness.demote
+        self.expire_cooldowns = self.readiness.expire_cooldowns
+        self.queue_wake_at = self.readiness.queue_wake_at
+        self.is_demoted = self.readiness.is_demoted
+        self.check_finished = self.readiness.check_finished
+        self.node_ready = self.readiness.node_ready
         # Finished workloads and when they ended; summarised only when asked.
         self._recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
         self._live: dict[int, Workload] = {}
+        self.view = StatusView(config, self.readiness, self.stats, self._recent, self._live)
 
     # -- attempts ------------------------------------------------------------
 
@@ -174,76 +177,6 @@ class Report:
             self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
         self.metrics.client_aborts.inc()
 
-    # -- cooldowns -----------------------------------------------------------
-
-    def demote(self, node: str, duration: float, reason: str, now: float) -> None:
-        """Cool ``node`` down for ``duration`` seconds from ``now``."""
-        entry = self.cooldowns.demote(node, now=now, duration=duration, reason=reason)
-        self.metrics.child(self.metrics.cooldowns, node, reason).inc()
-        self.metrics.cooling.set(len(self.cooldowns.active(now)))
-        self.queue.demoted()
-        until = round(entry.remaining(now), 3)
-        logger.warning(
-            "cooldown", extra={"fields": {"node": node, "reason": reason, "for_s": until}}
-        )
-        self.events.publish(
-            {"type": "node", "node": node, "state": "cooling", "reason": reason, "until_s": until}
-        )
-
-    def expire_cooldowns(self, now: float | None = None) -> None:
-        """Notice cooldowns that ran out (publishing ``ready`` node events)."""
-        if now is None:
-            now = trio.current_time()
-        ended = self.cooldowns.expire(now)
-        if ended:  # asked at every workload: the common answer costs nothing
-            for entry in ended:
-                if not self.health.is_down(entry.node):  # else "ready" would be false news
-                    self.node_ready(entry.node, "expired")
-            self.metrics.cooling.set(len(self.cooldowns.active(now)))
-            self.queue.dispatch()
-
-    def queue_wake_at(self) -> float:
-        """When a cooldown next ends while workloads wait (else ``inf``), for the ticker."""
-        # active(-inf): every entry, also those that ran out but were not
-        # noticed yet; their end lies in the past, so the ticker looks now.
-        return self.queue.wake_at(entry.until for entry in self.cooldowns.active(-math.inf))
-
-    # -- health checks (SPEC 5a) ---------------------------------------------
-
-    def is_demoted(self, name: str, now: float) -> bool:
-        """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
-
-        The one readiness predicate: the slot queue asks this (and nothing
-        else) at each attempt, to put ready nodes before demoted ones. Every
-        change of its answer other than a cooldown's expiry must call
-        ``self.queue.dispatch()`` (waiters may use other nodes then); the
-        ticker sees to expiries.
-        """
-        return self.cooldowns.is_cooling(name, now) or self.health.is_down(name)
-
-    def check_finished(self, node: str, verdict: CheckVerdict, now: float) -> None:
-        """Keep a finished health check's verdict; tell of a node going down or coming back."""
-        change = self.health.apply_check(node, verdict)
-        self.metrics.child(self.metrics.checks, node, verdict.result).inc()
-        if change is Health.DOWN:
-            fields = {"node": node, "reason": DOWN_REASON, "error": verdict.last_error}
-            logger.warning("node down", extra={"fields": fields})
-            self.events.publish(
-                {"type": "node", "node": node, "state": "down", "reason": DOWN_REASON, "until_s": 0}
-            )
-        elif change is Health.READY and not self.cooldowns.is_cooling(node, now):
-            self.node_ready(node, READY_REASON_CHECK)
-        if change is not Health.UNCHANGED:  # waiters may use other nodes now
-            self.queue.dispatch()
-        self.metrics.down.set(self.health.down_count())
-
-    def node_ready(self, node: str, reason: str) -> None:
-        """Tell that ``node`` takes requests again."""
-        logger.info("node ready", extra={"fields": {"node": node, "reason": reason}})
-        self.events.publish(
-            {"type": "node", "node": node, "state": "ready", "reason": reason, "until_s": 0}
-        )
-
     # -- workloads -----------------------------------------------------------
 
     def started(self, work: Workload) -> None:
@@ -267,21 +200,7 @@ class Report:
         """
         if not self.events.subscriber_count:
             return  # no dashboard open: nothing to build
-        event: dict[str, Any] = {
-            "type": "workload",
-            "id": work.id,
-            "state": str(work.state),
-            "node": work.node,
-            "attempt": work.attempt,
-            "method": work.method,
-            "path": work.path,
-            "client": work.client,
-        }
-        if work.status is not None:
-            event["status"] = work.status
-        if position is not None:
-            event["position"] = position
-        self.events.publish(event)
+        self.events.publish(workload_event(work, position))
 
     def finish(self, work: Workload) -> None:
         """Keep, count, publish and log a finished workload."""
@@ -337,46 +256,3 @@ class Report:
                 "bytes": sent,  # the 401's own body
             }
         )
-
-    @property
-    def recent(self) -> list[dict[str, Any]]:
-        """The last finished workloads, oldest first, in their ``/status`` form."""
-        return [work.summary(ended) for work, ended in self._recent]
-
-    def status(self) -> dict[str, Any]:
-        """The ``GET /status`` document (SPEC 6)."""
-        now = trio.current_time()
-        self.expire_cooldowns(now)
-        nodes = []
-        for node in self.config.upstreams:
-            entry = self.cooldowns.get(node.name, now)
-            stats = self.stats[node.name]
-            ledger = self.queue.scheduler.ledger
-            health = self.health.nodes[node.name]
-            state, reason = ("cooling", entry.reason) if entry else ("ready", None)
-            if health.down:  # the graver news: its last check could not reach it
-                state, reason = "down", DOWN_REASON
-            models = advertised_ids(node.models, health.inventory)
-            nodes.append(
-                {
-                    "name": node.name,
-                    "url": redact_url(node.url),
-                    "state": state,
-                    "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
-                    "reason": reason,
-                    "in_flight": ledger.in_flight(node.name),
-                    "capacity": node.capacity,
-                    "served": stats.served,
-                    "failed": stats.failed,
-                    "models": list(models) if models is not None else None,
-                    "last_outcome": health.last_outcome,
-                    "last_error": health.last_error,
-                }
-            )
-        live = [work.summary(now) for work in self._live.values()]
-        return {
-            "version": __version__,
-            "queued": len(self.queue),
-            "nodes": nodes,
-            "workloads": self.recent + live,
-        }

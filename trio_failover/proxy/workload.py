@@ -1,50 +1,39 @@
-"""One workload: the nursery, the watcher, the attempts and the relay.
+"""One workload: its nursery, the watcher of the client and the relay.
 
 A workload runs in its own nursery. Its body tries the candidates one after
-another and, after commit, relays the stream; beside it runs a watcher of
-the client connection. Whichever settles the workload cancels the other:
-the body when it is done, the watcher when the client leaves (FIN or RST,
-per ``--client-close``). Cancelling an attempt closes its upstream socket at
-once (``upstream.open_response`` does it in ``finally``).
+another (``attempts.py``) and, after commit, relays the stream (here);
+beside it runs a watcher of the client connection. Whichever settles the
+workload cancels the other: the body when it is done, the watcher when the
+client leaves (FIN or RST, per ``--client-close``). Cancelling an attempt
+closes its upstream socket at once (``upstream.open_response`` does it in
+``finally``).
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
-from the pure core (``ranking``, ``outcome``, ``rewrite``); this module
-executes them and tells ``Report`` what happened.
+from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
+and ``milestones.py`` execute them and tell ``Report`` what happened;
+``answers.py`` writes the answers the proxy makes itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Any
 
 import h11
 import trio
 
-from ..core.answers import error_document, error_headers
 from ..core.config import Config, Upstream
-from ..core.errors import RetryableResponse, UpstreamError
-from ..core.headers import client_response_headers, get, upstream_request_headers
-from ..core.outcome import (
-    AttemptRecord,
-    Outcome,
-    SavedResponse,
-    after_commit,
-    failure_code,
-    failure_status,
-    judge,
-    may_pool,
-    retry_after_of,
-)
-from ..core.ranking import affinity_key, resolve_candidates
-from ..core.requests import is_unstreamed, request_document, request_model, workload_id
-from ..core.rewrite import node_body, node_target
+from ..core.errors import UpstreamError
+from ..core.headers import client_response_headers
+from ..core.outcome import Outcome, after_commit, may_pool
+from ..core.requests import request_document, workload_id
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
-from .queue import REFUSALS, take_slot
+from ..wire.upstream import Connector, UpstreamResponse
+from .answers import send_failure
+from .attempts import Attempts
+from .milestones import Milestones
 from .report import Report, Workload
 from .silence import SilenceTimer
 
@@ -59,6 +48,15 @@ class WorkloadRunner:
         self.connector = connector
         self.pool = pool
         self.report = report
+        milestones = Milestones(config, report)
+        attempts = Attempts(config, connector, pool, report, milestones, self._commit_and_relay)
+        # The names run and _relay call, bound once to the parts doing the work.
+        self._candidates = attempts.candidates
+        self._serve = attempts.serve
+        self._send_failure = send_failure
+        self._committed = milestones.committed
+        self._stream_ended = milestones.stream_ended
+        self._client_aborted = milestones.client_aborted
 
     async def run(
         self,
@@ -127,32 +125,6 @@ class WorkloadRunner:
         self.report.finish(work)
         return keep_alive and client.reusable
 
-    def _candidates(
-        self, request: ClientRequest, document: Any
-    ) -> tuple[list[Upstream], str | None]:
-        """The candidates in resolved order, and the node resolution put first (or None).
-
-        Not partitioned here: the slot queue asks ``Report.is_demoted`` at
-        each attempt (``slots.choose_node``), so a node that recovers while
-        a workload waits or fails over regains its place.
-        """
-        header = get(request.headers, b"x-failover-node")
-        selected = header.decode("latin-1") if header else None
-        key = affinity_key(document) if self.config.affinity == "prefix" else None
-        candidates = resolve_candidates(
-            self.config.upstreams,
-            model=request_model(document),
-            is_cooling=_never,
-            selected=selected,
-            affinity_key=key,
-            inventories=self.report.health.inventories,
-        )
-        first = candidates[0].name if candidates else None
-        preferred = (
-            first if key is not None or (selected is not None and first == selected) else None
-        )
-        return candidates, preferred
-
     async def _watch_client(
         self,
         client: ClientConnection,
@@ -181,80 +153,6 @@ class WorkloadRunner:
             return  # a half-closed client still waits for its answer
         work.client_left = how
         workload_scope.cancel()
-
-    async def _serve(
-        self,
-        client: ClientConnection,
-        request: ClientRequest,
-        work: Workload,
-        candidates: list[Upstream],
-        preferred: str | None,
-        document: Any,
-        client_address: str | None,
-        scheme: str,
-    ) -> bool:
-        if not candidates:
-            self.report.publish_workload(work)
-            work.state, work.status = State.FAILED, 404
-            message = f"no node serves model {document.get('model')!r}"
-            await self._send_failure(client, work, 404, "model_not_found", message)
-            return True
-        nodes = {node.name: node for node in candidates}
-        order = list(nodes)
-        limit = min(self.config.max_attempts or len(order), len(order))
-        tried: set[str] = set()
-        last_answer: SavedResponse | None = None
-        while len(tried) < limit:
-            slot = await take_slot(self.report, work, order, tried, preferred)
-            if isinstance(slot, str):
-                return await self._turned_away(client, work, slot)
-            if slot is None:
-                break
-            # The slot is held from here to the end of the relay and given
-            # back exactly once, whatever ends the attempt. A failure is
-            # judged before that, so the workload handed the slot sees the
-            # node already cooling if this attempt cooled it.
-            try:
-                node = nodes[slot.node]
-                tried.add(node.name)
-                work.node, work.attempt_started, work.state = (
-                    node.name,
-                    trio.current_time(),
-                    State.RUNNING,
-                )
-                work.attempt = len(tried)
-                self.report.publish_workload(work)
-                outgoing = self._request_for(node, request, work, document, client_address, scheme)
-                try:
-                    response = await open_response(
-                        node, outgoing, connector=self.connector, config=self.config, pool=self.pool
-                    )
-                except UpstreamError as failure:
-                    if isinstance(failure, RetryableResponse) and failure.saved is not None:
-                        last_answer = failure.saved
-                    last = len(tried) == limit
-                    moving_on = self._attempt_failed(work, node, failure, last=last)
-                else:
-                    return await self._commit_and_relay(client, work, node, response)
-            finally:
-                self.report.queue.release(slot)
-            if not moving_on:
-                break
-        work.state = State.FAILED
-        if last_answer is not None:
-            work.status = last_answer.status
-            return await self._send_saved(client, work, last_answer)
-        status = failure_status(work.attempts)
-        await self._send_failure(client, work, status, failure_code(status), "every node failed")
-        return True
-
-    async def _turned_away(self, client: ClientConnection, work: Workload, reason: str) -> bool:
-        """Answer ``503`` for a workload the queue refused; nothing was sent for it."""
-        code, message = REFUSALS[reason]
-        work.state = State.FAILED
-        self.report.turned_away(reason)
-        await self._send_failure(client, work, 503, code, message)
-        return True
 
     async def _commit_and_relay(
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
@@ -382,143 +280,6 @@ class WorkloadRunner:
                     await client.send(h11.Data(data=chunk), h11.EndOfMessage())
                 else:
                     await client.send(h11.EndOfMessage())
-
-    def _request_for(
-        self,
-        node: Upstream,
-        request: ClientRequest,
-        work: Workload,
-        document: Any,
-        client_address: str | None,
-        scheme: str,
-    ) -> OutgoingRequest:
-        body = node_body(request.body, document, node)
-        carries_body = bool(body) or request.method in (b"POST", b"PUT", b"PATCH")
-        headers = upstream_request_headers(
-            request.headers,
-            host=node.host_header,
-            request_id=work.id,
-            client_address=client_address,
-            client_scheme=scheme,
-            node_headers=node.headers,
-            content_length=len(body) if carries_body else None,
-        )
-        target = node_target(request.target, node.base_path)
-        return OutgoingRequest(
-            method=request.method,
-            target=target,
-            headers=headers,
-            body=body,
-            unstreamed=is_unstreamed(work.path, document),
-        )
-
-    # -- answers that are not a node's stream --------------------------------
-
-    async def _send_saved(
-        self, client: ClientConnection, work: Workload, saved: SavedResponse
-    ) -> bool:
-        """Relay the last retryable answer as the node sent it (SPEC 5.7)."""
-        headers = client_response_headers(
-            saved.headers,
-            request_id=work.id,
-            node=saved.node,
-            attempts=len(work.attempts),
-            keep_length=False,
-        )
-        headers.append((b"content-length", b"%d" % len(saved.body)))
-        try:
-            await client.send(
-                h11.Response(status_code=saved.status, reason=saved.reason, headers=headers),
-                h11.Data(data=saved.body),
-                h11.EndOfMessage(),
-            )
-        except ClientGone:
-            return False
-        work.body_bytes += 0 if work.method == "HEAD" else len(saved.body)
-        return True
-
-    async def _send_failure(
-        self,
-        client: ClientConnection,
-        work: Workload,
-        status: int,
-        code: str,
-        message: str,
-    ) -> None:
-        work.status = status
-        attempts = [record.to_json() for record in work.attempts]
-        # Ollama's shape under /api/, OpenAI's elsewhere (SPEC 5.7).
-        document = error_document(work.path, status, code, message, attempts)
-        headers = [
-            (b"x-request-id", work.id.encode()),
-            (b"x-failover-attempts", b"%d" % len(work.attempts)),
-            *error_headers(code),
-        ]
-        with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-            # The access line's bytes count the proxy's own bodies too.
-            work.body_bytes += await client.send_json(status, document, headers)
-
-    # -- milestones: execute the verdict, tell the report --------------------
-
-    def _attempt_failed(
-        self, work: Workload, node: Upstream, failure: UpstreamError, *, last: bool
-    ) -> bool:
-        """Record a failed attempt and execute its verdict; True: try the next node."""
-        now = trio.current_time()
-        status = failure.status if isinstance(failure, RetryableResponse) else None
-        retry_after = (
-            retry_after_of(failure.status, failure.headers)
-            if isinstance(failure, RetryableResponse)
-            else None
-        )
-        verdict = judge(
-            failure.outcome,
-            response_header_timeout=self.config.response_header_timeout,
-            retry_after=retry_after,
-        )
-        record = AttemptRecord(
-            node=node.name,
-            outcome=failure.outcome,
-            elapsed=now - work.attempt_started,
-            status=status,
-            detail=str(failure),
-        )
-        self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
-        if verdict.cooldown > 0:
-            self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
-        if verdict.recheck:
-            self.report.health.ask_recheck(node.name)
-        return verdict.fail_over
-
-    def _committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
-        now = trio.current_time()
-        work.committed_at = now
-        work.state = State.COMMITTED
-        work.status = response.status
-        timings = response.timings
-        self.report.committed(work, node.name, timings.head - timings.written, now)
-
-    def _stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:
-        now = trio.current_time()
-        record = AttemptRecord(node.name, outcome, now - work.attempt_started, work.status, detail)
-        work.state = State.COMPLETED if outcome is Outcome.COMPLETED else State.FAILED
-        self.report.stream_ended(work, record)
-        verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
-        if verdict.cooldown > 0:
-            self.report.demote(node.name, verdict.cooldown, str(outcome), now)
-
-    def _client_aborted(self, work: Workload) -> None:
-        record = None
-        if work.node is not None:
-            detail = f"client {work.client_left.value if work.client_left else 'left'}"
-            elapsed = trio.current_time() - work.attempt_started
-            record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
-        work.state = State.CANCELLED
-        self.report.client_aborted(work, record)
-
-
-def _never(_node: str) -> bool:
-    return False
 
 
 async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:

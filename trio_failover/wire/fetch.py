@@ -25,7 +25,8 @@ from ..core.config import Config, Upstream
 from ..core.rewrite import node_target
 from .connect import Connector
 from .http1 import next_event, read_prefix, send_events
-from .upstream import _connect, _mapped  # one connect step, one error mapper
+from .upstream import _connect  # one connect step
+from .upstream_errors import mapped  # one error mapper
 
 USER_AGENT = f"trio-failover/{__version__}".encode()
 
@@ -74,7 +75,7 @@ async def fetch(
     stream = await _connect(node, connector, config)
     try:
         conn = h11.Connection(h11.CLIENT)
-        with trio.move_on_after(answer_timeout) as scope, _mapped(node.name, "answer"):
+        with trio.move_on_after(answer_timeout) as scope, mapped(node.name, "answer"):
             await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
             event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):

@@ -12,19 +12,16 @@ Each deadline wraps the smallest operation that owns it:
                            comment or blank, SPEC 5.5)
 
 Each phase is one function (``_connect``, ``_request_and_head``,
-``_error_body``, ``_first_body``, ``_first_event``). Trio, OS, TLS and h11
-errors become ``UpstreamError`` subclasses in one place, ``_map_error``,
-phase by phase; what they mean for the workload is ``outcome.judge``'s call.
+``_error_body``; ``first_bytes.py``'s ``first_body`` and ``first_event``).
+Trio, OS, TLS and h11 errors become ``UpstreamError`` subclasses in one
+place, ``upstream_errors.map_error``, phase by phase; what they mean for
+the workload is ``outcome.judge``'s call.
 Cancellation: whatever cancels an attempt (client abort, shutdown), its
 socket is closed at once; only a connection whose response was relayed to
 its end goes back to the node's pool (``pool.py``) instead.
 """
 
 from __future__ import annotations
-
-import ssl
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import attrs
 import h11
@@ -36,10 +33,15 @@ from ..core.headers import Headers, get
 from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.sse import SseScanner, is_event_stream
-from . import sockopts
+from . import first_bytes, sockopts
 from .connect import Connector, TCPConnector, open_tcp
-from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_chunk, read_prefix
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_chunk, read_prefix
 from .pool import ConnectionPool
+
+# The one error mapper, under the names this module's phases call.
+from .upstream_errors import IO_ERRORS as _IO_ERRORS
+from .upstream_errors import map_error as _map_error
+from .upstream_errors import mapped as _mapped
 
 __all__ = [
     "Connector",
@@ -55,10 +57,6 @@ __all__ = [
 # error.code; a retryable status keeps this much to relay if it is the last
 # answer. Anything longer is not an error body worth holding.
 ERROR_BODY_LIMIT = 65536
-# Comment and blank lines of an event stream held before its first event
-# (SPEC 5.5). Pings are a few bytes every few seconds; a node that sends this
-# much and no event is not pinging, and holding more would be unbounded.
-HELD_LIMIT = 65536
 
 
 @attrs.frozen
@@ -92,53 +90,6 @@ class Timings:
     written: float
     head: float
     first_body: float
-
-
-_IO_ERRORS = (
-    h11.RemoteProtocolError,
-    trio.BrokenResourceError,
-    trio.ClosedResourceError,
-    OSError,
-)
-
-
-def _map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
-    """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
-    if phase == "connect":
-        if isinstance(exc, ssl.SSLError):
-            return errors.TLSError(node, phase, f"{exc}")
-        if _caused_by(exc, ssl.SSLError):
-            return errors.TLSError(node, phase, f"{exc.__cause__}")
-        return errors.ConnectFailed(node, phase, f"{exc}")
-    if isinstance(exc, EarlyClose):
-        return errors.UpstreamClosedEarly(node, phase, f"{exc}")
-    if isinstance(exc, h11.RemoteProtocolError):
-        return errors.UpstreamProtocolError(node, phase, f"{exc}")
-    if sockopts.is_dead_peer_error(exc):
-        return errors.DeadPeer(node, phase, "peer stopped answering")
-    if _caused_by(exc, ssl.SSLError):
-        return errors.TLSError(node, phase, f"{exc.__cause__ or exc}")
-    return errors.UpstreamReset(node, phase, f"{exc.__cause__ or exc}")
-
-
-@contextmanager
-def _mapped(node: str, phase: str) -> Iterator[None]:
-    """Map Trio, OS, TLS and h11 errors of one phase onto the error tree."""
-    try:
-        yield
-    except (EarlyClose, *_IO_ERRORS) as exc:
-        raise _map_error(node, phase, exc) from exc
-
-
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(8):  # a cause chain is short; bound the walk anyway
-        if seen is None:
-            return False
-        if isinstance(seen, kind):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 class UpstreamResponse:
@@ -338,15 +289,15 @@ async def _exchange(
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
     elif not is_event_stream(get(response.headers, b"content-type")):
-        first, complete = await _first_body(node.name, stream, conn, config)
+        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
     elif config.first_body_timeout:
         scanner = SseScanner()
-        first, complete = await _first_event(node.name, stream, conn, config, scanner)
+        first, complete = await first_bytes.first_event(node.name, stream, conn, config, scanner)
     else:
         # Every byte commits (the pings reach the client), but the relay's
         # stream-idle timer waits for the first event line.
         scanner = SseScanner()
-        first, complete = await _first_body(node.name, stream, conn, config)
+        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
         progressed = scanner.progress(first)
     timings = Timings(started, written, head_at, trio.current_time())
     return UpstreamResponse(
@@ -470,57 +421,3 @@ async def _error_body(
     detail = f"answered {response.status_code}{words}"
     kind = errors.ModelNotFound if not_found else errors.RetryableResponse
     raise kind(name, "head", detail, response.status_code, headers, saved)
-
-
-async def _first_body(
-    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config
-) -> tuple[bytes, bool]:
-    """The first body bytes of a committing response.
-
-    Unbounded unless the operator opted in (``first_body_timeout``), because
-    a node may send its head at once and then prefill for minutes.
-    """
-    if not config.first_body_timeout:
-        with _mapped(name, "first body byte"):
-            return await read_body(stream, conn)
-    with trio.move_on_after(config.first_body_timeout), _mapped(name, "first body byte"):
-        return await read_body(stream, conn)
-    # Only the deadline gets here.
-    raise errors.FirstBodyTimeout(
-        name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
-    )
-
-
-async def _first_event(
-    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config, scanner: SseScanner
-) -> tuple[bytes, bool]:
-    """The first body bytes of an event stream, up to its first event line (SPEC 5.5).
-
-    Comment and blank lines (an engine's ``: ping`` during a long prefill)
-    are held, not counted as the first body byte: the deadline runs on. The
-    held bytes come back in front of the read with the first other line,
-    unchanged. A body that ends or breaks with only such lines ended before
-    its first byte (``UpstreamClosedEarly`` or the break's own error: next
-    candidate, no cooldown). An empty body with a valid end commits, as any.
-    """
-    held: list[bytes] = []
-    size = 0
-    timeout = config.first_body_timeout
-    with trio.move_on_after(timeout), _mapped(name, "first body byte"):
-        while True:
-            chunk, complete = await read_body(stream, conn)
-            if scanner.first_event_line(chunk) is not None:
-                return b"".join([*held, chunk]) if held else chunk, complete
-            if complete and not held and not chunk:
-                return b"", True
-            if complete:
-                raise EarlyClose("the event stream ended with comments only")
-            held.append(chunk)
-            size += len(chunk)
-            if size > HELD_LIMIT:
-                raise errors.UpstreamProtocolError(
-                    name, "first body byte", f"over {HELD_LIMIT} bytes of comments, no event"
-                )
-    raise errors.FirstBodyTimeout(
-        name, "first body byte", f"no body byte {timeout}s after head (comments only)"
-    )

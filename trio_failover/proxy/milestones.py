@@ -1,0 +1,86 @@
+"""The milestones of a workload: execute the core's verdict, tell the report.
+
+An attempt failed before commit, a head was committed, a committed stream
+ended, the client left: each is judged by ``core/outcome.py`` (fail over?
+cool the node, how long? ask for a health check?) and recorded through
+``Report``. The workload shell (``workload.py``, ``attempts.py``) calls
+these; nothing here waits.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ..core.config import Config, Upstream
+from ..core.errors import RetryableResponse, UpstreamError
+from ..core.outcome import AttemptRecord, Outcome, judge, retry_after_of
+from ..core.workload import State
+from ..wire.upstream import UpstreamResponse
+from .report import Report, Workload
+
+
+class Milestones:
+    """Records a workload's milestones and executes their verdicts."""
+
+    def __init__(self, config: Config, report: Report) -> None:
+        self.config = config
+        self.report = report
+
+    def attempt_failed(
+        self, work: Workload, node: Upstream, failure: UpstreamError, *, last: bool
+    ) -> bool:
+        """Record a failed attempt and execute its verdict; True: try the next node."""
+        now = trio.current_time()
+        status = failure.status if isinstance(failure, RetryableResponse) else None
+        retry_after = (
+            retry_after_of(failure.status, failure.headers)
+            if isinstance(failure, RetryableResponse)
+            else None
+        )
+        verdict = judge(
+            failure.outcome,
+            response_header_timeout=self.config.response_header_timeout,
+            retry_after=retry_after,
+        )
+        record = AttemptRecord(
+            node=node.name,
+            outcome=failure.outcome,
+            elapsed=now - work.attempt_started,
+            status=status,
+            detail=str(failure),
+        )
+        self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
+        if verdict.cooldown > 0:
+            self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+        if verdict.recheck:
+            self.report.health.ask_recheck(node.name)
+        return verdict.fail_over
+
+    def committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
+        """The head goes to the client: nothing is replayed from here on."""
+        now = trio.current_time()
+        work.committed_at = now
+        work.state = State.COMMITTED
+        work.status = response.status
+        timings = response.timings
+        self.report.committed(work, node.name, timings.head - timings.written, now)
+
+    def stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:
+        """A committed stream ended, whole or cut; a cut one may cool the node."""
+        now = trio.current_time()
+        record = AttemptRecord(node.name, outcome, now - work.attempt_started, work.status, detail)
+        work.state = State.COMPLETED if outcome is Outcome.COMPLETED else State.FAILED
+        self.report.stream_ended(work, record)
+        verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
+        if verdict.cooldown > 0:
+            self.report.demote(node.name, verdict.cooldown, str(outcome), now)
+
+    def client_aborted(self, work: Workload) -> None:
+        """The client left before the workload was settled."""
+        record = None
+        if work.node is not None:
+            detail = f"client {work.client_left.value if work.client_left else 'left'}"
+            elapsed = trio.current_time() - work.attempt_started
+            record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
+        work.state = State.CANCELLED
+        self.report.client_aborted(work, record)
