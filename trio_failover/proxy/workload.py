@@ -2,11 +2,12 @@
 
 A workload runs in its own nursery. Its body tries the candidates one after
 another (``attempts.py``) and, after commit, relays the stream (here);
-beside it runs a watcher of the client connection. Whichever settles the
-workload cancels the other: the body when it is done, the watcher when the
-client leaves (FIN or RST, per ``--client-close``). Cancelling an attempt
-closes its upstream socket at once (``upstream.open_response`` does it in
-``finally``).
+beside it runs a watcher of the client connection. The watcher cancels
+the body when the client leaves (FIN or RST, per ``--client-close``); the
+body, when it is done, sets the workload's event and the watcher returns.
+Cancelling an attempt closes its upstream socket at once
+(``upstream.open_response`` does it in ``finally``). After commit, a
+``SilenceTimer`` task (``silence.py``) times ``--stream-idle-timeout``.
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
 from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
