@@ -7,7 +7,8 @@ the body when the client leaves (FIN or RST, per ``--client-close``); the
 body, when it is done, sets the workload's event and the watcher returns.
 Cancelling an attempt closes its upstream socket at once
 (``upstream.open_response`` does it in ``finally``). After commit, a
-``SilenceTimer`` task (``silence.py``) times ``--stream-idle-timeout``.
+``SilenceTimer`` (``silence.py``) times ``--stream-idle-timeout``: the
+proxy's one ``SilenceWatch`` task when it runs, else a task per stream.
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
 from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
@@ -36,16 +37,23 @@ from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
 from .report import Report, Workload
-from .silence import SilenceTimer
+from .silence import SilenceTimer, SilenceWatch
 
 
 class WorkloadRunner:
     """Runs each request of a client connection as one workload."""
 
     def __init__(
-        self, config: Config, connector: Connector, pool: ConnectionPool, report: Report
+        self,
+        config: Config,
+        connector: Connector,
+        pool: ConnectionPool,
+        report: Report,
+        silence: SilenceWatch | None = None,
     ) -> None:
         self.config = config
+        # The streams' idle timers; ``serve()`` runs its ``watch``.
+        self.silence = silence if silence is not None else SilenceWatch()
         self.connector = connector
         self.pool = pool
         self.report = report
@@ -224,8 +232,9 @@ class WorkloadRunner:
     ) -> bool:
         """Relay the body after the commit; False: the node went silent too long.
 
-        The silence is timed by a ``SilenceTimer`` task beside the relay (one
-        per stream, started only when a body remains and the timeout is on):
+        The silence is timed by a ``SilenceTimer`` (only when a body remains
+        and the timeout is on), registered with the proxy's ``SilenceWatch``
+        while its task runs, else run by a task of its own beside the relay:
         no deadline is moved per chunk. It bounds only the waits for the
         node, not the writes to the client, whose pace is not the node's
         silence. In an event stream only a chunk that begins a line other
@@ -238,6 +247,14 @@ class WorkloadRunner:
         if response.complete or idle_timeout == math.inf:
             await self._relay_chunks(client, work, response, timer)
             return True
+        watch = self.silence
+        if watch.running:
+            watch.register(timer)
+            try:
+                await self._relay_chunks(client, work, response, timer)
+            finally:
+                watch.unregister(timer)
+            return not timer.fired
         failure: UpstreamError | ClientGone | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer.run)
