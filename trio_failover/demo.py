@@ -18,7 +18,8 @@ with the proxy's own events printed as they happen:
     5. a client abort: the client leaves, the frozen node's connection is
        closed and nothing fails over.
 
-Each step checks what it shows; ``--once`` exits 0 only if all held.
+Each step checks what it shows (the steps are in ``demo_script.py``, the live
+view in ``demo_view.py``); ``--once`` exits 0 only if all held.
 Without ``--once`` the proxy keeps serving on 127.0.0.1:8080 (admin on
 8081) for ``curl`` and the dashboard until Ctrl-C.
 """
@@ -35,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
-from .core.config import Config, split_host_port
+from .core.config import Config, Upstream, split_host_port
 from .demo_script import HEADER_TIMEOUT, MODEL, PATH, TOKENS, Check, Script
 from .demo_view import Screen, Watcher, quiet_proxy_logs
 from .proxy.proxy import Proxy
@@ -115,22 +116,7 @@ class Demo:
     async def _run(self) -> None:
         async with Fleet(self.nodes) as fleet:
             upstreams = [await fleet.serve_tcp(name) for name, _ in NODES]
-            listen, admin = self._listen_addresses()
-            config = Config(
-                upstreams=upstreams,
-                listen=listen,
-                admin_listen=admin,
-                connect_timeout=1.0,
-                response_header_timeout=HEADER_TIMEOUT,
-                # The fake nodes answer at once, whole answers too: the same
-                # short wait for both keeps the stall of step 1 brief.
-                unstreamed_timeout=HEADER_TIMEOUT,
-                stream_idle_timeout=10.0,
-                shutdown_timeout=1.0,
-                # The script tells failover, step by step: health checks would
-                # mark the frozen node down before its first step.
-                discovery_interval=0,
-            )
+            config = _demo_config(upstreams, *self._listen_addresses())
             proxy = Proxy(config)
             watcher = Watcher(self.screen, proxy)
             async with trio.open_nursery() as helpers:
@@ -225,6 +211,25 @@ class Demo:
             screen.line(f"Dashboard: {addresses.admin_url}/")
         screen.line(f"OpenAI SDKs: OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=unused")
         screen.line("Each request is shown below as it happens.")
+
+
+def _demo_config(upstreams: list[Upstream], listen: str, admin: str) -> Config:
+    """The proxy's settings for the demo: short waits, so each step is brief."""
+    return Config(
+        upstreams=upstreams,
+        listen=listen,
+        admin_listen=admin,
+        connect_timeout=1.0,
+        response_header_timeout=HEADER_TIMEOUT,
+        # The fake nodes answer at once, whole answers too: the same
+        # short wait for both keeps the stall of step 1 brief.
+        unstreamed_timeout=HEADER_TIMEOUT,
+        stream_idle_timeout=10.0,
+        shutdown_timeout=1.0,
+        # The script tells failover, step by step: health checks would
+        # mark the frozen node down before its first step.
+        discovery_interval=0,
+    )
 
 
 _CURL_BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})

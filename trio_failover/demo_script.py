@@ -9,7 +9,7 @@ part of the demo's output.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -37,33 +37,51 @@ class Check:
     detail: str
 
 
+@attrs.define
 class Script:
     """The scripted requests through a serving proxy, step by step."""
 
-    def __init__(
-        self,
-        screen: Screen,
-        nodes: Mapping[str, FakeNode],
-        proxy: Proxy,
-        addresses: BoundAddresses,
-        watcher: Watcher,
-    ) -> None:
-        self.screen = screen
-        self.nodes = nodes
-        self.proxy = proxy
-        self.addresses = addresses
-        self.watcher = watcher
-        self._requests = 0
+    screen: Screen
+    nodes: Mapping[str, FakeNode]
+    proxy: Proxy
+    addresses: BoundAddresses
+    watcher: Watcher
+    _requests: int = attrs.field(default=0, init=False)
 
     async def run(self) -> list[Check]:
         """Send the five requests in order; one check per step."""
-        return [
-            await self._step_failover(),
-            await self._step_cooldown(),
-            await self._step_drop(),
-            await self._step_expiry(),
-            await self._step_abort(),
+        steps: list[tuple[str, str | None, Callable[[], Awaitable[Check]]]] = [
+            (
+                "1. Failover off the frozen node",
+                "  frozen is first in the ranking; it takes the request and says nothing for"
+                f" {HEADER_TIMEOUT:g} s.",
+                self._step_failover,
+            ),
+            (
+                "2. The cooldown: the next request goes straight to healthy",
+                "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:",
+                self._step_cooldown,
+            ),
+            (
+                "3. A pre-commit drop fails over without a cooldown",
+                "  X-Failover-Node puts dropping first; it sends a head, then closes before"
+                " the body.",
+                self._step_drop,
+            ),
+            ("4. The cooldown runs out", None, self._step_expiry),  # its line says how long
+            (
+                "5. A client abort cancels the upstream work",
+                f"  frozen is first again; the client gives up after {CLIENT_LEAVES_AFTER:g} s.",
+                self._step_abort,
+            ),
         ]
+        checks = []
+        for title, explanation, step in steps:
+            self.screen.heading(title)
+            if explanation is not None:
+                self.screen.line(explanation)
+            checks.append(await step())
+        return checks
 
     async def _send(
         self,
@@ -99,11 +117,6 @@ class Script:
         return response, final
 
     async def _step_failover(self) -> Check:
-        self.screen.heading("1. Failover off the frozen node")
-        self.screen.line(
-            f"  frozen is first in the ranking; it takes the request and says nothing for"
-            f" {HEADER_TIMEOUT:g} s."
-        )
         response, final = await self._send(body=_request_body("Hello!"))
         seen = _attempts(final)
         stall = final["attempts"][0]["elapsed_ms"] / 1000 if seen else 0.0
@@ -120,10 +133,6 @@ class Script:
         )
 
     async def _step_cooldown(self) -> Check:
-        self._begin_step(
-            "2. The cooldown: the next request goes straight to healthy",
-            "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:",
-        )
         frozen_before = len(self.nodes["frozen"].received)
         started = trio.current_time()
         tokens: list[str] = []
@@ -153,10 +162,6 @@ class Script:
         )
 
     async def _step_drop(self) -> Check:
-        self._begin_step(
-            "3. A pre-commit drop fails over without a cooldown",
-            "  X-Failover-Node puts dropping first; it sends a head, then closes before the body.",
-        )
         response, final = await self._send(
             body=_request_body("Hello again!"),
             headers=[("x-failover-node", "dropping")],
@@ -177,7 +182,6 @@ class Script:
         )
 
     async def _step_expiry(self) -> Check:
-        self.screen.heading("4. The cooldown runs out")
         self.watcher.mark = trio.current_time()
         remaining = self._node("frozen")["cooldown_remaining_s"]
         self.screen.line(f"  waiting {remaining:.1f} s for frozen's cooldown to end...")
@@ -200,10 +204,6 @@ class Script:
         )
 
     async def _step_abort(self) -> Check:
-        self.screen.heading("5. A client abort cancels the upstream work")
-        self.screen.line(
-            f"  frozen is first again; the client gives up after {CLIENT_LEAVES_AFTER:g} s."
-        )
         node = self.nodes["frozen"]
         healthy_before = len(self.nodes["healthy"].received)
         closed_before = len(node.closed_at)
@@ -236,10 +236,6 @@ class Script:
                 else "frozen's connection was not closed"
             ),
         )
-
-    def _begin_step(self, title: str, explanation: str) -> None:
-        self.screen.heading(title)
-        self.screen.line(explanation)
 
     def _node(self, name: str) -> dict[str, Any]:
         return next(node for node in self.proxy.status()["nodes"] if node["name"] == name)
