@@ -1437,7 +1437,16 @@ def run_failover(s: Setup) -> None:
     normal_first, normal_second = statistics.median(firsts), statistics.median(seconds)
     stalls, afters = [], []
     nodes = [f"frozen=http://127.0.0.1:{s.frozen_port}", fast]
-    extra = ["--response-header-timeout", f"{STALL_DEADLINE_MS}ms", *s.args.proxy_arg]
+    # The JSON request says "stream": false, whose head deadline is
+    # --unstreamed-timeout (SPEC 5.5), not --response-header-timeout.
+    deadline = f"{STALL_DEADLINE_MS}ms"
+    extra = [
+        "--response-header-timeout",
+        deadline,
+        "--unstreamed-timeout",
+        deadline,
+        *s.args.proxy_arg,
+    ]
     with proxy_process(s.workdir, nodes, extra) as (port, _pid):
         for round_number in range(s.args.stalls + 1):
             time.sleep(idle)  # the cooldown of the last round runs out
@@ -1449,7 +1458,8 @@ def run_failover(s: Setup) -> None:
                 afters.append(after - normal_second)
     s.report.out(
         f"Failover: the first node accepts and never answers; "
-        f"--response-header-timeout {STALL_DEADLINE_MS}ms; {s.args.stalls} stalls. Without "
+        f"--response-header-timeout and --unstreamed-timeout {STALL_DEADLINE_MS}ms; "
+        f"{s.args.stalls} stalls. Without "
         f"a stall, a request on a new connection takes {normal_first:.3f} ms after "
         f"{idle * 1000:.0f} ms idle, and the one right after it {normal_second:.3f} ms"
     )

@@ -2,11 +2,12 @@
 
 A workload runs in its own nursery. Its body tries the candidates one after
 another (``attempts.py``) and, after commit, relays the stream (here);
-beside it runs a watcher of the client connection. Whichever settles the
-workload cancels the other: the body when it is done, the watcher when the
-client leaves (FIN or RST, per ``--client-close``). Cancelling an attempt
-closes its upstream socket at once (``upstream.open_response`` does it in
-``finally``).
+beside it runs a watcher of the client connection. The watcher cancels
+the body when the client leaves (FIN or RST, per ``--client-close``); the
+body, when it is done, sets the workload's event and the watcher returns.
+Cancelling an attempt closes its upstream socket at once
+(``upstream.open_response`` does it in ``finally``). After commit, a
+``SilenceTimer`` task (``silence.py``) times ``--stream-idle-timeout``.
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
 from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
@@ -35,6 +36,7 @@ from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
 from .report import Report, Workload
+from .silence import SilenceTimer
 
 
 class WorkloadRunner:
@@ -87,14 +89,26 @@ class WorkloadRunner:
         self.report.started(work)
 
         keep_alive = False
+        settled = trio.Event()
         try:
             async with trio.open_nursery() as nursery:
                 if self.config.client_close != "ignore":
-                    nursery.start_soon(self._watch_client, client, work, nursery.cancel_scope)
-                keep_alive = await self._serve(
-                    client, request, work, candidates, preferred, document, client_address, scheme
-                )
-                nursery.cancel_scope.cancel()
+                    nursery.start_soon(
+                        self._watch_client, client, work, nursery.cancel_scope, settled
+                    )
+                try:
+                    keep_alive = await self._serve(
+                        client,
+                        request,
+                        work,
+                        candidates,
+                        preferred,
+                        document,
+                        client_address,
+                        scheme,
+                    )
+                finally:
+                    settled.set()  # the watcher returns (no Cancelled to raise and catch)
         except Exception:
             # The one place that turns an unexpected failure into an answer:
             # the process keeps serving other connections.
@@ -113,9 +127,29 @@ class WorkloadRunner:
         return keep_alive and client.reusable
 
     async def _watch_client(
-        self, client: ClientConnection, work: Workload, workload_scope: trio.CancelScope
+        self,
+        client: ClientConnection,
+        work: Workload,
+        workload_scope: trio.CancelScope,
+        settled: trio.Event,
     ) -> None:
-        how = await client.wait_closed()
+        """Cancel the workload when the client leaves; return once it is ``settled``.
+
+        The body sets ``settled`` when it is done and the client's reader sets
+        it when the client's side ends. Ending the watcher by a return, not by
+        cancelling the nursery, spares every request a Cancelled exception,
+        the nursery's exception group and the cancel scope's split of it.
+        """
+        how = client.closed
+        if how is None:
+            client.watch(settled)
+            try:
+                await settled.wait()
+            finally:
+                client.watch(None)
+            how = client.closed
+            if how is None:
+                return  # the workload is done
         if how is Closed.EOF and self.config.client_close == "rst-only":
             return  # a half-closed client still waits for its answer
         work.client_left = how
@@ -190,37 +224,63 @@ class WorkloadRunner:
     ) -> bool:
         """Relay the body after the commit; False: the node went silent too long.
 
-        One cancel scope for the whole stream, its deadline moved chunk by
-        chunk: a scope per chunk would cost more on the hot path. The
-        deadline bounds only the waits for the node; it is lifted while the
-        proxy writes to the client, whose pace is not the node's silence. In
-        an event stream only a chunk that begins a line other than a comment
-        or a blank one moves it (SPEC 5.6), and before the first such line
-        there is none: the wait is still the first-body wait, unbounded
-        (a long prefill with pings is never cut, an engine that only pings
-        after its first token is).
+        The silence is timed by a ``SilenceTimer`` task beside the relay (one
+        per stream, started only when a body remains and the timeout is on):
+        no deadline is moved per chunk. It bounds only the waits for the
+        node, not the writes to the client, whose pace is not the node's
+        silence. In an event stream only a chunk that begins a line other
+        than a comment or a blank one ends a silence (SPEC 5.6), and before
+        the first such line the timer is not armed: the wait is still the
+        first-body wait, unbounded (a long prefill with pings is never cut,
+        an engine that only pings after its first token is).
         """
+        timer = SilenceTimer(idle_timeout, armed=response.progressed)
+        if response.complete or idle_timeout == math.inf:
+            await self._relay_chunks(client, work, response, timer)
+            return True
+        failure: UpstreamError | ClientGone | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timer.run)
+            try:
+                await self._relay_chunks(client, work, response, timer)
+            except (UpstreamError, ClientGone) as exc:
+                failure = exc  # raised below, outside the nursery's exception group
+            finally:
+                timer.stop()
+        if failure is not None:
+            raise failure
+        return not timer.fired
+
+    async def _relay_chunks(
+        self,
+        client: ClientConnection,
+        work: Workload,
+        response: UpstreamResponse,
+        timer: SilenceTimer,
+    ) -> None:
+        """The relay loop: read from the node, write to the client, note the silence."""
         scanner = response.scanner
-        deadline = trio.current_time() + idle_timeout if response.progressed else math.inf
-        with trio.CancelScope(deadline=deadline) as idle:
+        with timer.scope:
             while not response.complete:
+                timer.waiting_since = waited = trio.current_time()
                 chunk = await response.receive_chunk()
-                idle.deadline = math.inf
+                if timer.scope.cancel_called:
+                    return  # the timer fired as the chunk came: the deadline passed
+                timer.waiting_since = None
                 work.body_bytes += len(chunk)
-                progress = scanner is None or scanner.progress(chunk)
-                sending = 0.0 if progress else trio.current_time()
+                if scanner is None or scanner.first_event_line(chunk) is not None:
+                    timer.silence, timer.armed = 0.0, True
+                else:  # a comment or a blank line: the node's silence runs on
+                    timer.silence += trio.current_time() - waited
+                    if timer.armed and timer.silence >= timer.timeout:
+                        timer.scope.cancel()  # it came at the deadline, too late
+                        return
                 if not response.complete:
-                    await client.send(h11.Data(data=chunk))
+                    await client.send_data(chunk)
                 elif chunk:  # the last bytes and the end in one write
                     await client.send(h11.Data(data=chunk), h11.EndOfMessage())
                 else:
                     await client.send(h11.EndOfMessage())
-                if progress:
-                    deadline = trio.current_time() + idle_timeout
-                else:  # the node's silence runs on, less the time spent writing
-                    deadline += trio.current_time() - sending
-                idle.deadline = deadline
-        return not idle.cancelled_caught
 
 
 async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:

@@ -76,10 +76,12 @@ class ClientConnection:
         # and the tests call: bound once, not wrapped per call.
         self.run_reader = self._reader.run
         self.wait_closed = self._reader.wait_closed
+        self.watch = self._reader.watch
         self.wait_input = self._reader.wait_input
         self.prepare_next = self._requests.prepare_next
         self.has_buffered = self._requests.has_buffered
         self.send = self._writer.send
+        self.send_data = self._writer.send_data
         self.send_json = self._writer.send_json
         self.send_client_error = self._writer.send_client_error
 

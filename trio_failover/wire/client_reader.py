@@ -46,6 +46,7 @@ class ClientReader:
         self._closed_event = trio.Event()
         self._arrived = trio.Event()
         self._room = trio.Event()
+        self._watcher: trio.Event | None = None
 
     async def run(self) -> None:
         """Receive client bytes until EOF or error; run in the connection's nursery."""
@@ -64,6 +65,8 @@ class ClientReader:
             self.closed = Closed.RESET
         finally:
             self._closed_event.set()
+            if self._watcher is not None:
+                self._watcher.set()
             self._wake()
 
     def _wake(self) -> None:
@@ -75,6 +78,15 @@ class ClientReader:
         await self._closed_event.wait()
         assert self.closed is not None
         return self.closed
+
+    def watch(self, event: trio.Event | None) -> None:
+        """Set ``event`` too when the client's side ends (None: no longer).
+
+        One workload at a time watches a connection; its watcher waits on an
+        event that the workload also sets when it is done, so that the
+        watcher ends by returning instead of by a cancellation.
+        """
+        self._watcher = event
 
     async def wait_arrival(self) -> None:
         """Wait for the next bytes, or the end of the client's side."""

@@ -25,37 +25,52 @@ class EarlyClose(Exception):
 
 
 async def next_event(
-    stream: trio.abc.ReceiveStream, conn: h11.Connection, *, strict_eof: bool = True
+    stream: trio.abc.ReceiveStream,
+    conn: h11.Connection,
+    *,
+    strict_eof: bool = True,
+    starved: bool = False,
 ) -> h11.Event:
     """The next h11 event, receiving from ``stream`` as needed.
 
     With ``strict_eof``, an EOF that cuts a message short is an
     ``EarlyClose`` (a fast failure of the peer), not a protocol error, though
     h11 reports it as one; without, h11's own view of the EOF is returned.
+    ``starved``: h11's last answer was ``NEED_DATA`` and nothing was fed to
+    it since, so it is not asked again before a read.
 
     Raises:
         EarlyClose: the peer closed mid-message (``strict_eof`` only).
         h11.RemoteProtocolError: the peer broke HTTP/1.1.
     """
     while True:
-        event = conn.next_event()
-        if event is h11.PAUSED:
-            # A server reads one request at a time: bytes of a next one,
-            # before this one is answered, end the conversation.
-            return h11.ConnectionClosed()
-        if event is not h11.NEED_DATA:
-            assert not isinstance(event, type)
-            return event
+        if starved:
+            starved = False
+        else:
+            event = conn.next_event()
+            if event is h11.PAUSED:
+                # A server reads one request at a time: bytes of a next one,
+                # before this one is answered, end the conversation.
+                return h11.ConnectionClosed()
+            if event is not h11.NEED_DATA:
+                assert not isinstance(event, type)
+                return event
         data = await stream.receive_some(RECEIVE_SIZE)
         conn.receive_data(bytes(data))  # no copy when it is bytes already
         if not data and strict_eof:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise EarlyClose("connection closed mid-message") from exc
-            if event is h11.NEED_DATA or isinstance(event, (h11.ConnectionClosed, type)):
-                raise EarlyClose("connection closed")
-            return event
+            return _at_eof(conn)
+
+
+def _at_eof(conn: h11.Connection) -> h11.Event:
+    """The event after an EOF was fed to h11 (strict: one that cuts a message is EarlyClose)."""
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise EarlyClose("connection closed mid-message") from exc
+    if event is h11.NEED_DATA or isinstance(event, (h11.ConnectionClosed, type)):
+        raise EarlyClose("connection closed")
+    assert not isinstance(event, type)
+    return event
 
 
 async def read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[bytes, bool]:
@@ -66,13 +81,26 @@ async def read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[byte
     another read: coalescing them delays nothing, and a small answer that
     came in one segment is then relayed in one write, its end included.
     """
+    data, ended, _ = await read_chunk(stream, conn)
+    return data, ended
+
+
+async def read_chunk(
+    stream: trio.abc.Stream, conn: h11.Connection, *, starved: bool = False
+) -> tuple[bytes, bool, bool]:
+    """``read_body``, plus whether h11 was left wanting data (``starved``).
+
+    The relay passes the last call's ``starved`` to the next: h11 is then
+    not asked once more, in vain, before the read (one call less per chunk).
+    """
     while True:
-        event = await next_event(stream, conn)
+        event = await next_event(stream, conn, starved=starved)
+        starved = False
         if isinstance(event, h11.Data):
             if event.data:
                 break
         elif isinstance(event, h11.EndOfMessage):
-            return b"", True
+            return b"", True, False
         else:
             raise EarlyClose("connection closed in the body")
     data = event.data  # h11's own copy: relayed as is, not copied again
@@ -87,10 +115,11 @@ async def read_body(stream: trio.abc.Stream, conn: h11.Connection) -> tuple[byte
                 parts.append(more.data)
             else:
                 ended = isinstance(more, h11.EndOfMessage)
-                break  # NEED_DATA: nothing more yet
+                starved = more is h11.NEED_DATA  # nothing more yet
+                break
     except h11.RemoteProtocolError:
         pass  # h11 stays in ERROR and raises again on the next read
-    return (data if parts is None else b"".join(parts)), ended
+    return (data if parts is None else b"".join(parts)), ended, starved
 
 
 async def read_prefix(

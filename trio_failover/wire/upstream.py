@@ -35,7 +35,7 @@ from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code,
 from ..core.sse import SseScanner, is_event_stream
 from . import first_bytes, sockopts
 from .connect import Connector, TCPConnector, open_tcp
-from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_prefix
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_chunk, read_prefix
 from .pool import ConnectionPool
 
 # The one error mapper, under the names this module's phases call.
@@ -134,6 +134,7 @@ class UpstreamResponse:
         self._conn = conn
         self._pool = pool
         self._open = True
+        self._starved = False  # h11 said NEED_DATA after the last bytes read
 
     async def receive_chunk(self) -> bytes:
         """The next body bytes: all that has arrived, at least one byte.
@@ -149,7 +150,9 @@ class UpstreamResponse:
         if self.complete:
             return b""
         try:
-            data, self.complete = await read_body(self._stream, self._conn)
+            data, self.complete, self._starved = await read_chunk(
+                self._stream, self._conn, starved=self._starved
+            )
         except (EarlyClose, *_IO_ERRORS) as exc:
             raise _map_error(self.node.name, "body", exc) from exc
         return data
