@@ -18,7 +18,8 @@ with the proxy's own events printed as they happen:
     5. a client abort: the client leaves, the frozen node's connection is
        closed and nothing fails over.
 
-Each step checks what it shows; ``--once`` exits 0 only if all held.
+Each step checks what it shows (the steps are in ``demo_script.py``, the live
+view in ``demo_view.py``); ``--once`` exits 0 only if all held.
 Without ``--once`` the proxy keeps serving on 127.0.0.1:8080 (admin on
 8081) for ``curl`` and the dashboard until Ctrl-C.
 """
@@ -30,28 +31,22 @@ import json
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import trio
 
-from .core.config import Config, split_host_port
-from .demo_view import Event, Screen, Watcher, answer_line, quiet_proxy_logs, sse_tokens
+from .core.config import Config, Upstream, split_host_port
+from .demo_script import HEADER_TIMEOUT, MODEL, PATH, TOKENS, Check, Script
+from .demo_view import Screen, Watcher, quiet_proxy_logs
 from .proxy.proxy import Proxy
 from .service.server import BoundAddresses, expire_cooldowns_every, serve
-from .testing import ClientResponse, FakeNode, Fleet, drop_before_body, frozen, openai, request_tcp
+from .testing import FakeNode, Fleet, drop_before_body, frozen, openai
 
-HEADER_TIMEOUT = 2.0  # the stall's cost and the cooldown's length
-CLIENT_LEAVES_AFTER = 0.5
-STEP_LIMIT = 15.0  # no scripted step may take longer than this, whatever breaks
 TICK = 0.1  # how often cooldowns are checked, so "ready again" shows on time
 PREFERRED_LISTEN = "127.0.0.1:8080"
 PREFERRED_ADMIN = "127.0.0.1:8081"
 ANY_PORT = "127.0.0.1:0"
-MODEL = "demo"
-PATH = "/v1/chat/completions"
-TOKENS = 6
 TOKEN_DELAY = 0.08
 
 NODES: tuple[tuple[str, str], ...] = (
@@ -80,32 +75,6 @@ def run_demo(once: bool = False) -> int:
             return 0
 
 
-# -- the scripted requests -------------------------------------------------------
-
-
-@attrs.frozen
-class Check:
-    """One behaviour the script set out to show, and whether it was seen."""
-
-    behaviour: str
-    passed: bool
-    detail: str
-
-
-def _attempts(event: Event) -> list[tuple[str, str]]:
-    return [(item["node"], item["outcome"]) for item in event["attempts"]]
-
-
-def _request_body(content: str, *, stream: bool = False) -> bytes:
-    document: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-    }
-    if stream:
-        document["stream"] = True
-    return json.dumps(document).encode()
-
-
 class Demo:
     """The fleet, the proxy, the script and the serving afterwards."""
 
@@ -121,8 +90,6 @@ class Demo:
         self.script_scope = trio.CancelScope()
         self.interrupted = False
         self.exit_status = 0
-        self.proxy: Proxy | None = None
-        self._requests = 0
 
     async def main(self) -> int:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -149,23 +116,8 @@ class Demo:
     async def _run(self) -> None:
         async with Fleet(self.nodes) as fleet:
             upstreams = [await fleet.serve_tcp(name) for name, _ in NODES]
-            listen, admin = self._listen_addresses()
-            config = Config(
-                upstreams=upstreams,
-                listen=listen,
-                admin_listen=admin,
-                connect_timeout=1.0,
-                response_header_timeout=HEADER_TIMEOUT,
-                # The fake nodes answer at once, whole answers too: the same
-                # short wait for both keeps the stall of step 1 brief.
-                unstreamed_timeout=HEADER_TIMEOUT,
-                stream_idle_timeout=10.0,
-                shutdown_timeout=1.0,
-                # The script tells failover, step by step: health checks would
-                # mark the frozen node down before its first step.
-                discovery_interval=0,
-            )
-            proxy = self.proxy = Proxy(config)
+            config = _demo_config(upstreams, *self._listen_addresses())
+            proxy = Proxy(config)
             watcher = Watcher(self.screen, proxy)
             async with trio.open_nursery() as helpers:
                 helpers.start_soon(watcher.run)
@@ -174,7 +126,8 @@ class Demo:
                     addresses = await self._start_proxy(server, config, proxy)
                     self._introduce(config, addresses)
                     with self.script_scope:
-                        checks = await self._script(addresses, watcher)
+                        script = Script(self.screen, self.nodes, proxy, addresses, watcher)
+                        checks = await script.run()
                         self._summary(checks)
                         if not all(check.passed for check in checks):
                             self.exit_status = 1
@@ -232,206 +185,6 @@ class Demo:
             f" then cools down for {seconds}."
         )
 
-    async def _send(
-        self,
-        addresses: BoundAddresses,
-        watcher: Watcher,
-        *,
-        body: bytes,
-        headers: Sequence[tuple[str, str]] = (),
-        leave_after: float | None = None,
-        on_chunk: Callable[[bytes], None] | None = None,
-    ) -> tuple[ClientResponse | None, Event]:
-        """One scripted request through the proxy, and its final event."""
-        self._requests += 1
-        workload = f"demo-{self._requests}"
-        shown = "".join(f"  {name}: {value}" for name, value in headers)
-        self.screen.line(f"  POST {PATH}  x-request-id: {workload}{shown}")
-        all_headers = [("content-type", "application/json"), ("x-request-id", workload)]
-        with trio.fail_after(STEP_LIMIT):
-            response = await request_tcp(
-                addresses.client,
-                "POST",
-                PATH,
-                body=body,
-                headers=[*all_headers, *headers],
-                leave_after=leave_after,
-                on_chunk=on_chunk,
-            )
-            final = await watcher.wait_finished(workload)
-        if response is not None:
-            self.screen.line(
-                f"  the client got {response.status}, served by"
-                f" {response.header('x-failover-node')} after"
-                f" {response.header('x-failover-attempts')} attempt(s): {answer_line(response)}"
-            )
-        return response, final
-
-    async def _script(self, addresses: BoundAddresses, watcher: Watcher) -> list[Check]:
-        return [
-            await self._step_failover(addresses, watcher),
-            await self._step_cooldown(addresses, watcher),
-            await self._step_drop(addresses, watcher),
-            await self._step_expiry(watcher),
-            await self._step_abort(addresses, watcher),
-        ]
-
-    async def _step_failover(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
-        self.screen.heading("1. Failover off the frozen node")
-        self.screen.line(
-            f"  frozen is first in the ranking; it takes the request and says nothing for"
-            f" {HEADER_TIMEOUT:g} s."
-        )
-        response, final = await self._send(addresses, watcher, body=_request_body("Hello!"))
-        seen = _attempts(final)
-        stall = final["attempts"][0]["elapsed_ms"] / 1000 if seen else 0.0
-        passed = (
-            response is not None
-            and response.status == 200
-            and seen == [("frozen", "header_timeout"), ("healthy", "completed")]
-            and self._state("frozen") == "cooling"
-        )
-        return Check(
-            "failover off the frozen node",
-            passed,
-            f"frozen stalled for {stall:.1f} s and cooled down; healthy served",
-        )
-
-    async def _step_cooldown(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
-        self._begin_step(
-            "2. The cooldown: the next request goes straight to healthy",
-            "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:",
-        )
-        frozen_before = len(self.nodes["frozen"].received)
-        started = trio.current_time()
-        tokens: list[str] = []
-
-        def show_tokens(chunk: bytes) -> None:
-            for token in sse_tokens(chunk):
-                tokens.append(token)
-                watcher.note(started, f"token {token!r}")  # after the commit it follows
-
-        response, final = await self._send(
-            addresses,
-            watcher,
-            body=_request_body("Count to six.", stream=True),
-            on_chunk=show_tokens,
-        )
-        passed = (
-            response is not None
-            and response.status == 200
-            and response.complete
-            and _attempts(final) == [("healthy", "completed")]
-            and len(self.nodes["frozen"].received) == frozen_before
-            and len(tokens) == TOKENS
-        )
-        took = final["duration_ms"] / 1000
-        return Check(
-            "cooldown: the next request went straight to healthy",
-            passed,
-            f"1 attempt, {len(tokens)} tokens streamed in {took:.2f} s, frozen not contacted",
-        )
-
-    async def _step_drop(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
-        self._begin_step(
-            "3. A pre-commit drop fails over without a cooldown",
-            "  X-Failover-Node puts dropping first; it sends a head, then closes before the body.",
-        )
-        response, final = await self._send(
-            addresses,
-            watcher,
-            body=_request_body("Hello again!"),
-            headers=[("x-failover-node", "dropping")],
-        )
-        seen = _attempts(final)
-        passed = (
-            response is not None
-            and response.status == 200
-            and len(seen) >= 2
-            and seen[0] == ("dropping", "closed_early")
-            and seen[-1] == ("healthy", "completed")
-            and self._state("dropping") == "ready"
-        )
-        return Check(
-            "pre-commit drop: failed over, no cooldown",
-            passed,
-            "dropping closed early, healthy served, dropping stays ready",
-        )
-
-    async def _step_expiry(self, watcher: Watcher) -> Check:
-        self.screen.heading("4. The cooldown runs out")
-        watcher.mark = trio.current_time()
-        remaining = self._node("frozen")["cooldown_remaining_s"]
-        self.screen.line(f"  waiting {remaining:.1f} s for frozen's cooldown to end...")
-
-        def frozen_ready() -> bool:
-            return any(
-                event["node"] == "frozen" and event["state"] == "ready"
-                for event in watcher.node_events
-            )
-
-        with trio.move_on_after(remaining + STEP_LIMIT):
-            await watcher.wait_for(frozen_ready)
-        watcher.nodes_table()
-        reasons = [e["reason"] for e in watcher.node_events if e["node"] == "frozen"]
-        passed = frozen_ready() and self._state("frozen") == "ready" and "expired" in reasons
-        return Check(
-            "cooldown expired: frozen is ready again",
-            passed,
-            f"after {HEADER_TIMEOUT:g} s, without any request to it",
-        )
-
-    async def _step_abort(self, addresses: BoundAddresses, watcher: Watcher) -> Check:
-        self.screen.heading("5. A client abort cancels the upstream work")
-        self.screen.line(
-            f"  frozen is first again; the client gives up after {CLIENT_LEAVES_AFTER:g} s."
-        )
-        node = self.nodes["frozen"]
-        healthy_before = len(self.nodes["healthy"].received)
-        closed_before = len(node.closed_at)
-        sent = trio.current_time()
-        _, final = await self._send(
-            addresses,
-            watcher,
-            body=_request_body("Never mind."),
-            leave_after=CLIENT_LEAVES_AFTER,
-        )
-        with trio.move_on_after(STEP_LIMIT):
-            await _wait_until(lambda: len(node.closed_at) > closed_before)
-        closed = node.closed_at[-1] - sent if len(node.closed_at) > closed_before else None
-        if closed is not None:
-            self.screen.line(
-                f"  the client left at {CLIENT_LEAVES_AFTER:.2f} s; frozen saw its connection"
-                f" closed at {closed:.2f} s"
-            )
-        passed = (
-            closed is not None
-            and final["state"] == "cancelled"
-            and _attempts(final) == [("frozen", "client_abort")]
-            and len(self.nodes["healthy"].received) == healthy_before
-            and self._state("frozen") == "ready"
-        )
-        return Check(
-            "client abort: upstream work cancelled, no failover",
-            passed,
-            (
-                f"frozen's connection closed {closed:.2f} s after the request; healthy not tried"
-                if closed is not None
-                else "frozen's connection was not closed"
-            ),
-        )
-
-    def _begin_step(self, title: str, explanation: str) -> None:
-        self.screen.heading(title)
-        self.screen.line(explanation)
-
-    def _node(self, name: str) -> dict[str, Any]:
-        assert self.proxy is not None
-        return next(node for node in self.proxy.status()["nodes"] if node["name"] == name)
-
-    def _state(self, name: str) -> str:
-        return str(self._node(name)["state"])
-
     def _summary(self, checks: Sequence[Check]) -> None:
         self.screen.heading("What the demo showed")
         for check in checks:
@@ -460,17 +213,29 @@ class Demo:
         screen.line("Each request is shown below as it happens.")
 
 
+def _demo_config(upstreams: list[Upstream], listen: str, admin: str) -> Config:
+    """The proxy's settings for the demo: short waits, so each step is brief."""
+    return Config(
+        upstreams=upstreams,
+        listen=listen,
+        admin_listen=admin,
+        connect_timeout=1.0,
+        response_header_timeout=HEADER_TIMEOUT,
+        # The fake nodes answer at once, whole answers too: the same
+        # short wait for both keeps the stall of step 1 brief.
+        unstreamed_timeout=HEADER_TIMEOUT,
+        stream_idle_timeout=10.0,
+        shutdown_timeout=1.0,
+        # The script tells failover, step by step: health checks would
+        # mark the frozen node down before its first step.
+        discovery_interval=0,
+    )
+
+
 _CURL_BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
 _CURL_STREAM = json.dumps(
     {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 )
-
-
-async def _wait_until(condition: Callable[[], bool]) -> None:
-    # Only for a fact no event reports: a fake node noticing its connection
-    # closed. Polling keeps the fake nodes free of demo-only hooks.
-    while not condition():  # noqa: ASYNC110
-        await trio.sleep(0.01)
 
 
 def _port_is_free(address: str) -> bool:
