@@ -24,6 +24,7 @@ from .discovery import Discovery
 from .gate import ClientGate
 from .lists import FleetLists, is_list_route
 from .report import NodeStats, Report
+from .silence import SilenceWatch
 from .workload import WorkloadRunner
 
 __all__ = ["Proxy"]
@@ -47,7 +48,11 @@ class Proxy:
         self.report = Report(config)
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
-        self._workloads = WorkloadRunner(config, self.connector, self.pool, self.report)
+        # The idle timers of committed streams; ``serve()`` runs ``silence.watch``.
+        self.silence = SilenceWatch()
+        self._workloads = WorkloadRunner(
+            config, self.connector, self.pool, self.report, self.silence
+        )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.report)
         self.discovery = Discovery(config, self.connector, self.report)

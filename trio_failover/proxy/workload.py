@@ -7,7 +7,8 @@ the body when the client leaves (FIN or RST, per ``--client-close``); the
 body, when it is done, sets the workload's event and the watcher returns.
 Cancelling an attempt closes its upstream socket at once
 (``upstream.open_response`` does it in ``finally``). After commit, a
-``SilenceTimer`` task (``silence.py``) times ``--stream-idle-timeout``.
+``SilenceTimer`` (``silence.py``) times ``--stream-idle-timeout``: the
+proxy's one ``SilenceWatch`` task when it runs, else a task per stream.
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
 from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
@@ -18,6 +19,8 @@ and ``milestones.py`` execute them and tell ``Report`` what happened;
 from __future__ import annotations
 
 import math
+from collections.abc import Coroutine
+from typing import Any
 
 import h11
 import trio
@@ -36,16 +39,23 @@ from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
 from .report import Report, Workload
-from .silence import SilenceTimer
+from .silence import SilenceTimer, SilenceWatch
 
 
 class WorkloadRunner:
     """Runs each request of a client connection as one workload."""
 
     def __init__(
-        self, config: Config, connector: Connector, pool: ConnectionPool, report: Report
+        self,
+        config: Config,
+        connector: Connector,
+        pool: ConnectionPool,
+        report: Report,
+        silence: SilenceWatch | None = None,
     ) -> None:
         self.config = config
+        # The streams' idle timers; ``serve()`` runs its ``watch``.
+        self.silence = silence if silence is not None else SilenceWatch()
         self.connector = connector
         self.pool = pool
         self.report = report
@@ -215,17 +225,18 @@ class WorkloadRunner:
         self._stream_ended(work, node, Outcome.COMPLETED, "")
         return True
 
-    async def _stream_rest(
+    def _stream_rest(
         self,
         client: ClientConnection,
         work: Workload,
         response: UpstreamResponse,
         idle_timeout: float,
-    ) -> bool:
+    ) -> Coroutine[Any, Any, bool]:
         """Relay the body after the commit; False: the node went silent too long.
 
-        The silence is timed by a ``SilenceTimer`` task beside the relay (one
-        per stream, started only when a body remains and the timeout is on):
+        The silence is timed by a ``SilenceTimer`` (only when a body remains
+        and the timeout is on), registered with the proxy's ``SilenceWatch``
+        while its task runs, else run by a task of its own beside the relay:
         no deadline is moved per chunk. It bounds only the waits for the
         node, not the writes to the client, whose pace is not the node's
         silence. In an event stream only a chunk that begins a line other
@@ -233,16 +244,30 @@ class WorkloadRunner:
         the first such line the timer is not armed: the wait is still the
         first-body wait, unbounded (a long prefill with pings is never cut,
         an engine that only pings after its first token is).
+
+        A plain function that returns the relay's coroutine: one suspended
+        coroutine frame less per open stream than an ``async def`` around it.
         """
         timer = SilenceTimer(idle_timeout, armed=response.progressed)
         if response.complete or idle_timeout == math.inf:
-            await self._relay_chunks(client, work, response, timer)
-            return True
+            return self._relay_chunks(client, work, response, timer, None)
+        if self.silence.running:
+            return self._relay_chunks(client, work, response, timer, self.silence)
+        return self._stream_timed(client, work, response, timer)
+
+    async def _stream_timed(
+        self,
+        client: ClientConnection,
+        work: Workload,
+        response: UpstreamResponse,
+        timer: SilenceTimer,
+    ) -> bool:
+        """The relay beside its own timer task: no ``SilenceWatch`` runs."""
         failure: UpstreamError | ClientGone | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timer.run)
             try:
-                await self._relay_chunks(client, work, response, timer)
+                await self._relay_chunks(client, work, response, timer, None)
             except (UpstreamError, ClientGone) as exc:
                 failure = exc  # raised below, outside the nursery's exception group
             finally:
@@ -257,30 +282,42 @@ class WorkloadRunner:
         work: Workload,
         response: UpstreamResponse,
         timer: SilenceTimer,
-    ) -> None:
-        """The relay loop: read from the node, write to the client, note the silence."""
+        watch: SilenceWatch | None,
+    ) -> bool:
+        """The relay loop: read from the node, write to the client, note the silence.
+
+        Registered with ``watch`` for as long as it runs, when one is given.
+        Returns False when the timer fired.
+        """
+        if watch is not None:
+            watch.register(timer)
         scanner = response.scanner
-        with timer.scope:
-            while not response.complete:
-                timer.waiting_since = waited = trio.current_time()
-                chunk = await response.receive_chunk()
-                if timer.scope.cancel_called:
-                    return  # the timer fired as the chunk came: the deadline passed
-                timer.waiting_since = None
-                work.body_bytes += len(chunk)
-                if scanner is None or scanner.first_event_line(chunk) is not None:
-                    timer.silence, timer.armed = 0.0, True
-                else:  # a comment or a blank line: the node's silence runs on
-                    timer.silence += trio.current_time() - waited
-                    if timer.armed and timer.silence >= timer.timeout:
-                        timer.scope.cancel()  # it came at the deadline, too late
-                        return
-                if not response.complete:
-                    await client.send_data(chunk)
-                elif chunk:  # the last bytes and the end in one write
-                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
-                else:
-                    await client.send(h11.EndOfMessage())
+        try:
+            with timer.scope:
+                while not response.complete:
+                    timer.waiting_since = waited = trio.current_time()
+                    chunk = await response.receive_chunk()
+                    if timer.scope.cancel_called:
+                        return False  # the timer fired as the chunk came: the deadline passed
+                    timer.waiting_since = None
+                    work.body_bytes += len(chunk)
+                    if scanner is None or scanner.first_event_line(chunk) is not None:
+                        timer.silence, timer.armed = 0.0, True
+                    else:  # a comment or a blank line: the node's silence runs on
+                        timer.silence += trio.current_time() - waited
+                        if timer.armed and timer.silence >= timer.timeout:
+                            timer.scope.cancel()  # it came at the deadline, too late
+                            return False
+                    if not response.complete:
+                        await client.send_data(chunk)
+                    elif chunk:  # the last bytes and the end in one write
+                        await client.send(h11.Data(data=chunk), h11.EndOfMessage())
+                    else:
+                        await client.send(h11.EndOfMessage())
+        finally:
+            if watch is not None:
+                watch.unregister(timer)
+        return not timer.fired
 
 
 async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:

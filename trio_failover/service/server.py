@@ -202,6 +202,9 @@ async def serve(
             # Idle node connections close when their node closes them or at
             # --pool-idle-timeout, with no traffic needed (SPEC 5 item 11).
             services.start_soon(proxy.pool.watch)
+            # One task times every committed stream's --stream-idle-timeout
+            # (without it, each stream runs a timer task of its own).
+            services.start_soon(proxy.silence.watch)
             admin = None
             if config.admin_listen is not None:
                 try:
