@@ -1,0 +1,207 @@
+"""After commit: the relay of one committed response to its client.
+
+``Relay.commit_and_relay`` sends the head and the first bytes, then streams
+the rest chunk by chunk, unbuffered. A ``SilenceTimer`` (``silence.py``)
+times ``--stream-idle-timeout``: the proxy's one ``SilenceWatch`` task when
+it runs, else a task per stream. After commit nothing is replayed: a
+failure cuts the client's response short (SPEC 5.6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Coroutine
+from typing import Any
+
+import h11
+import trio
+
+from ..core.config import Config, Upstream
+from ..core.errors import UpstreamError
+from ..core.headers import client_response_headers
+from ..core.outcome import Outcome, after_commit, may_pool
+from ..wire.client import ClientConnection, ClientGone, Closed
+from ..wire.upstream import UpstreamResponse
+from .milestones import Milestones
+from .report import Report, Workload
+from .silence import SilenceTimer, SilenceWatch
+
+
+class Relay:
+    """Relays committed responses; one per proxy, shared by its workloads."""
+
+    def __init__(
+        self, config: Config, report: Report, milestones: Milestones, silence: SilenceWatch
+    ) -> None:
+        self.config = config
+        self.report = report
+        self.silence = silence
+        self._milestones = milestones
+
+    async def commit_and_relay(
+        self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
+    ) -> bool:
+        try:
+            with self.report.health.streaming(node.name):  # a slow check then proves nothing
+                relayed = await self._relay(client, work, node, response)
+        except BaseException:
+            await response.aclose()  # cancelled or failed: never pooled
+            raise
+        if may_pool(relayed=relayed, client_gone=client.closed is not None):
+            await response.release()
+        else:
+            await response.aclose()
+        return relayed
+
+    async def _relay(
+        self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
+    ) -> bool:
+        """Commit the response and stream the rest, chunk by chunk, unbuffered."""
+        self._milestones.committed(work, node, response)
+        headers = client_response_headers(
+            response.headers,
+            request_id=work.id,
+            node=node.name,
+            attempts=len(work.attempts) + 1,
+            keep_length=True,
+        )
+        # _parsed: skip h11's header regexes, which these headers passed
+        # already (the node's parsed by h11, the proxy's own checked at
+        # configuration time; see headers.client_response_headers).
+        commit: list[h11.Event] = [
+            h11.Response(
+                status_code=response.status, reason=response.reason, headers=headers, _parsed=True
+            )
+        ]
+        if response.first_chunk:
+            commit.append(h11.Data(data=response.first_chunk))
+            work.body_bytes += len(response.first_chunk)
+        if response.complete:
+            commit.append(h11.EndOfMessage())
+        idle_timeout = self.config.stream_idle_timeout or math.inf
+        try:
+            await client.send(*commit)
+            if not await self._stream_rest(client, work, response, idle_timeout):
+                self._milestones.stream_ended(
+                    work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
+                )
+                return False
+        except UpstreamError as exc:
+            # After commit nothing is replayed: the client sees a truncated
+            # response (no terminating chunk, or a short Content-Length body).
+            self._milestones.stream_ended(work, node, after_commit(exc.outcome), str(exc))
+            return False
+        except ClientGone:
+            if work.client_left is None:
+                work.client_left = Closed.RESET
+            if self.config.client_close == "ignore":
+                await _drain_ignored(response, idle_timeout)
+            return False
+        self._milestones.stream_ended(work, node, Outcome.COMPLETED, "")
+        return True
+
+    def _stream_rest(
+        self,
+        client: ClientConnection,
+        work: Workload,
+        response: UpstreamResponse,
+        idle_timeout: float,
+    ) -> Coroutine[Any, Any, bool]:
+        """Relay the body after the commit; False: the node went silent too long.
+
+        The silence is timed by a ``SilenceTimer`` (only when a body remains
+        and the timeout is on), registered with the proxy's ``SilenceWatch``
+        while its task runs, else run by a task of its own beside the relay:
+        no deadline is moved per chunk. It bounds only the waits for the
+        node, not the writes to the client, whose pace is not the node's
+        silence. In an event stream only a chunk that begins a line other
+        than a comment or a blank one ends a silence (SPEC 5.6), and before
+        the first such line the timer is not armed: the wait is still the
+        first-body wait, unbounded (a long prefill with pings is never cut,
+        an engine that only pings after its first token is).
+
+        A plain function that returns the relay's coroutine: one suspended
+        coroutine frame less per open stream than an ``async def`` around it.
+        """
+        timer = SilenceTimer(idle_timeout, armed=response.progressed)
+        if response.complete or idle_timeout == math.inf:
+            return _relay_chunks(client, work, response, timer, None)
+        if self.silence.running:
+            return _relay_chunks(client, work, response, timer, self.silence)
+        return _stream_timed(client, work, response, timer)
+
+
+async def _stream_timed(
+    client: ClientConnection,
+    work: Workload,
+    response: UpstreamResponse,
+    timer: SilenceTimer,
+) -> bool:
+    """The relay beside its own timer task: no ``SilenceWatch`` runs."""
+    failure: UpstreamError | ClientGone | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(timer.run)
+        try:
+            await _relay_chunks(client, work, response, timer, None)
+        except (UpstreamError, ClientGone) as exc:
+            failure = exc  # raised below, outside the nursery's exception group
+        finally:
+            timer.stop()
+    if failure is not None:
+        raise failure
+    return not timer.fired
+
+
+async def _relay_chunks(
+    client: ClientConnection,
+    work: Workload,
+    response: UpstreamResponse,
+    timer: SilenceTimer,
+    watch: SilenceWatch | None,
+) -> bool:
+    """The relay loop: read from the node, write to the client, note the silence.
+
+    Registered with ``watch`` for as long as it runs, when one is given.
+    Returns False when the timer fired.
+    """
+    if watch is not None:
+        watch.register(timer)
+    scanner = response.scanner
+    try:
+        with timer.scope:
+            while not response.complete:
+                timer.waiting_since = waited = trio.current_time()
+                chunk = await response.receive_chunk()
+                if timer.scope.cancel_called:
+                    return False  # the timer fired as the chunk came: the deadline passed
+                timer.waiting_since = None
+                work.body_bytes += len(chunk)
+                if scanner is None or scanner.first_event_line(chunk) is not None:
+                    timer.silence, timer.armed = 0.0, True
+                else:  # a comment or a blank line: the node's silence runs on
+                    timer.silence += trio.current_time() - waited
+                    if timer.armed and timer.silence >= timer.timeout:
+                        timer.scope.cancel()  # it came at the deadline, too late
+                        return False
+                if not response.complete:
+                    await client.send_data(chunk)
+                elif chunk:  # the last bytes and the end in one write
+                    await client.send(h11.Data(data=chunk), h11.EndOfMessage())
+                else:
+                    await client.send(h11.EndOfMessage())
+    finally:
+        if watch is not None:
+            watch.unregister(timer)
+    return not timer.fired
+
+
+async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:
+    """``--client-close ignore``: let the node finish although nobody listens."""
+    while not response.complete:
+        with trio.move_on_after(idle_timeout) as idle:
+            try:
+                await response.receive_chunk()
+            except UpstreamError:
+                return
+        if idle.cancelled_caught:
+            return
