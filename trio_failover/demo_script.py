@@ -50,29 +50,29 @@ class Script:
 
     async def run(self) -> list[Check]:
         """Send the five requests in order; one check per step."""
-        steps: list[tuple[str, str | None, Callable[[], Awaitable[Check]]]] = [
+        steps: list[tuple[str, str | None, Callable[[Script], Awaitable[Check]]]] = [
             (
                 "1. Failover off the frozen node",
                 "  frozen is first in the ranking; it takes the request and says nothing for"
                 f" {HEADER_TIMEOUT:g} s.",
-                self._step_failover,
+                _step_failover,
             ),
             (
                 "2. The cooldown: the next request goes straight to healthy",
                 "  frozen is cooling, so it moves behind the ready nodes; a streamed answer:",
-                self._step_cooldown,
+                _step_cooldown,
             ),
             (
                 "3. A pre-commit drop fails over without a cooldown",
                 "  X-Failover-Node puts dropping first; it sends a head, then closes before"
                 " the body.",
-                self._step_drop,
+                _step_drop,
             ),
-            ("4. The cooldown runs out", None, self._step_expiry),  # its line says how long
+            ("4. The cooldown runs out", None, _step_expiry),  # its line says how long
             (
                 "5. A client abort cancels the upstream work",
                 f"  frozen is first again; the client gives up after {CLIENT_LEAVES_AFTER:g} s.",
-                self._step_abort,
+                _step_abort,
             ),
         ]
         checks = []
@@ -80,10 +80,10 @@ class Script:
             self.screen.heading(title)
             if explanation is not None:
                 self.screen.line(explanation)
-            checks.append(await step())
+            checks.append(await step(self))
         return checks
 
-    async def _send(
+    async def send(
         self,
         *,
         body: bytes,
@@ -116,132 +116,140 @@ class Script:
             )
         return response, final
 
-    async def _step_failover(self) -> Check:
-        response, final = await self._send(body=_request_body("Hello!"))
-        seen = _attempts(final)
-        stall = final["attempts"][0]["elapsed_ms"] / 1000 if seen else 0.0
-        passed = (
-            response is not None
-            and response.status == 200
-            and seen == [("frozen", "header_timeout"), ("healthy", "completed")]
-            and self._state("frozen") == "cooling"
-        )
-        return Check(
-            "failover off the frozen node",
-            passed,
-            f"frozen stalled for {stall:.1f} s and cooled down; healthy served",
-        )
-
-    async def _step_cooldown(self) -> Check:
-        frozen_before = len(self.nodes["frozen"].received)
-        started = trio.current_time()
-        tokens: list[str] = []
-
-        def show_tokens(chunk: bytes) -> None:
-            for token in sse_tokens(chunk):
-                tokens.append(token)
-                self.watcher.note(started, f"token {token!r}")  # after the commit it follows
-
-        response, final = await self._send(
-            body=_request_body("Count to six.", stream=True),
-            on_chunk=show_tokens,
-        )
-        passed = (
-            response is not None
-            and response.status == 200
-            and response.complete
-            and _attempts(final) == [("healthy", "completed")]
-            and len(self.nodes["frozen"].received) == frozen_before
-            and len(tokens) == TOKENS
-        )
-        took = final["duration_ms"] / 1000
-        return Check(
-            "cooldown: the next request went straight to healthy",
-            passed,
-            f"1 attempt, {len(tokens)} tokens streamed in {took:.2f} s, frozen not contacted",
-        )
-
-    async def _step_drop(self) -> Check:
-        response, final = await self._send(
-            body=_request_body("Hello again!"),
-            headers=[("x-failover-node", "dropping")],
-        )
-        seen = _attempts(final)
-        passed = (
-            response is not None
-            and response.status == 200
-            and len(seen) >= 2
-            and seen[0] == ("dropping", "closed_early")
-            and seen[-1] == ("healthy", "completed")
-            and self._state("dropping") == "ready"
-        )
-        return Check(
-            "pre-commit drop: failed over, no cooldown",
-            passed,
-            "dropping closed early, healthy served, dropping stays ready",
-        )
-
-    async def _step_expiry(self) -> Check:
-        self.watcher.mark = trio.current_time()
-        remaining = self._node("frozen")["cooldown_remaining_s"]
-        self.screen.line(f"  waiting {remaining:.1f} s for frozen's cooldown to end...")
-
-        def frozen_ready() -> bool:
-            return any(
-                event["node"] == "frozen" and event["state"] == "ready"
-                for event in self.watcher.node_events
-            )
-
-        with trio.move_on_after(remaining + STEP_LIMIT):
-            await self.watcher.wait_for(frozen_ready)
-        self.watcher.nodes_table()
-        reasons = [e["reason"] for e in self.watcher.node_events if e["node"] == "frozen"]
-        passed = frozen_ready() and self._state("frozen") == "ready" and "expired" in reasons
-        return Check(
-            "cooldown expired: frozen is ready again",
-            passed,
-            f"after {HEADER_TIMEOUT:g} s, without any request to it",
-        )
-
-    async def _step_abort(self) -> Check:
-        node = self.nodes["frozen"]
-        healthy_before = len(self.nodes["healthy"].received)
-        closed_before = len(node.closed_at)
-        sent = trio.current_time()
-        _, final = await self._send(
-            body=_request_body("Never mind."),
-            leave_after=CLIENT_LEAVES_AFTER,
-        )
-        with trio.move_on_after(STEP_LIMIT):
-            await _wait_until(lambda: len(node.closed_at) > closed_before)
-        closed = node.closed_at[-1] - sent if len(node.closed_at) > closed_before else None
-        if closed is not None:
-            self.screen.line(
-                f"  the client left at {CLIENT_LEAVES_AFTER:.2f} s; frozen saw its connection"
-                f" closed at {closed:.2f} s"
-            )
-        passed = (
-            closed is not None
-            and final["state"] == "cancelled"
-            and _attempts(final) == [("frozen", "client_abort")]
-            and len(self.nodes["healthy"].received) == healthy_before
-            and self._state("frozen") == "ready"
-        )
-        return Check(
-            "client abort: upstream work cancelled, no failover",
-            passed,
-            (
-                f"frozen's connection closed {closed:.2f} s after the request; healthy not tried"
-                if closed is not None
-                else "frozen's connection was not closed"
-            ),
-        )
-
-    def _node(self, name: str) -> dict[str, Any]:
+    def node(self, name: str) -> dict[str, Any]:
         return next(node for node in self.proxy.status()["nodes"] if node["name"] == name)
 
-    def _state(self, name: str) -> str:
-        return str(self._node(name)["state"])
+    def state(self, name: str) -> str:
+        return str(self.node(name)["state"])
+
+
+# -- the five steps ------------------------------------------------------------------
+
+
+async def _step_failover(script: Script) -> Check:
+    response, final = await script.send(body=_request_body("Hello!"))
+    seen = _attempts(final)
+    stall = final["attempts"][0]["elapsed_ms"] / 1000 if seen else 0.0
+    passed = (
+        response is not None
+        and response.status == 200
+        and seen == [("frozen", "header_timeout"), ("healthy", "completed")]
+        and script.state("frozen") == "cooling"
+    )
+    return Check(
+        "failover off the frozen node",
+        passed,
+        f"frozen stalled for {stall:.1f} s and cooled down; healthy served",
+    )
+
+
+async def _step_cooldown(script: Script) -> Check:
+    frozen_before = len(script.nodes["frozen"].received)
+    started = trio.current_time()
+    tokens: list[str] = []
+
+    def show_tokens(chunk: bytes) -> None:
+        for token in sse_tokens(chunk):
+            tokens.append(token)
+            script.watcher.note(started, f"token {token!r}")  # after the commit it follows
+
+    response, final = await script.send(
+        body=_request_body("Count to six.", stream=True),
+        on_chunk=show_tokens,
+    )
+    passed = (
+        response is not None
+        and response.status == 200
+        and response.complete
+        and _attempts(final) == [("healthy", "completed")]
+        and len(script.nodes["frozen"].received) == frozen_before
+        and len(tokens) == TOKENS
+    )
+    took = final["duration_ms"] / 1000
+    return Check(
+        "cooldown: the next request went straight to healthy",
+        passed,
+        f"1 attempt, {len(tokens)} tokens streamed in {took:.2f} s, frozen not contacted",
+    )
+
+
+async def _step_drop(script: Script) -> Check:
+    response, final = await script.send(
+        body=_request_body("Hello again!"),
+        headers=[("x-failover-node", "dropping")],
+    )
+    seen = _attempts(final)
+    passed = (
+        response is not None
+        and response.status == 200
+        and len(seen) >= 2
+        and seen[0] == ("dropping", "closed_early")
+        and seen[-1] == ("healthy", "completed")
+        and script.state("dropping") == "ready"
+    )
+    return Check(
+        "pre-commit drop: failed over, no cooldown",
+        passed,
+        "dropping closed early, healthy served, dropping stays ready",
+    )
+
+
+async def _step_expiry(script: Script) -> Check:
+    script.watcher.mark = trio.current_time()
+    remaining = script.node("frozen")["cooldown_remaining_s"]
+    script.screen.line(f"  waiting {remaining:.1f} s for frozen's cooldown to end...")
+
+    def frozen_ready() -> bool:
+        return any(
+            event["node"] == "frozen" and event["state"] == "ready"
+            for event in script.watcher.node_events
+        )
+
+    with trio.move_on_after(remaining + STEP_LIMIT):
+        await script.watcher.wait_for(frozen_ready)
+    script.watcher.nodes_table()
+    reasons = [e["reason"] for e in script.watcher.node_events if e["node"] == "frozen"]
+    passed = frozen_ready() and script.state("frozen") == "ready" and "expired" in reasons
+    return Check(
+        "cooldown expired: frozen is ready again",
+        passed,
+        f"after {HEADER_TIMEOUT:g} s, without any request to it",
+    )
+
+
+async def _step_abort(script: Script) -> Check:
+    node = script.nodes["frozen"]
+    healthy_before = len(script.nodes["healthy"].received)
+    closed_before = len(node.closed_at)
+    sent = trio.current_time()
+    _, final = await script.send(
+        body=_request_body("Never mind."),
+        leave_after=CLIENT_LEAVES_AFTER,
+    )
+    with trio.move_on_after(STEP_LIMIT):
+        await _wait_until(lambda: len(node.closed_at) > closed_before)
+    closed = node.closed_at[-1] - sent if len(node.closed_at) > closed_before else None
+    if closed is not None:
+        script.screen.line(
+            f"  the client left at {CLIENT_LEAVES_AFTER:.2f} s; frozen saw its connection"
+            f" closed at {closed:.2f} s"
+        )
+    passed = (
+        closed is not None
+        and final["state"] == "cancelled"
+        and _attempts(final) == [("frozen", "client_abort")]
+        and len(script.nodes["healthy"].received) == healthy_before
+        and script.state("frozen") == "ready"
+    )
+    return Check(
+        "client abort: upstream work cancelled, no failover",
+        passed,
+        (
+            f"frozen's connection closed {closed:.2f} s after the request; healthy not tried"
+            if closed is not None
+            else "frozen's connection was not closed"
+        ),
+    )
 
 
 def _attempts(event: Event) -> list[tuple[str, str]]:
