@@ -53,11 +53,8 @@ class WorkloadRunner:
         milestones = Milestones(config, report)
         relay = Relay(config, report, milestones, self.silence)
         attempts = Attempts(config, connector, pool, report, milestones, relay.commit_and_relay)
-        # The names run calls, bound once to the parts doing the work.
-        self._candidates = attempts.candidates
-        self._serve = attempts.serve
-        self._send_failure = send_failure
-        self._client_aborted = milestones.client_aborted
+        self._attempts = attempts
+        self._milestones = milestones
 
     async def run(
         self,
@@ -85,7 +82,7 @@ class WorkloadRunner:
         # Parsed for every request: whether it streams picks the head
         # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
         document = request_document(request.body)
-        candidates, preferred = self._candidates(request, document)
+        candidates, preferred = self._attempts.candidates(request, document)
         self.report.started(work)
 
         keep_alive = False
@@ -97,7 +94,7 @@ class WorkloadRunner:
                         self._watch_client, client, work, nursery.cancel_scope, settled
                     )
                 try:
-                    keep_alive = await self._serve(
+                    keep_alive = await self._attempts.serve(
                         client,
                         request,
                         work,
@@ -116,12 +113,10 @@ class WorkloadRunner:
             if work.state not in FINAL:
                 work.state = State.FAILED
             if work.committed_at is None:
-                await self._send_failure(
-                    client, work, 502, "internal_error", "internal proxy error"
-                )
+                await send_failure(client, work, 502, "internal_error", "internal proxy error")
             keep_alive = False
         if work.client_left is not None and work.state not in FINAL:
-            self._client_aborted(work)
+            self._milestones.client_aborted(work)
             keep_alive = False
         self.report.finish(work)
         return keep_alive and client.reusable
