@@ -44,11 +44,6 @@ class NodeStats:
     failed: int = 0
 
 
-def _checked_move(work: Workload, _attribute: Any, new: State) -> State:
-    # Every assignment of ``state`` goes through the transition table.
-    return transition(work.state, new)
-
-
 @attrs.define
 class Workload:
     """One client request across all its attempts."""
@@ -62,13 +57,25 @@ class Workload:
     attempt: int = 0  # the number of the current attempt, from 1
     attempt_started: float = 0.0
     committed_at: float | None = None
-    state: State = attrs.field(default=State.QUEUED, on_setattr=_checked_move)
+    # Behind the ``state`` property: an ``on_setattr`` hook would make attrs
+    # route every attribute assignment of the class (some 25 per request)
+    # through a Python-level ``__setattr__``.
+    _state: State = attrs.field(default=State.QUEUED, alias="state")
     status: int | None = None
     body_bytes: int = 0
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
     queued_since: float | None = None  # when the current wait began, while waiting
+
+    @property
+    def state(self) -> State:
+        """Where the workload is; every assignment goes through the transition table."""
+        return self._state
+
+    @state.setter
+    def state(self, new: State) -> None:
+        self._state = transition(self._state, new)
 
     def queued_for(self, now: float) -> float:
         """Seconds in the queue by ``now``, the current wait included."""
