@@ -231,11 +231,14 @@ class Report:
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
+                # _ms spelled out: three calls less on every request.
                 "commit_ms": (
-                    _ms(work.committed_at - work.started) if work.committed_at is not None else None
+                    round((work.committed_at - work.started) * 1000, 1)
+                    if work.committed_at is not None
+                    else None
                 ),
-                "duration_ms": _ms(now - work.started),
-                "queued_ms": _ms(work.waited),
+                "duration_ms": round((now - work.started) * 1000, 1),
+                "queued_ms": round(work.waited * 1000, 1),
                 "bytes": work.body_bytes,
             }
         )
