@@ -137,7 +137,7 @@ class Report:
         work.attempts.append(record)
         self.stats[record.node].failed += 1
         self.health.attempt_ended(record.node, str(record.outcome), record.detail)
-        self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        self.metrics.attempt_ended(record.node, str(record.outcome))
         if moving_on:
             self.metrics.child(self.metrics.failovers, record.node, str(record.outcome)).inc()
         logger.warning(
@@ -159,9 +159,7 @@ class Report:
         if was_down or (ended is not None and ended.until > now):
             self.node_ready(node, "success")
             self.queue.dispatch()
-        self.metrics.child(self.metrics.commits, node).inc()
-        self.metrics.child(self.metrics.time_to_head, node).observe(time_to_head)
-        self.metrics.child(self.metrics.time_to_commit, node).observe(now - work.started)
+        self.metrics.committed(node, time_to_head, now - work.started)
         self.publish_workload(work)
 
     def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
@@ -171,7 +169,7 @@ class Report:
         self.health.attempt_ended(
             record.node, str(record.outcome), record.detail if failed else None
         )
-        self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        self.metrics.attempt_ended(record.node, str(record.outcome))
         if not failed:
             return
         self.stats[record.node].failed += 1
@@ -181,7 +179,7 @@ class Report:
         """Record that the client left before the workload was settled."""
         if record is not None:
             work.attempts.append(record)
-            self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+            self.metrics.attempt_ended(record.node, str(record.outcome))
         self.metrics.client_aborts.inc()
 
     # -- workloads -----------------------------------------------------------
@@ -215,9 +213,7 @@ class Report:
         self._live.pop(id(work), None)
         self._recent.append((work, now))
         client = ANONYMOUS if work.client is None else work.client
-        self.metrics.child(self.metrics.workloads, str(work.state), client).inc()
-        if work.node is not None:
-            self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
+        self.metrics.finished(str(work.state), client, work.node, now - work.started)
         if self.events.subscriber_count:
             self.events.publish({"type": "workload", **work.summary(now), "attempt": work.attempt})
         if not access_logger.isEnabledFor(logging.INFO):
