@@ -31,17 +31,21 @@ def reset_on_close(stream: trio.SocketStream) -> None:
     stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
+async def receive_into(got: list[bytes | Exception], stream: trio.SocketStream) -> None:
+    """One ``socket_io.receive``, its bytes or its Trio error appended to ``got``."""
+    try:
+        got.append(await socket_io.receive(stream))
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        got.append(exc)
+
+
 async def test_receive_waits_for_the_bytes_then_reads_them(
     pair: tuple[trio.SocketStream, trio.SocketStream],
 ) -> None:
     ours, peer = pair
-    got: list[bytes] = []
+    got: list[bytes | Exception] = []
     async with trio.open_nursery() as nursery:
-
-        async def read() -> None:
-            got.append(await socket_io.receive(ours))
-
-        nursery.start_soon(read)
+        nursery.start_soon(receive_into, got, ours)
         await trio.testing.wait_all_tasks_blocked()
         assert got == []  # nothing sent yet: it waits, it does not return empty
         await peer.send_all(b"data: 1\n\n")
@@ -73,19 +77,13 @@ async def test_a_close_by_another_task_ends_the_wait(
     pair: tuple[trio.SocketStream, trio.SocketStream],
 ) -> None:
     ours, _ = pair
-    raised: list[BaseException] = []
+    got: list[bytes | Exception] = []
     async with trio.open_nursery() as nursery:
-
-        async def read() -> None:
-            try:
-                await socket_io.receive(ours)
-            except trio.ClosedResourceError as exc:
-                raised.append(exc)
-
-        nursery.start_soon(read)
+        nursery.start_soon(receive_into, got, ours)
         await trio.testing.wait_all_tasks_blocked()
         await ours.aclose()
-    assert len(raised) == 1
+    assert len(got) == 1
+    assert isinstance(got[0], trio.ClosedResourceError)
     with pytest.raises(trio.ClosedResourceError):
         await socket_io.receive(ours)  # and once closed, before any wait
 
