@@ -183,14 +183,26 @@ async def run_upstream() -> None:
 # -- reference relays (child processes: ``bench.py relay|pump|httptools PORT``) -------
 
 
-def run_relay(upstream_port: int) -> None:
-    """A bare Trio + h11 relay, the floor any Trio + h11 proxy is measured against."""
+def run_relay(upstream_port: int, *, socket_io: bool = False) -> None:
+    """A bare Trio + h11 relay, the floor any Trio + h11 proxy is measured against.
+
+    ``socket_io``: the same relay reading and writing through the proxy's
+    ``wire.socket_io`` instead of Trio's stream methods (``relay-io``), to
+    tell what the failover work costs on the same I/O.
+    """
     import h11
     import trio
 
+    receive: Callable[[Any], Awaitable[bytes]] = lambda stream: stream.receive_some(65536)  # noqa: E731
+    send: Callable[[Any, bytes], Awaitable[None]] = lambda stream, data: stream.send_all(data)  # noqa: E731
+    if socket_io:
+        from trio_failover.wire import socket_io as io
+
+        receive, send = io.receive, io.send
+
     async def next_event(stream: trio.SocketStream, conn: h11.Connection) -> object:
         while (event := conn.next_event()) is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
+            conn.receive_data(await receive(stream))
         return event
 
     async def relay(client: trio.SocketStream, node: trio.SocketStream) -> None:
@@ -203,17 +215,18 @@ def run_relay(upstream_port: int) -> None:
             )
             while isinstance(event := await next_event(client, down), h11.Data):
                 out += up.send(event)
-            await node.send_all(out + up.send(h11.EndOfMessage()))
+            await send(node, out + up.send(h11.EndOfMessage()))
             response = await next_event(node, up)
             assert isinstance(response, h11.Response)
-            await client.send_all(
+            await send(
+                client,
                 down.send(
                     h11.Response(status_code=response.status_code, headers=list(response.headers))
-                )
+                ),
             )
             while isinstance(event := await next_event(node, up), h11.Data):
-                await client.send_all(down.send(h11.Data(data=event.data)))
-            await client.send_all(down.send(h11.EndOfMessage()))
+                await send(client, down.send(h11.Data(data=event.data)))
+            await send(client, down.send(h11.EndOfMessage()))
             down.start_next_cycle()
             up.start_next_cycle()
 
@@ -879,6 +892,8 @@ def run_instructions(s: Setup) -> None:
     ours = instructions_per_request(proxy + s.args.proxy_arg, port, s.workdir)
     relay = [sys.executable, __file__, "relay", str(s.json_port)]
     bare = instructions_per_request(relay, None, s.workdir)
+    relay_io = [sys.executable, __file__, "relay-io", str(s.json_port)]
+    bare_io = instructions_per_request(relay_io, None, s.workdir)
     pump = [sys.executable, __file__, "pump", str(s.json_port)]
     floor = instructions_per_request(pump, None, s.workdir)
     httptools = ""
@@ -895,15 +910,22 @@ def run_instructions(s: Setup) -> None:
         f"  trio-failover {ours / 1e6:.2f} M; bare relay {bare / 1e6:.2f} M: {ours / bare:.2f} x; "
         f"trio pump (no HTTP) {floor / 1e6:.2f} M{httptools}"
     )
+    s.report.out(
+        f"  bare relay on the proxy's socket I/O (wire/socket_io) {bare_io / 1e6:.2f} M: "
+        f"trio-failover {ours / bare_io:.2f} x of it"
+    )
 
     def proxy_for(upstream_port: int) -> list[str]:
         return [*proxy[:-1], f"http://127.0.0.1:{upstream_port}", *s.args.proxy_arg]
 
-    def relay_for(upstream_port: int) -> list[str]:
-        return [sys.executable, __file__, "relay", str(upstream_port)]
+    def relay_for(upstream_port: int, mode: str = "relay") -> list[str]:
+        return [sys.executable, __file__, mode, str(upstream_port)]
 
     (ours, our_chunks) = instructions_per_chunk(proxy_for, port, s.workdir)
     (bare, bare_chunks) = instructions_per_chunk(relay_for, None, s.workdir)
+    (bare_io, _) = instructions_per_chunk(
+        lambda upstream_port: relay_for(upstream_port, "relay-io"), None, s.workdir
+    )
     s.report.out(
         f"Instructions per relayed SSE chunk ({CALLGRIND_STREAMS} streams, a chunk every "
         f"{1000 // TOKENS_PER_SECOND} ms each, {CALLGRIND_STREAM_SECONDS:g} s: "
@@ -914,7 +936,8 @@ def run_instructions(s: Setup) -> None:
     else:
         s.report.out(
             f"  trio-failover {ours / 1e3:.0f} k; bare relay {bare / 1e3:.0f} k: "
-            f"{ours / bare:.2f} x"
+            f"{ours / bare:.2f} x; bare relay on the proxy's socket I/O {bare_io / 1e3:.0f} k: "
+            f"trio-failover {ours / bare_io:.2f} x of it"
         )
     s.report.out()
 
@@ -1580,7 +1603,7 @@ def main() -> int:
         "mode",
         nargs="?",
         default="bench",
-        choices=["bench", "upstream", "relay", "pump", "httptools"],
+        choices=["bench", "upstream", "relay", "relay-io", "pump", "httptools"],
     )
     parser.add_argument("port", nargs="?", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -1640,8 +1663,8 @@ def main() -> int:
     if args.mode == "upstream":
         asyncio.run(run_upstream())
         return 0
-    if args.mode == "relay":
-        run_relay(args.port)
+    if args.mode in ("relay", "relay-io"):
+        run_relay(args.port, socket_io=args.mode == "relay-io")
         return 0
     if args.mode == "pump":
         run_pump(args.port)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from leaks import PrintedLogs, capture_logs
 
 
 class LogRecords(logging.Handler):
@@ -44,3 +45,10 @@ def logged() -> Iterator[LogRecords]:
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+@pytest.fixture
+def printed_logs() -> Iterator[PrintedLogs]:
+    """Every log record, raw and as both formats print it (``leaks.PrintedLogs``)."""
+    with capture_logs() as logs:
+        yield logs

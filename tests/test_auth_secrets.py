@@ -13,11 +13,7 @@ secret.
 
 from __future__ import annotations
 
-import io
 import json
-import logging
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -35,56 +31,15 @@ from auth_fleet import (
     chat_body,
     running,
 )
+from leaks import PrintedLogs, closed_port
 from support import serve_process
 from typer.testing import CliRunner
 
 from trio_failover import Upstream
 from trio_failover.cli.cli import app
-from trio_failover.service.logs import JSONFormatter, TextFormatter
 from trio_failover.testing import ClientResponse, FakeNode, Fleet, openai, request_tcp
 
 SECRETS = {"alice's key": ALICE_KEY, "bob's key": BOB_KEY, "a wrong key": WRONG_KEY, "token": TOKEN}
-
-
-class RawRecords(logging.Handler):
-    """Every record as text, its fields and exception included, unscrubbed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = getattr(record, "fields", {})
-        line = f"{record.getMessage()} {json.dumps(fields, default=str)}"
-        if record.exc_info:
-            line += "\n" + logging.Formatter().formatException(record.exc_info)
-        self.lines.append(line)
-
-
-@pytest.fixture
-def logs() -> Iterator[tuple[RawRecords, io.StringIO, io.StringIO]]:
-    """Raw records, and the same records as the text and the JSON format print them."""
-    raw, text_out, json_out = RawRecords(), io.StringIO(), io.StringIO()
-    text, json_lines = logging.StreamHandler(text_out), logging.StreamHandler(json_out)
-    text.setFormatter(TextFormatter())
-    json_lines.setFormatter(JSONFormatter())
-    log = logging.getLogger("trio_failover")
-    level = log.level
-    for handler in (raw, text, json_lines):
-        log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield raw, text_out, json_out
-    finally:
-        for handler in (raw, text, json_lines):
-            log.removeHandler(handler)
-        log.setLevel(level)
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # (path, streamed, headers, admitted)
@@ -115,9 +70,9 @@ async def malformed_with_a_key(address: tuple[str, int]) -> bytes:
 
 
 async def test_keys_and_token_appear_in_no_log_event_or_answer(
-    logs: tuple[RawRecords, io.StringIO, io.StringIO],
+    printed_logs: PrintedLogs,
 ) -> None:
-    raw, text_out, json_out = logs
+    raw = printed_logs.raw
     down = Upstream("down", f"http://127.0.0.1:{closed_port()}")
     answers: list[ClientResponse] = []
     admin: dict[str, httpx.Response] = {}
@@ -172,8 +127,8 @@ async def test_keys_and_token_appear_in_no_log_event_or_answer(
 
     places = {
         "log records": "\n".join(raw.lines),
-        "text logs": text_out.getvalue(),
-        "json logs": json_out.getvalue(),
+        "text logs": printed_logs.text.getvalue(),
+        "json logs": printed_logs.json.getvalue(),
         "events (WebSocket)": json.dumps(pushed),
         "events (bus)": json.dumps(published),
         "client answers": repr([(r.headers, r.body) for r in answers]) + repr(malformed),

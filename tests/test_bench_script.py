@@ -51,7 +51,7 @@ def answers(bench: ModuleType, port: int, count: int) -> list[bytes]:
     return results
 
 
-@pytest.mark.parametrize("mode", ["relay", "pump"])
+@pytest.mark.parametrize("mode", ["relay", "relay-io", "pump"])
 def test_reference_relay_answers_like_the_upstream(bench: ModuleType, mode: str) -> None:
     with bench.child("upstream") as ((upstream_port, _frozen), _):
         relay = bench.child(mode, str(upstream_port))
@@ -67,10 +67,11 @@ def test_cpu_seconds_reads_this_process_and_nothing_for_no_pid(bench: ModuleType
     assert bench.cpu_seconds(None) is None
 
 
-def test_stream_generators_time_chunks_through_the_bare_relay(bench: ModuleType) -> None:
+@pytest.mark.parametrize("mode", ["relay", "relay-io"])
+def test_stream_generators_time_chunks_through_the_bare_relay(bench: ModuleType, mode: str) -> None:
     with (
         bench.child_stream_upstream() as (upstream_port, upstream_pid),
-        bench.child("relay", str(upstream_port)) as ((port,), pid),
+        bench.child(mode, str(upstream_port)) as ((port,), pid),
     ):
         step = bench.stream_step(port, pid, upstream_pid, 3, None, 0.2, 0.5)
     assert step.opened == 3

@@ -10,11 +10,8 @@ response, and ``trio-failover check``.
 from __future__ import annotations
 
 import functools
-import io
 import json
-import logging
-import socket
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from pathlib import Path
 
 import attrs
@@ -22,6 +19,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from leaks import PrintedLogs, closed_port
 from typer.testing import CliRunner
 
 from trio_failover.cli.cli import app
@@ -29,7 +27,6 @@ from trio_failover.cli.settings import resolve
 from trio_failover.core.config import Config, Upstream
 from trio_failover.core.errors import ConfigError
 from trio_failover.proxy import Proxy
-from trio_failover.service.logs import JSONFormatter, TextFormatter
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     FakeNode,
@@ -57,42 +54,6 @@ def make_proxy(fleet: Fleet, nodes: dict[str, dict[str, str]], **settings: objec
 
 def values(received: ReceivedRequest, name: bytes) -> list[bytes]:
     return [value for key, value in received.headers if key == name]
-
-
-class RawRecords(logging.Handler):
-    """Every record, as text, with its fields and exception, before any scrubbing."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        fields = getattr(record, "fields", {})
-        line = f"{record.getMessage()} {json.dumps(fields, default=str)}"
-        if record.exc_info:
-            line += "\n" + logging.Formatter().formatException(record.exc_info)
-        self.lines.append(line)
-
-
-@pytest.fixture
-def logs() -> Iterator[tuple[RawRecords, io.StringIO]]:
-    """Raw records, and the same records as the text and JSON formats print them."""
-    raw = RawRecords()
-    printed = io.StringIO()
-    text, json_lines = logging.StreamHandler(printed), logging.StreamHandler(printed)
-    text.setFormatter(TextFormatter())
-    json_lines.setFormatter(JSONFormatter())
-    log = logging.getLogger("trio_failover")
-    level = log.level
-    for handler in (raw, text, json_lines):
-        log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
-        yield raw, printed
-    finally:
-        for handler in (raw, text, json_lines):
-            log.removeHandler(handler)
-        log.setLevel(level)
 
 
 # --- what reaches which node --------------------------------------------------------------------
@@ -152,13 +113,6 @@ async def test_failover_carries_no_key_to_the_next_node(autojump_clock: trio.abc
 # --- where the key must not appear -------------------------------------------------------------
 
 
-def closed_port() -> int:
-    """A local port with nothing listening (connects are refused at once)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def by_path(io: NodeIO, request: ReceivedRequest) -> Awaitable[None]:
     """``/v1/fail`` breaks before the body; anything else is served."""
     if request.target.endswith(b"/fail"):
@@ -167,9 +121,9 @@ def by_path(io: NodeIO, request: ReceivedRequest) -> Awaitable[None]:
 
 
 async def test_key_reaches_the_node_and_is_shown_nowhere(
-    tmp_path: Path, logs: tuple[RawRecords, io.StringIO]
+    tmp_path: Path, printed_logs: PrintedLogs
 ) -> None:
-    raw, printed = logs
+    raw = printed_logs.raw
     environ = {"NODE_KEY": SECRET}
     client_auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
     config_path = tmp_path / "fleet.toml"
@@ -240,7 +194,8 @@ headers = {{ Authorization = "Bearer ${{NODE_KEY}}", X-Api-Key = "${{NODE_KEY}}"
     assert "X-Api-Key:***" in check.output
     places = {
         "log records": "\n".join(raw.lines),
-        "printed logs": printed.getvalue(),
+        "text logs": printed_logs.text.getvalue(),
+        "json logs": printed_logs.json.getvalue(),
         "events": json.dumps(published),
         "client responses": repr([(r.headers.raw, r.content) for r in responses]),
         "check": check.output,
@@ -257,9 +212,9 @@ headers = {{ Authorization = "Bearer ${{NODE_KEY}}", X-Api-Key = "${{NODE_KEY}}"
 
 
 async def test_unsendable_header_value_leaks_neither_in_errors_nor_in_logs(
-    autojump_clock: trio.abc.Clock, logs: tuple[RawRecords, io.StringIO]
+    autojump_clock: trio.abc.Clock, printed_logs: PrintedLogs
 ) -> None:
-    raw, _ = logs
+    raw = printed_logs.raw
     headers = {"X-Api-Key": SECRET + " "}
     async with Fleet({"keyed": FakeNode(healthy(b"keyed")), "open": FakeNode()}) as fleet:
         refused: ConfigError | None = None
@@ -285,9 +240,9 @@ def test_config_repr_hides_header_values() -> None:
 
 
 async def test_malformed_request_does_not_log_the_clients_key(
-    autojump_clock: trio.abc.Clock, logs: tuple[RawRecords, io.StringIO]
+    autojump_clock: trio.abc.Clock, printed_logs: PrintedLogs
 ) -> None:
-    raw, _ = logs
+    raw = printed_logs.raw
     async with Fleet({"a": FakeNode()}) as fleet:
         proxy = make_proxy(fleet, {})
         client, server = trio.testing.memory_stream_pair()

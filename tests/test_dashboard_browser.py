@@ -20,12 +20,14 @@ the page as the test saw it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import itertools
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,34 @@ async def start_chromium(nursery: trio.Nursery, profile: Path) -> str:
     raise AssertionError("Chromium did not open its DevTools port")
 
 
+@contextlib.asynccontextmanager
+async def open_browser(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[DevTools]:
+    """Headless Chromium, run in ``nursery``, and a DevTools client to it."""
+    browser_url = await start_chromium(nursery, tmp_path / "profile")
+    async with trio_websocket.open_websocket_url(
+        browser_url, max_message_size=64 * 1024 * 1024
+    ) as ws:
+        yield DevTools(ws)
+
+
+async def wait_live(devtools: DevTools, nodes: int, what: str) -> dict[str, Any]:
+    """Wait until the page's event stream is live and it shows ``nodes`` node rows."""
+    return await wait_for_page(
+        devtools, lambda p: p["connection"] == "live" and len(p["nodes"]) == nodes, what
+    )
+
+
+async def serve_local(
+    nursery: trio.Nursery, upstreams: list[Upstream], **settings: Any
+) -> BoundAddresses:
+    """``serve`` in ``nursery`` with both listeners on free 127.0.0.1 ports."""
+    config = Config(
+        upstreams=upstreams, listen="127.0.0.1:0", admin_listen="127.0.0.1:0", **settings
+    )
+    bound: BoundAddresses = await nursery.start(serve, config)
+    return bound
+
+
 @pytest.fixture
 def chromium() -> str:
     if CHROMIUM is None:
@@ -188,27 +218,15 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
     }
     with trio.fail_after(50):
         async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
-            upstreams = [await fleet.serve_tcp(name) for name in nodes]
-            config = Config(
-                upstreams=upstreams,
-                listen="127.0.0.1:0",
-                admin_listen="127.0.0.1:0",
+            bound = await serve_local(
+                nursery,
+                [await fleet.serve_tcp(name) for name in nodes],
                 response_header_timeout=STALL,
                 discovery_interval=0,  # gpu-b lists another model than BODY's
             )
-            bound: BoundAddresses = await nursery.start(serve, config)
-            browser_url = await start_chromium(nursery, tmp_path / "profile")
-
-            async with trio_websocket.open_websocket_url(
-                browser_url, max_message_size=64 * 1024 * 1024
-            ) as ws:
-                devtools = DevTools(ws)
+            async with open_browser(nursery, tmp_path) as devtools:
                 await devtools.open_page(f"{bound.admin_url}/")
-                page = await wait_for_page(
-                    devtools,
-                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 3,
-                    "a live event stream and three nodes",
-                )
+                page = await wait_live(devtools, 3, "a live event stream and three nodes")
                 assert [n["name"] for n in page["nodes"]] == ["gpu-a", "gpu-b", "gpu-c"]
                 assert {n["state"] for n in page["nodes"]} == {"ready"}
 
@@ -272,26 +290,16 @@ async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path
             Fleet({"gpu-a": FakeNode(openai(tokens=3))}) as fleet,
             trio.open_nursery() as nursery,
         ):
-            config = Config(
-                upstreams=[await fleet.serve_tcp("gpu-a")],
-                listen="127.0.0.1:0",
-                admin_listen="127.0.0.1:0",
+            bound = await serve_local(
+                nursery,
+                [await fleet.serve_tcp("gpu-a")],
                 clients=(ClientKey("alice", key),),
                 admin_token=token,
                 discovery_interval=0,  # gpu-a lists another model than BODY's
             )
-            bound: BoundAddresses = await nursery.start(serve, config)
-            browser_url = await start_chromium(nursery, tmp_path / "profile")
-            async with trio_websocket.open_websocket_url(
-                browser_url, max_message_size=64 * 1024 * 1024
-            ) as ws:
-                devtools = DevTools(ws)
+            async with open_browser(nursery, tmp_path) as devtools:
                 await devtools.open_page(f"{bound.admin_url}/?token={token}")
-                await wait_for_page(
-                    devtools,
-                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 1,
-                    "a live event stream and the node, with the token",
-                )
+                await wait_live(devtools, 1, "a live event stream and the node, with the token")
                 async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
                     response = await http.post(
                         "/v1/chat/completions",
@@ -332,18 +340,8 @@ async def test_dashboard_shows_down_nodes_model_counts_and_last_news(
             closed = trio.socket.socket()  # bound, never listening: connections are refused
             await closed.bind(("127.0.0.1", 0))
             refusing = Upstream("gpu-a", f"http://127.0.0.1:{closed.getsockname()[1]}")
-            config = Config(
-                upstreams=[refusing, up],
-                listen="127.0.0.1:0",
-                admin_listen="127.0.0.1:0",
-                discovery_interval=0.5,
-            )
-            bound: BoundAddresses = await nursery.start(serve, config)
-            browser_url = await start_chromium(nursery, tmp_path / "profile")
-            async with trio_websocket.open_websocket_url(
-                browser_url, max_message_size=64 * 1024 * 1024
-            ) as ws:
-                devtools = DevTools(ws)
+            bound = await serve_local(nursery, [refusing, up], discovery_interval=0.5)
+            async with open_browser(nursery, tmp_path) as devtools:
                 await devtools.open_page(f"{bound.admin_url}/")
 
                 def checked(p: dict[str, Any]) -> bool:
@@ -370,19 +368,10 @@ async def test_dashboard_shows_slots_in_use_and_the_queue(chromium: str, tmp_pat
     with trio.fail_after(50):
         async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
             upstreams = [attrs.evolve(await fleet.serve_tcp(name), capacity=1) for name in nodes]
-            config = Config(upstreams=upstreams, listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
-            bound: BoundAddresses = await nursery.start(serve, config)
-            browser_url = await start_chromium(nursery, tmp_path / "profile")
-            async with trio_websocket.open_websocket_url(
-                browser_url, max_message_size=64 * 1024 * 1024
-            ) as ws:
-                devtools = DevTools(ws)
+            bound = await serve_local(nursery, upstreams)
+            async with open_browser(nursery, tmp_path) as devtools:
                 await devtools.open_page(f"{bound.admin_url}/")
-                await wait_for_page(
-                    devtools,
-                    lambda p: p["connection"] == "live" and len(p["nodes"]) == 2,
-                    "a live event stream and two nodes",
-                )
+                await wait_live(devtools, 2, "a live event stream and two nodes")
                 async with (
                     httpx.AsyncClient(base_url=bound.client_url, timeout=60) as http,
                     trio.open_nursery() as clients,
@@ -447,24 +436,17 @@ async def test_dashboard_renders_on_the_first_status(chromium: str, tmp_path: Pa
     nodes = {"gpu-a": FakeNode(healthy(b'{"ok": true}')), "gpu-b": FakeNode(healthy())}
     with trio.fail_after(40):
         async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
-            upstreams = [await fleet.serve_tcp(name) for name in nodes]
-            config = Config(
-                upstreams=upstreams,
-                listen="127.0.0.1:0",
-                admin_listen="127.0.0.1:0",
+            bound = await serve_local(
+                nursery,
+                [await fleet.serve_tcp(name) for name in nodes],
                 discovery_interval=0,  # the nodes list no models
             )
-            bound: BoundAddresses = await nursery.start(serve, config)
             async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
                 answer = await http.post(
                     "/v1/chat/completions", content=BODY, headers={"x-request-id": "before"}
                 )
                 assert answer.status_code == 200
-            browser_url = await start_chromium(nursery, tmp_path / "profile")
-            async with trio_websocket.open_websocket_url(
-                browser_url, max_message_size=64 * 1024 * 1024
-            ) as ws:
-                devtools = DevTools(ws)
+            async with open_browser(nursery, tmp_path) as devtools:
                 await devtools.open_page("about:blank")
                 await devtools.call("Page.enable")
                 await devtools.call(

@@ -306,11 +306,11 @@ async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
 ) -> None:
     config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
     proxy = Proxy(config)
-    report = proxy.report
+    readiness = proxy.report.readiness
     with proxy.events.subscribe(0) as subscription:
-        report.demote("a", 5.0, "header_timeout", trio.current_time())
+        readiness.demote("a", 5.0, "header_timeout", trio.current_time())
         down = judge_check(failure=CheckFailure.CONNECT_FAILED, detail="refused")
-        report.check_finished("a", down, trio.current_time())
+        readiness.check_finished("a", down, trio.current_time())
         both = node_status(proxy, "a")
         await trio.sleep(6.0)
         proxy.expire_cooldowns()  # the cooldown is over, but the node is still down
@@ -323,4 +323,4 @@ async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
     )
     assert (after["state"], after["cooldown_remaining_s"]) == ("down", 0)
     assert [event["state"] for event in events] == ["cooling", "down"]
-    assert report.is_demoted("a", trio.current_time())
+    assert readiness.is_demoted("a", trio.current_time())

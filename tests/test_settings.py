@@ -147,6 +147,17 @@ TEXT_VALUES: list[tuple[str, str, object]] = [
     ("pool_idle_timeout", "500ms", 0.5),
     ("log_format", "json", "json"),
     ("log_level", "DEBUG", "debug"),
+    # The fleet's options (capacity and client keys: test_settings_fleet.py).
+    ("balance", "least-loaded", "least-loaded"),
+    ("balance", "priority", "priority"),
+    ("queue_timeout", "5s", 5.0),
+    ("queue_timeout", "0", 0.0),
+    ("max_queue", "0", 0),
+    ("max_queue", "20", 20),
+    ("discovery_interval", "1m", 60.0),
+    ("discovery_interval", "0", 0.0),
+    ("unstreamed_timeout", "30m", 1800.0),
+    ("admin_token", "s3cret-Token_1", "s3cret-Token_1"),
 ]
 
 
@@ -154,8 +165,10 @@ TEXT_VALUES: list[tuple[str, str, object]] = [
 def test_text_values(name: str, text: str, value: object) -> None:
     config, _ = resolve({**NODE, name: text}, {})
     assert getattr(config, name) == value
-    config, _ = resolve(NODE, {option(name).env: text})
+    env = option(name).env
+    config, sources = resolve(NODE, {env: text})
     assert getattr(config, name) == value
+    assert str(sources[name]) == f"env {env}"
 
 
 def test_every_config_field_has_an_option() -> None:

@@ -81,6 +81,21 @@ def test_upstream_capacity_must_be_a_whole_number(capacity: Any) -> None:
         Upstream("a", URL, capacity=capacity)
 
 
+def _only_mistake(flags: dict[str, Any], environ: dict[str, str], text: str | None) -> ConfigError:
+    """The one ``ConfigError`` (not a ``ConfigErrors`` of several) that ``resolve`` raises."""
+    with pytest.raises(ConfigError) as info:
+        resolve(flags, environ, None if text is None else ConfigFile.parse(text))
+    got = info.value
+    assert not isinstance(got, ConfigErrors), str(got)
+    return got
+
+
+def _assert_mistake(got: ConfigError, error: tuple[str, str, object, str]) -> None:
+    source, option_, value, expected = error
+    assert (got.source, got.option, got.value) == (source, option_, value)
+    assert expected in got.expected
+
+
 # --- Capacity: precedence -------------------------------------------------------------------------
 
 # The six places a capacity for node "a" may come from, most binding first
@@ -211,51 +226,27 @@ def test_capacity_shown_by_check() -> None:
 TWO = {"upstream": ["a=http://h:1", "b=http://h:2"]}
 
 # flags, environ, file text -> (source, option, value, expected)
-CAPACITY_BAD: list[
-    tuple[str, dict[str, Any], dict[str, str], str | None, tuple[str, str, object, str]]
-] = [
-    (
-        "not a number",
-        {**TWO, "capacity": ["many"]},
+Mistake = tuple[str, dict[str, Any], dict[str, str], str | None, tuple[str, str, object, str]]
+
+
+def _capacity_flag(case: str, value: str, expected: str = "expected N or NAME=N") -> Mistake:
+    """A bad ``--capacity`` for the two nodes of ``TWO``, reported as given."""
+    return (
+        case,
+        {**TWO, "capacity": [value]},
         {},
         None,
-        ("--capacity", "capacity", "many", "expected N or NAME=N"),
-    ),
-    (
-        "negative",
-        {**TWO, "capacity": ["a=-1"]},
-        {},
-        None,
-        ("--capacity", "capacity", "a=-1", "expected N or NAME=N"),
-    ),
-    (
-        "a digit of another script",
-        {**TWO, "capacity": ["\u0663"]},
-        {},
-        None,
-        ("--capacity", "capacity", "\u0663", "expected N or NAME=N"),
-    ),
-    (
-        "no name before =",
-        {**TWO, "capacity": ["=3"]},
-        {},
-        None,
-        ("--capacity", "capacity", "=3", "expected N or NAME=N"),
-    ),
-    (
-        "empty flag",
-        {**TWO, "capacity": [""]},
-        {},
-        None,
-        ("--capacity", "capacity", "", "expected N or NAME=N"),
-    ),
-    (
-        "no such node, flag",
-        {**TWO, "capacity": ["c=1"]},
-        {},
-        None,
-        ("--capacity", "capacity", "c=1", "c is no node; the nodes are a, b"),
-    ),
+        ("--capacity", "capacity", value, expected),
+    )
+
+
+CAPACITY_BAD: list[Mistake] = [
+    _capacity_flag("not a number", "many"),
+    _capacity_flag("negative", "a=-1"),
+    _capacity_flag("a digit of another script", "\u0663"),
+    _capacity_flag("no name before =", "=3"),
+    _capacity_flag("empty flag", ""),
+    _capacity_flag("no such node, flag", "c=1", "c is no node; the nodes are a, b"),
     (
         "no such node, env, hidden by a flag",
         {**TWO, "capacity": ["a=2"]},
@@ -318,39 +309,12 @@ def test_capacity_mistakes(
     text: str | None,
     error: tuple[str, str, object, str],
 ) -> None:
-    with pytest.raises(ConfigError) as info:
-        resolve(flags, environ, None if text is None else ConfigFile.parse(text))
-    source, option_, value, expected = error
-    got = info.value
-    assert not isinstance(got, ConfigErrors), str(got)
-    assert (got.source, got.option, got.value) == (source, option_, value)
-    assert expected in got.expected
+    _assert_mistake(_only_mistake(flags, environ, text), error)
 
 
 # --- The other new options ------------------------------------------------------------------------
 
-NEW_TEXT: list[tuple[str, str, object]] = [
-    ("balance", "least-loaded", "least-loaded"),
-    ("balance", "priority", "priority"),
-    ("queue_timeout", "5s", 5.0),
-    ("queue_timeout", "0", 0.0),
-    ("max_queue", "0", 0),
-    ("max_queue", "20", 20),
-    ("discovery_interval", "1m", 60.0),
-    ("discovery_interval", "0", 0.0),
-    ("unstreamed_timeout", "30m", 1800.0),
-    ("admin_token", "s3cret-Token_1", "s3cret-Token_1"),
-]
-
-
-@pytest.mark.parametrize(("name", "text", "value"), NEW_TEXT)
-def test_new_options_from_flag_and_env(name: str, text: str, value: object) -> None:
-    config, sources = resolve({**NODE, name: text}, {})
-    assert getattr(config, name) == value
-    env = "TRIO_FAILOVER_" + name.upper()
-    config, sources = resolve(NODE, {env: text})
-    assert getattr(config, name) == value
-    assert str(sources[name]) == f"env {env}"
+# Each from a flag and from the environment: test_settings.py TEXT_VALUES.
 
 
 def test_new_options_from_file() -> None:
@@ -507,9 +471,19 @@ SECRET = "Zq9-secret"
 
 # Each case holds SECRET somewhere in a bad key or token; no error may show it.
 # flags, environ, file text -> (source, option, value, expected)
-KEY_BAD: list[
-    tuple[str, dict[str, Any], dict[str, str], str | None, tuple[str, str, object, str]]
-] = [
+
+
+def _in_file(
+    case: str,
+    clients: str,
+    error: tuple[str, str, object, str],
+    environ: dict[str, str] | None = None,
+) -> Mistake:
+    """A bad ``[[client]]`` in a config file that also has one node."""
+    return (case, {}, environ or {}, f'{clients}[[upstream]]\nurl = "{URL}"\n', error)
+
+
+KEY_BAD: list[Mistake] = [
     (
         "empty key",
         {**NODE, "api_key": ["alice="]},
@@ -573,25 +547,19 @@ KEY_BAD: list[
         None,
         ("TRIO_FAILOVER_ADMIN_TOKEN", "admin-token", "***", "visible ASCII"),
     ),
-    (
+    _in_file(
         "file: no key",
-        {},
-        {},
-        f'[[client]]\nname = "a"\n[[upstream]]\nurl = "{URL}"\n',
+        '[[client]]\nname = "a"\n',
         ("config.toml:1", "client.key", "a", "client a has no key"),
     ),
-    (
+    _in_file(
         "file: key not a string",
-        {},
-        {},
-        f'[[client]]\nkey = 12\n[[upstream]]\nurl = "{URL}"\n',
+        "[[client]]\nkey = 12\n",
         ("config.toml:2", "client.key", "key-1", "must be a string"),
     ),
-    (
+    _in_file(
         "file: unset variable",
-        {},
-        {},
-        f'[[client]]\nkey = "{SECRET}${{NOPE}}"\n[[upstream]]\nurl = "{URL}"\n',
+        f'[[client]]\nkey = "{SECRET}${{NOPE}}"\n',
         (
             "config.toml:2",
             "client.key",
@@ -599,52 +567,40 @@ KEY_BAD: list[
             "NOPE is not set; client key-1 needs it for its key",
         ),
     ),
-    (
+    _in_file(
         "file: empty variable",
-        {},
-        {"EMPTY": ""},
-        f'[[client]]\nname = "ci"\nkey = "${{EMPTY}}"\n[[upstream]]\nurl = "{URL}"\n',
+        '[[client]]\nname = "ci"\nkey = "${EMPTY}"\n',
         (
             "config.toml:3",
             "client.key",
             "${EMPTY}",
             "EMPTY is empty; client ci needs it for its key",
         ),
+        {"EMPTY": ""},
     ),
-    (
+    _in_file(
         "file: blank in the key",
-        {},
-        {},
-        f'[[client]]\nkey = "{SECRET} x"\n[[upstream]]\nurl = "{URL}"\n',
+        f'[[client]]\nkey = "{SECRET} x"\n',
         ("config.toml:2", "client.key", "key-1", "holds blanks"),
     ),
-    (
+    _in_file(
         "file: bad name",
-        {},
-        {},
-        f'[[client]]\nname = "a b"\nkey = "{SECRET}"\n[[upstream]]\nurl = "{URL}"\n',
+        f'[[client]]\nname = "a b"\nkey = "{SECRET}"\n',
         ("config.toml:3", "client.name", "a b", "a client name is"),
     ),
-    (
+    _in_file(
         "file: unknown key",
-        {},
-        {},
-        f'[[client]]\nkey = "k"\nkye = "{SECRET}"\n[[upstream]]\nurl = "{URL}"\n',
+        f'[[client]]\nkey = "k"\nkye = "{SECRET}"\n',
         ("config.toml:3", "client.kye", "kye", "unknown key in [[client]] (did you mean key?"),
     ),
-    (
+    _in_file(
         "file: not tables",
-        {},
-        {},
-        f'client = "{SECRET}"\n[[upstream]]\nurl = "{URL}"\n',
+        f'client = "{SECRET}"\n',
         ("config.toml:1", "client", "client", "client keys are [[client]] tables"),
     ),
-    (
+    _in_file(
         "file: duplicate names",
-        {},
-        {},
-        f'[[client]]\nname = "a"\nkey = "{SECRET}"\n[[client]]\nname = "a"\nkey = "k2"\n'
-        f'[[upstream]]\nurl = "{URL}"\n',
+        f'[[client]]\nname = "a"\nkey = "{SECRET}"\n[[client]]\nname = "a"\nkey = "k2"\n',
         ("config.toml:4", "client.name", "a", "also at config.toml:1"),
     ),
 ]
@@ -660,13 +616,8 @@ def test_key_and_token_mistakes_never_show_the_secret(
     text: str | None,
     error: tuple[str, str, object, str],
 ) -> None:
-    with pytest.raises(ConfigError) as info:
-        resolve(flags, environ, None if text is None else ConfigFile.parse(text))
-    source, option_, value, expected = error
-    got = info.value
-    assert not isinstance(got, ConfigErrors), str(got)
-    assert (got.source, got.option, got.value) == (source, option_, value)
-    assert expected in got.expected
+    got = _only_mistake(flags, environ, text)
+    _assert_mistake(got, error)
     assert SECRET not in str(got)
     assert SECRET not in repr(got.args)
 

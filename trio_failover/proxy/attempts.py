@@ -60,7 +60,7 @@ class Attempts:
     ) -> tuple[list[Upstream], str | None]:
         """The candidates in resolved order, and the node resolution put first (or None).
 
-        Not partitioned here: the slot queue asks ``Report.is_demoted`` at
+        Not partitioned here: the slot queue asks ``Readiness.is_demoted`` at
         each attempt (``slots.choose_node``), so a node that recovers while
         a workload waits or fails over regains its place.
         """
@@ -137,7 +137,7 @@ class Attempts:
                 else:
                     return await self.relay(client, work, node, response)
             finally:
-                self.report.queue.release(slot)
+                self.report.readiness.queue.release(slot)
             if not moving_on:
                 break
         work.state = State.FAILED

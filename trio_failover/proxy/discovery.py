@@ -10,7 +10,7 @@ server's services nursery starts it; an embedder starts it the same way,
 2. checks: ``GET /v1/models`` over a fresh connection (``wire.fetch``),
    within the connect timeout and then ``CHECK_ANSWER_TIMEOUT``;
 3. hands the answer (or its failure) to ``inventory.judge_check`` and the
-   verdict to ``Report.check_finished``;
+   verdict to ``Readiness.check_finished``;
 4. waits until ``inventory.next_check_at`` (one interval after the check
    began, up to a tenth early by jitter, never before it ended: one check
    per node at a time), or less when a stale-inventory ``404`` asks for a
@@ -99,7 +99,7 @@ class Discovery:
                 error = f"health check: internal error ({type(exc).__name__})"
                 verdict = CheckVerdict(Health.UNCHANGED, None, False, None, error, "internal_error")
             finished = trio.current_time()
-            self.report.check_finished(node.name, verdict, finished)
+            self.report.readiness.check_finished(node.name, verdict, finished)
             deadline = next_check_at(
                 started=started, finished=finished, interval=interval, jitter=self._jitter()
             )

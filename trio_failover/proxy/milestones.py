@@ -51,7 +51,7 @@ class Milestones:
         )
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
-            self.report.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+            self.report.readiness.demote(node.name, verdict.cooldown, str(failure.outcome), now)
         if verdict.recheck:
             self.report.health.ask_recheck(node.name)
         return verdict.fail_over
@@ -73,7 +73,7 @@ class Milestones:
         self.report.stream_ended(work, record)
         verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
         if verdict.cooldown > 0:
-            self.report.demote(node.name, verdict.cooldown, str(outcome), now)
+            self.report.readiness.demote(node.name, verdict.cooldown, str(outcome), now)
 
     def client_aborted(self, work: Workload) -> None:
         """The client left before the workload was settled."""

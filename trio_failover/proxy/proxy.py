@@ -60,7 +60,7 @@ class Proxy:
     @property
     def cooldowns(self) -> CooldownTable:
         """The nodes' cooldown table (``cooldown.CooldownTable``)."""
-        return self.report.cooldowns
+        return self.report.readiness.cooldowns
 
     @property
     def events(self) -> EventBus:
@@ -134,11 +134,11 @@ class Proxy:
         (nothing was sent for them); those holding a slot run on.
         """
         self._drain.begin()
-        self.report.queue.close()
+        self.report.readiness.queue.close()
 
     def expire_cooldowns(self, now: float | None = None) -> None:
         """Notice cooldowns that ran out (publishing ``ready`` node events)."""
-        self.report.expire_cooldowns(now)
+        self.report.readiness.expire_cooldowns(now)
 
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""

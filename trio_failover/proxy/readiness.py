@@ -4,8 +4,8 @@
 the health books, holds the one readiness predicate (``is_demoted``) that
 the slot queue asks, and tells every change: the ``cooling``, ``down`` and
 ``ready`` node events, their log lines and the gauges (also the slot
-queue's: ``in_flight``, ``queue_length``). ``Report`` owns one
-and offers its methods under the same names.
+queue's: ``in_flight``, ``queue_length``). ``Report`` owns one as
+``report.readiness``; the shell calls it there.
 """
 
 from __future__ import annotations

@@ -114,16 +114,8 @@ class Report:
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
         self.stats = {node.name: NodeStats() for node in config.upstreams}
+        # Cooldowns, down flags and the slot queue: callers use it directly.
         self.readiness = Readiness(config, self.health, self.events, self.metrics)
-        self.cooldowns = self.readiness.cooldowns
-        self.queue = self.readiness.queue
-        # The node books' methods, under the names the shell and embedders call.
-        self.demote = self.readiness.demote
-        self.expire_cooldowns = self.readiness.expire_cooldowns
-        self.queue_wake_at = self.readiness.queue_wake_at
-        self.is_demoted = self.readiness.is_demoted
-        self.check_finished = self.readiness.check_finished
-        self.node_ready = self.readiness.node_ready
         # Finished workloads and when they ended; summarised only when asked.
         self._recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
@@ -148,17 +140,18 @@ class Report:
     def committed(self, work: Workload, node: str, time_to_head: float, now: float) -> None:
         """Count a commit; an answer below 500 ends the node's cooldown (``ends_cooldown``)."""
         self.stats[node].served += 1
+        readiness = self.readiness
         alive = work.status is not None and ends_cooldown(work.status)
-        ended = self.cooldowns.restore(node) if alive else None
+        ended = readiness.cooldowns.restore(node) if alive else None
         # The same test for down: a served answer proves the node is back.
         was_down = alive and self.health.served(node) is Health.READY
         if ended is not None:
-            self.metrics.cooling.set(len(self.cooldowns.active(now)))
+            self.metrics.cooling.set(len(readiness.cooldowns.active(now)))
         if was_down:
             self.metrics.down.set(self.health.down_count())
         if was_down or (ended is not None and ended.until > now):
-            self.node_ready(node, "success")
-            self.queue.dispatch()
+            readiness.node_ready(node, "success")
+            readiness.queue.dispatch()
         self.metrics.committed(node, time_to_head, now - work.started)
         self.publish_workload(work)
 

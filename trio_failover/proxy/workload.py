@@ -71,7 +71,7 @@ class WorkloadRunner:
         (``ClientGate``), None when no key is configured.
         """
         now = trio.current_time()
-        self.report.expire_cooldowns(now)
+        self.report.readiness.expire_cooldowns(now)
         work = Workload(
             id=workload_id(request.headers),
             method=request.method.decode("ascii", "replace"),

@@ -156,11 +156,11 @@ async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
     also asks at the moment each cooldown ends: a node turning ready may
     be what a waiter waits for, and noticing it dispatches the queue.
     """
-    report = proxy.report
+    readiness = proxy.report.readiness
     tick = trio.current_time() + interval
     while True:
-        with trio.move_on_at(min(tick, report.queue_wake_at())):
-            await report.queue.wait_schedule_changed()
+        with trio.move_on_at(min(tick, readiness.queue_wake_at())):
+            await readiness.queue.wait_schedule_changed()
         now = trio.current_time()
         proxy.expire_cooldowns(now)
         if now >= tick:

@@ -17,6 +17,7 @@ import enum
 
 import trio
 
+from . import socket_io
 from .http1 import RECEIVE_SIZE
 
 __all__ = ["PENDING_LIMIT", "ClientReader", "Closed"]
@@ -55,7 +56,7 @@ class ClientReader:
                 while len(self.pending) >= self._limit:
                     self._room = trio.Event()
                     await self._room.wait()
-                data = await self._stream.receive_some(RECEIVE_SIZE)
+                data = await socket_io.receive(self._stream, RECEIVE_SIZE)
                 if not data:
                     self.closed = Closed.EOF
                     return

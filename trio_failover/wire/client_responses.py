@@ -9,6 +9,7 @@ import trio
 
 from ..core.answers import error_document
 from ..core.errors import ClientError
+from . import socket_io
 from .client_reader import ClientReader
 from .client_requests import RequestReader
 from .drain import Drain
@@ -64,7 +65,7 @@ class ResponseWriter:
                 events = (with_close(start), *events[1:])
         data = b"".join(conn.send(event) or b"" for event in events)
         try:
-            await self._stream.send_all(data)
+            await socket_io.send(self._stream, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.send_failed()
             raise ClientGone(str(exc)) from exc
@@ -82,7 +83,7 @@ class ResponseWriter:
         out = conn.send(h11.Data(data=data))
         assert out is not None  # only ConnectionClosed sends nothing
         try:
-            await self._stream.send_all(out)
+            await socket_io.send(self._stream, out)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.send_failed()
             raise ClientGone(str(exc)) from exc

@@ -15,6 +15,8 @@ from http import HTTPStatus
 import h11
 import trio
 
+from . import socket_io
+
 RECEIVE_SIZE = 65536
 
 Headers = list[tuple[bytes, bytes]]
@@ -55,8 +57,8 @@ async def next_event(
             if event is not h11.NEED_DATA:
                 assert not isinstance(event, type)
                 return event
-        data = await stream.receive_some(RECEIVE_SIZE)
-        conn.receive_data(bytes(data))  # no copy when it is bytes already
+        data = await socket_io.receive(stream, RECEIVE_SIZE)
+        conn.receive_data(data)
         if not data and strict_eof:
             return _at_eof(conn)
 

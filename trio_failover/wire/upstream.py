@@ -33,7 +33,7 @@ from ..core.headers import Headers, get
 from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.sse import SseScanner, is_event_stream
-from . import first_bytes, sockopts
+from . import first_bytes, socket_io, sockopts
 from .connect import Connector, TCPConnector, open_tcp
 from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_chunk, read_prefix
 from .pool import ConnectionPool
@@ -194,7 +194,7 @@ async def _receive_answer_start(stream: trio.abc.Stream, conn: h11.Connection) -
         _StaleConnection: EOF or reset before the first byte.
     """
     try:
-        data = await stream.receive_some(RECEIVE_SIZE)
+        data = await socket_io.receive(stream, RECEIVE_SIZE)
     except (trio.BrokenResourceError, OSError) as exc:
         if sockopts.is_dead_peer_error(exc):
             raise  # the peer vanished: a node failure, found by keepalive
@@ -378,7 +378,7 @@ async def _write_request(
     body = conn.send(h11.Data(data=request.body)) if request.body else b""
     end = conn.send(h11.EndOfMessage())
     if len(request.body) <= RECEIVE_SIZE:
-        await stream.send_all(head + body + end)
+        await socket_io.send(stream, head + body + end)
     else:  # do not copy a large body just to save a syscall
         await stream.send_all(head)
         await stream.send_all(body)

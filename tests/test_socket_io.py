@@ -1,0 +1,161 @@
+"""wire.socket_io over real loopback sockets: the same results and errors as Trio's methods."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+
+from trio_failover.wire import socket_io
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[trio.SocketStream, trio.SocketStream]]:
+    """A connected pair of plain TCP streams on 127.0.0.1: (ours, peer)."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    ours = await trio.open_tcp_stream("127.0.0.1", port)
+    peer = await listener.accept()
+    assert isinstance(peer, trio.SocketStream)
+    yield ours, peer
+    for stream in (ours, peer, listener):
+        await trio.aclose_forcefully(stream)
+
+
+def reset_on_close(stream: trio.SocketStream) -> None:
+    """SO_LINGER on with a zero timeout: close() sends an RST, not a FIN."""
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+async def receive_into(got: list[bytes | Exception], stream: trio.SocketStream) -> None:
+    """One ``socket_io.receive``, its bytes or its Trio error appended to ``got``."""
+    try:
+        got.append(await socket_io.receive(stream))
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        got.append(exc)
+
+
+async def test_receive_waits_for_the_bytes_then_reads_them(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    got: list[bytes | Exception] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive_into, got, ours)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # nothing sent yet: it waits, it does not return empty
+        await peer.send_all(b"data: 1\n\n")
+    assert got == [b"data: 1\n\n"]
+
+
+async def test_receive_returns_empty_at_eof(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    await peer.send_all(b"last")
+    await peer.send_eof()
+    assert await socket_io.receive(ours) == b"last"
+    assert await socket_io.receive(ours) == b""
+
+
+async def test_a_reset_is_a_broken_resource_with_the_os_error_as_its_cause(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    reset_on_close(peer)
+    await peer.aclose()
+    with pytest.raises(trio.BrokenResourceError) as caught:
+        await socket_io.receive(ours)
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+
+
+async def test_a_close_by_another_task_ends_the_wait(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, _ = pair
+    got: list[bytes | Exception] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive_into, got, ours)
+        await trio.testing.wait_all_tasks_blocked()
+        await ours.aclose()
+    assert len(got) == 1
+    assert isinstance(got[0], trio.ClosedResourceError)
+    with pytest.raises(trio.ClosedResourceError):
+        await socket_io.receive(ours)  # and once closed, before any wait
+
+
+async def test_receive_is_cancellable(pair: tuple[trio.SocketStream, trio.SocketStream]) -> None:
+    ours, peer = pair
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(socket_io.receive, ours)
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()
+    assert scope.cancelled_caught
+    await peer.send_all(b"after")  # the stream still works after a cancelled wait
+    assert await socket_io.receive(ours) == b"after"
+
+
+async def test_send_delivers_everything_also_beyond_the_socket_buffers(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    small, large = b"x" * 100, bytes(range(256)) * 40_000  # 10 MB: many partial writes
+    received = bytearray()
+
+    async def read_all() -> None:
+        while len(received) < len(small) + len(large):
+            data = await peer.receive_some(1 << 16)
+            assert data, "EOF before all bytes came"
+            received.extend(data)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_all)
+            await socket_io.send(ours, small)
+            await socket_io.send(ours, large)
+    assert bytes(received) == small + large
+
+
+async def test_send_to_a_reset_peer_is_a_broken_resource(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    reset_on_close(peer)
+    await peer.aclose()
+    await trio.testing.wait_all_tasks_blocked()
+    with pytest.raises(trio.BrokenResourceError):  # loopback: the RST came already
+        await socket_io.send(ours, b"x" * 1000)
+
+
+async def test_send_after_send_eof_raises_as_trio_does(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, _ = pair
+    await ours.send_eof()
+    with pytest.raises(trio.ClosedResourceError):
+        await socket_io.send(ours, b"late")
+
+
+async def test_other_streams_go_through_their_own_methods() -> None:
+    ours, peer = trio.testing.memory_stream_pair()
+    await socket_io.send(ours, b"in memory")
+    assert await socket_io.receive(peer) == b"in memory"
+    await ours.aclose()
+    assert await socket_io.receive(peer) == b""
+
+
+async def test_a_write_the_kernel_takes_whole_is_not_a_checkpoint(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    """What the module is for: per relayed chunk, one pass of the scheduler less."""
+    ours, peer = pair
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await socket_io.send(ours, b"at once")  # Trio's send_all would raise Cancelled here
+    assert not scope.cancelled_caught
+    assert await peer.receive_some(100) == b"at once"
