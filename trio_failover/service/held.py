@@ -6,8 +6,11 @@ instructions for a counter and 12,000 for a histogram, six times a request.
 The series every request updates hold their counts here instead, as ints
 and floats on a small object per label set, and ``FlushingRegistry`` adds
 what each gained since the last scrape to its prometheus-client child just
-before any collection (``/metrics``, ``get_sample_value``): the exposition
-is prometheus-client's own, series, ``_created`` and all.
+before any collection through the registry (``/metrics``,
+``get_sample_value``, a restricted view): the exposition is
+prometheus-client's own, series, ``_created`` and all. Only a reader that
+asks one metric object for its samples directly, past the registry, sees
+the counts as of the last collection.
 
 The child of a label set is made when the set is first counted, as
 ``labels()`` would have made it then, so its ``_created`` is the time of
