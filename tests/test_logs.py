@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_failover import ClientKey, Config, Upstream
+from trio_failover.core.workload import State
 from trio_failover.proxy import Proxy
 from trio_failover.service.logs import (
     BatchedStreamHandler,
@@ -233,6 +234,37 @@ def test_text_lists_read_as_json_writes_them(value: list[str]) -> None:
 )
 def test_text_of_awkward_lists(value: object) -> None:
     assert _text(value) == _text_by_json(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "plain",
+        "",
+        "two words",
+        'q"x',
+        "é",
+        0,
+        -7,
+        1.5,
+        0.1 + 0.2,
+        float("inf"),
+        True,
+        False,
+        None,
+        State.COMPLETED,
+        ["a:completed", "b:header_timeout"],
+        [],
+        ["a b"],
+        ["a", 1],
+        {"a": 1},
+        (1, 2),
+    ],
+)
+def test_text_format_writes_each_field_as_the_rule_says(value: object) -> None:
+    # The formatter writes the common types itself, past _text: same text.
+    line = TextFormatter().format(_record("request", k=value, after="x"))
+    assert line.split(" ", 2)[2] == f"request k={_text_by_json(value)} after=x"
 
 
 async def access_line_of(proxy: Proxy, captured: io.StringIO) -> tuple[bytes, dict[str, Any]]:

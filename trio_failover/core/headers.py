@@ -97,17 +97,23 @@ def upstream_request_headers(
     headers are ignored: the connection, h11 and SPEC 5.3 own those.
     ``X-Forwarded-For`` extends the client's chain (all its field lines).
     """
-    configured = [
-        (name.lower().encode("latin-1"), value.encode("latin-1"))
-        for name, value in node_headers.items()
-    ]
-    configured = [(name, value) for name, value in configured if name not in NODE_RESERVED]
-    overridden = frozenset(name for name, _ in configured)
+    configured: Headers = []
+    overridden: frozenset[bytes] = frozenset()
+    drop = PROXY_OWNED_UP  # the same set each time: end_to_end keeps its union
+    if node_headers:  # most nodes have none: no lists and sets to build per request
+        configured = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in node_headers.items()
+        ]
+        configured = [(name, value) for name, value in configured if name not in NODE_RESERVED]
+        overridden = frozenset(name for name, _ in configured)
+        drop = PROXY_OWNED_UP | overridden
     # Host first (RFC 9112 section 3.2), and only once: two Host fields make
     # a server answer 400.
     headers: Headers = [(b"host", get(configured, b"host") or host.encode("ascii"))]
-    headers += end_to_end(client_headers, PROXY_OWNED_UP | overridden)
-    headers += [(name, value) for name, value in configured if name != b"host"]
+    headers += end_to_end(client_headers, drop)
+    if configured:
+        headers += [(name, value) for name, value in configured if name != b"host"]
     if b"x-forwarded-for" not in overridden:
         chain = b", ".join(value for name, value in client_headers if name == b"x-forwarded-for")
         if client_address is not None:

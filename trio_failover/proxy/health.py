@@ -12,8 +12,7 @@ have the node checked again at once. The decisions are
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
 import attrs
 import trio
@@ -89,16 +88,9 @@ class HealthBooks:
 
     # -- streams and re-checks -----------------------------------------------
 
-    @contextmanager
-    def streaming(self, name: str) -> Iterator[None]:
-        """Count a committed attempt of ``name`` as streaming while the block runs."""
-        node = self.nodes[name]
-        node.streams += 1
-        try:
-            yield
-        finally:
-            node.streams -= 1
-            node.last_stream_end = trio.current_time()
+    def streaming(self, name: str) -> _Streaming:
+        """Count a committed attempt of ``name`` as streaming while the ``with`` block runs."""
+        return _Streaming(self.nodes[name])
 
     def streamed_since(self, name: str, since: float) -> bool:
         """Whether an attempt of ``name`` streamed at any moment from ``since`` on."""
@@ -113,3 +105,19 @@ class HealthBooks:
         """A fresh re-check event for a check that begins now; a later ask sets it."""
         event = self.nodes[name].recheck = trio.Event()
         return event
+
+
+class _Streaming:
+    """``HealthBooks.streaming``: a class, not a generator, as it runs on every request."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: NodeHealth) -> None:
+        self.node = node
+
+    def __enter__(self) -> None:
+        self.node.streams += 1
+
+    def __exit__(self, *_exc: object) -> None:
+        self.node.streams -= 1
+        self.node.last_stream_end = trio.current_time()

@@ -81,7 +81,11 @@ class Relay:
         idle_timeout = self.config.stream_idle_timeout or math.inf
         try:
             await client.send(*commit)
-            if not await self._stream_rest(client, work, response, idle_timeout):
+            # A response that came whole went out with the commit: no relay
+            # loop, no timer and its cancel scope to enter and leave.
+            if not response.complete and not await self._stream_rest(
+                client, work, response, idle_timeout
+            ):
                 self._milestones.stream_ended(
                     work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
                 )

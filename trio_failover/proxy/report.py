@@ -44,11 +44,6 @@ class NodeStats:
     failed: int = 0
 
 
-def _checked_move(work: Workload, _attribute: Any, new: State) -> State:
-    # Every assignment of ``state`` goes through the transition table.
-    return transition(work.state, new)
-
-
 @attrs.define
 class Workload:
     """One client request across all its attempts."""
@@ -62,13 +57,25 @@ class Workload:
     attempt: int = 0  # the number of the current attempt, from 1
     attempt_started: float = 0.0
     committed_at: float | None = None
-    state: State = attrs.field(default=State.QUEUED, on_setattr=_checked_move)
+    # Behind the ``state`` property: an ``on_setattr`` hook would make attrs
+    # route every attribute assignment of the class (some 25 per request)
+    # through a Python-level ``__setattr__``.
+    _state: State = attrs.field(default=State.QUEUED, alias="state")
     status: int | None = None
     body_bytes: int = 0
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
     queued_since: float | None = None  # when the current wait began, while waiting
+
+    @property
+    def state(self) -> State:
+        """Where the workload is; every assignment goes through the transition table."""
+        return self._state
+
+    @state.setter
+    def state(self, new: State) -> None:
+        self._state = transition(self._state, new)
 
     def queued_for(self, now: float) -> float:
         """Seconds in the queue by ``now``, the current wait included."""
@@ -122,7 +129,7 @@ class Report:
         work.attempts.append(record)
         self.stats[record.node].failed += 1
         self.health.attempt_ended(record.node, str(record.outcome), record.detail)
-        self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        self.metrics.attempt_ended(record.node, str(record.outcome))
         if moving_on:
             self.metrics.child(self.metrics.failovers, record.node, str(record.outcome)).inc()
         logger.warning(
@@ -145,9 +152,7 @@ class Report:
         if was_down or (ended is not None and ended.until > now):
             readiness.node_ready(node, "success")
             readiness.queue.dispatch()
-        self.metrics.child(self.metrics.commits, node).inc()
-        self.metrics.child(self.metrics.time_to_head, node).observe(time_to_head)
-        self.metrics.child(self.metrics.time_to_commit, node).observe(now - work.started)
+        self.metrics.committed(node, time_to_head, now - work.started)
         self.publish_workload(work)
 
     def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
@@ -157,7 +162,7 @@ class Report:
         self.health.attempt_ended(
             record.node, str(record.outcome), record.detail if failed else None
         )
-        self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+        self.metrics.attempt_ended(record.node, str(record.outcome))
         if not failed:
             return
         self.stats[record.node].failed += 1
@@ -167,7 +172,7 @@ class Report:
         """Record that the client left before the workload was settled."""
         if record is not None:
             work.attempts.append(record)
-            self.metrics.child(self.metrics.attempts, record.node, str(record.outcome)).inc()
+            self.metrics.attempt_ended(record.node, str(record.outcome))
         self.metrics.client_aborts.inc()
 
     # -- workloads -----------------------------------------------------------
@@ -201,9 +206,7 @@ class Report:
         self._live.pop(id(work), None)
         self._recent.append((work, now))
         client = ANONYMOUS if work.client is None else work.client
-        self.metrics.child(self.metrics.workloads, str(work.state), client).inc()
-        if work.node is not None:
-            self.metrics.child(self.metrics.duration, work.node).observe(now - work.started)
+        self.metrics.finished(str(work.state), client, work.node, now - work.started)
         if self.events.subscriber_count:
             self.events.publish({"type": "workload", **work.summary(now), "attempt": work.attempt})
         if not access_logger.isEnabledFor(logging.INFO):
@@ -217,11 +220,14 @@ class Report:
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
+                # _ms spelled out: three calls less on every request.
                 "commit_ms": (
-                    _ms(work.committed_at - work.started) if work.committed_at is not None else None
+                    round((work.committed_at - work.started) * 1000, 1)
+                    if work.committed_at is not None
+                    else None
                 ),
-                "duration_ms": _ms(now - work.started),
-                "queued_ms": _ms(work.waited),
+                "duration_ms": round((now - work.started) * 1000, 1),
+                "queued_ms": round(work.waited * 1000, 1),
                 "bytes": work.body_bytes,
             }
         )

@@ -111,7 +111,21 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         parts = [_stamp(record), record.levelname, record.getMessage()]
-        parts += [f"{key}={_text(value)}" for key, value in _fields(record).items()]
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            # One line a request, eleven fields: the exact types of most of
+            # them (plain strings, ints, floats, None) are written here, the
+            # rest by ``_text``, with the same result (tests/test_logs.py).
+            for key, value in fields.items():
+                kind = type(value)
+                if kind is str and value and " " not in value:
+                    parts.append(f"{key}={value}")
+                elif kind is int or kind is float:
+                    parts.append(f"{key}={value!r}")
+                elif value is None:
+                    parts.append(f"{key}=null")
+                else:
+                    parts.append(f"{key}={_text(value)}")
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -125,16 +139,20 @@ _PLAIN_RE = re.compile(r"[!#-\[\]-~]*")
 def _text(value: object) -> str:
     # One access line a request: plain strings, numbers and lists of plain
     # strings (the attempts) skip json.dumps.
-    if isinstance(value, str):
-        return json.dumps(value) if (" " in value or not value) else value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return repr(value)
-    if type(value) is list and all(type(item) is str for item in value):
-        # "," is plain too: the joined items are plain if and only if each is.
+    if type(value) is list:
         if not value:
             return "[]"
-        if _PLAIN_RE.fullmatch(",".join(value)):
+        try:
+            joined = ",".join(value)  # a TypeError, not a scan, finds a non-string
+        except TypeError:
+            joined = None
+        # "," is plain too: the joined items are plain if and only if each is.
+        if joined is not None and _PLAIN_RE.fullmatch(joined):
             return '["' + '","'.join(value) + '"]'
+    elif isinstance(value, str):
+        return json.dumps(value) if (" " in value or not value) else value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
 
     text = json.dumps(value, separators=(",", ":"))
     return json.dumps(text) if " " in text else text

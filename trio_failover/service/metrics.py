@@ -8,11 +8,11 @@ lists every series with example queries.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from prometheus_client import (
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.exposition import choose_encoder
 
 from .. import __version__
+from .held import FlushingRegistry, HeldCounter, HeldHistograms
 
 # Seconds; spans fast local nodes to long cold prefills.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -36,7 +37,7 @@ class Metrics:
     """The proxy's counters, gauges and histograms."""
 
     def __init__(self, nodes: Iterable[str] = ()) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = FlushingRegistry()
         r = self.registry
         self.build = Info("trio_failover_build", "Version of the proxy", registry=r)
         self.build.info({"version": __version__})
@@ -126,7 +127,49 @@ class Metrics:
         )
 
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # The series every request updates, held between scrapes (held.py).
+        self._attempts = HeldCounter(self.attempts)
+        self._commits = HeldCounter(self.commits)
+        self._workloads = HeldCounter(self.workloads)
+        self._time_to_head = HeldHistograms(self.time_to_head, _LATENCY_BUCKETS)
+        self._time_to_commit = HeldHistograms(self.time_to_commit, _LATENCY_BUCKETS)
+        self._duration = HeldHistograms(self.duration, _LATENCY_BUCKETS)
+        self.registry.held += [
+            self._attempts,
+            self._commits,
+            self._workloads,
+            self._time_to_head,
+            self._time_to_commit,
+            self._duration,
+        ]
         self.declare_nodes(nodes)
+
+    # -- the per-request updates, held (the lookups inlined: one call each) --
+
+    def attempt_ended(self, node: str, outcome: str) -> None:
+        """Count one attempt of ``node`` that ended with ``outcome`` (``attempts``)."""
+        attempts = self._attempts
+        (attempts.by_labels.get((node, outcome)) or attempts.of(node, outcome)).count += 1
+
+    def committed(self, node: str, time_to_head: float, time_to_commit: float) -> None:
+        """Count a commit at ``node`` and observe its two latencies."""
+        commits = self._commits
+        (commits.by_labels.get((node,)) or commits.of(node)).count += 1
+        head = self._time_to_head.by_node.get(node) or self._time_to_head.of(node)
+        head.buckets[bisect_left(head.bounds, time_to_head)] += 1
+        head.total += time_to_head
+        commit = self._time_to_commit.by_node.get(node) or self._time_to_commit.of(node)
+        commit.buckets[bisect_left(commit.bounds, time_to_commit)] += 1
+        commit.total += time_to_commit
+
+    def finished(self, state: str, client: str, node: str | None, duration: float) -> None:
+        """Count a finished workload; observe its duration when a node took it."""
+        workloads = self._workloads
+        (workloads.by_labels.get((state, client)) or workloads.of(state, client)).count += 1
+        if node is not None:
+            held = self._duration.by_node.get(node) or self._duration.of(node)
+            held.buckets[bisect_left(held.bounds, duration)] += 1
+            held.total += duration
 
     def child(self, metric: _Metric, *labels: str) -> _Metric:
         """``metric.labels(*labels)``, kept: the proxy asks on every request.

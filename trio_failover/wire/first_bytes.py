@@ -15,7 +15,7 @@ from ..core import errors
 from ..core.config import Config
 from ..core.sse import SseScanner
 from .http1 import EarlyClose, read_body
-from .upstream_errors import mapped
+from .upstream_errors import IO_ERRORS, map_error, mapped
 
 # Comment and blank lines of an event stream held before its first event
 # (SPEC 5.5). Pings are a few bytes every few seconds; a node that sends this
@@ -32,8 +32,12 @@ async def first_body(
     a node may send its head at once and then prefill for minutes.
     """
     if not config.first_body_timeout:
-        with mapped(name, "first body byte"):
+        # ``mapped`` spelled out: the default path of every request, where a
+        # generator-based context manager costs more than the read it wraps.
+        try:
             return await read_body(stream, conn)
+        except (EarlyClose, *IO_ERRORS) as exc:
+            raise map_error(name, "first body byte", exc) from exc
     with trio.move_on_after(config.first_body_timeout), mapped(name, "first body byte"):
         return await read_body(stream, conn)
     # Only the deadline gets here.

@@ -120,11 +120,13 @@ class UpstreamResponse:
         *,
         scanner: SseScanner | None = None,
         progressed: bool = True,
+        headers: Headers | None = None,
     ) -> None:
         self.node = node
         self.status = response.status_code
         self.reason = response.reason
-        self.headers: Headers = list(response.headers)
+        # ``headers``: the caller's list of ``response.headers``, if it made one.
+        self.headers: Headers = list(response.headers) if headers is None else headers
         self.first_chunk = first_chunk
         self.complete = complete
         self.timings = timings
@@ -286,9 +288,11 @@ async def _exchange(
         retry_error_codes=config.retry_error_codes,
     )
     scanner, progressed = None, True
+    # h11's Headers is a Sequence read item by item in Python: listed once.
+    headers = list(response.headers)
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
-    elif not is_event_stream(get(response.headers, b"content-type")):
+    elif not is_event_stream(get(headers, b"content-type")):
         first, complete = await first_bytes.first_body(node.name, stream, conn, config)
     elif config.first_body_timeout:
         scanner = SseScanner()
@@ -311,6 +315,7 @@ async def _exchange(
         pool,
         scanner=scanner,
         progressed=progressed,
+        headers=headers,
     )
 
 
