@@ -216,15 +216,18 @@ class ConnectionPool:
         """How many idle connections ``node`` has (expired ones included)."""
         return len(self._idle.get(node, ()))
 
-    async def acquire(self, node: str) -> IdleConnection | None:
+    async def acquire(self, node: str, *, now: float | None = None) -> IdleConnection | None:
         """The newest unexpired idle connection to ``node``, or None.
 
-        The h11 state is ready for the next request.
+        The h11 state is ready for the next request. ``now``: the Trio clock,
+        if the caller read it since its last checkpoint.
         """
         idle = self._idle.get(node)
         if not idle:
             return None
-        entry, expired = take_idle(idle, now=trio.current_time(), idle_timeout=self.idle_timeout)
+        if now is None:
+            now = trio.current_time()
+        entry, expired = take_idle(idle, now=now, idle_timeout=self.idle_timeout)
         if entry is not None:
             self._unwatch(entry)  # in use now: its bytes are the answer's
         try:

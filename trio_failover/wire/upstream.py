@@ -221,6 +221,7 @@ async def open_response(
     connector: Connector,
     config: Config,
     pool: ConnectionPool | None = None,
+    started: float | None = None,
 ) -> UpstreamResponse:
     """Run one attempt up to the commit point.
 
@@ -230,6 +231,9 @@ async def open_response(
     connection, within the same attempt: not a node failure, no cooldown.
     The response-header deadline runs from the request written on the
     connection actually used.
+
+    ``started``: when the attempt began, if the caller read the Trio clock
+    since its last checkpoint (else read here).
 
     Returns:
         The response with its head and first body bytes (or its valid empty
@@ -244,9 +248,10 @@ async def open_response(
         Cancelling closes the connection at once; nothing is left open and
         nothing goes back to the pool.
     """
-    started = trio.current_time()
+    if started is None:
+        started = trio.current_time()
     if pool is not None:
-        idle = await pool.acquire(node.name)
+        idle = await pool.acquire(node.name, now=started)
         if idle is not None:
             try:
                 return await _exchange(
