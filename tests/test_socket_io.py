@@ -159,3 +159,15 @@ async def test_a_write_the_kernel_takes_whole_is_not_a_checkpoint(
         await socket_io.send(ours, b"at once")  # Trio's send_all would raise Cancelled here
     assert not scope.cancelled_caught
     assert await peer.receive_some(100) == b"at once"
+
+
+async def test_without_posix_sockets_trio_serves(
+    pair: tuple[trio.SocketStream, trio.SocketStream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Windows a socket is no descriptor for os.read: Trio's methods do the work."""
+    monkeypatch.setattr(socket_io, "_POSIX_SOCKETS", False)
+    monkeypatch.setattr(socket_io.os, "read", None)  # would raise if called
+    monkeypatch.setattr(socket_io.os, "write", None)
+    ours, peer = pair
+    await socket_io.send(ours, b"ping")
+    assert await socket_io.receive(peer) == b"ping"

@@ -18,10 +18,15 @@ when the write did not go through at once; the relay loop's next
 from __future__ import annotations
 
 import os
+import sys
 
 import trio
 
 RECEIVE_SIZE = 65536
+
+# A socket is a file descriptor that os.read and os.write accept on POSIX
+# systems; on Windows it is a handle they do not, and Trio's methods serve.
+_POSIX_SOCKETS = sys.platform != "win32"
 
 
 def _plain_fd(stream: object) -> int:
@@ -30,7 +35,11 @@ def _plain_fd(stream: object) -> int:
     -1 also for a socket closed or shut down for writing: Trio's methods
     then raise the error they document.
     """
-    if type(stream) is trio.SocketStream and not stream.socket.did_shutdown_SHUT_WR:
+    if (
+        _POSIX_SOCKETS
+        and type(stream) is trio.SocketStream
+        and not stream.socket.did_shutdown_SHUT_WR
+    ):
         return stream.socket.fileno()
     return -1
 
