@@ -429,3 +429,20 @@ async def test_the_proxy_executes_the_verdict_of_judge(
         assert response is not None
         assert response.status == 502
         assert fleet["peer"].received == []
+
+
+async def test_a_cooldown_that_ends_during_an_attempt_counts_at_the_next(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # "b" cools until t=5; the attempt on "a" stalls until t=10. The second
+    # attempt must judge readiness at t=10 (b ready again, and before c in
+    # the ranking), not at the workload's start (b still cooling).
+    nodes = {"a": FakeNode(frozen()), "b": FakeNode(healthy(b"b")), "c": FakeNode(healthy(b"c"))}
+    async with Fleet(nodes) as fleet:
+        proxy = make_proxy(fleet, response_header_timeout=10.0)
+        proxy.report.readiness.demote("b", 5.0, "header_timeout", trio.current_time())
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert (response.status, response.at) == (200, 10.0)
+        assert response.header("x-failover-node") == "b"
+        assert outcomes(proxy) == [[("a", "header_timeout"), ("b", "completed")]]

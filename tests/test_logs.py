@@ -26,7 +26,15 @@ from trio_failover.service.logs import (
     logger,
     redact,
 )
-from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, retry_status
+from trio_failover.testing import (
+    FakeNode,
+    Fleet,
+    frozen,
+    headers_then_silence,
+    healthy,
+    request,
+    retry_status,
+)
 
 # Streamed: the response-header timeout bounds the wait for its head (an
 # unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
@@ -312,3 +320,23 @@ async def test_access_line_counts_the_body_of_a_401(
         body, access = await access_line_of(proxy, captured)
     assert (access["status"], access["state"]) == (401, "unauthorized")
     assert access["bytes"] == len(body) > 0
+
+
+async def test_commit_ms_counts_to_the_first_body_byte_not_the_head(
+    autojump_clock: trio.abc.Clock, captured: io.StringIO
+) -> None:
+    # The commit waits for the first body byte (SPEC 5.5), so the head at
+    # t=0 and the body at t=3 make a 3 s commit, whatever the head's time.
+    configure_logging("json", "info", stream=captured)
+    async with Fleet({"late": FakeNode(headers_then_silence(3.0))}) as fleet:
+        proxy = make_proxy(fleet, response_header_timeout=10.0)
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert response.status == 200
+    [access] = [
+        line
+        for line in map(json.loads, captured.getvalue().splitlines())
+        if line["logger"] == "trio_failover.access"
+    ]
+    assert access["commit_ms"] == 3000.0
+    assert trio.current_time() == 3.0

@@ -20,7 +20,7 @@ from test_pool import OK_HEAD, KeepAliveServer, exchanged, proxy_to
 from trio_failover import Config
 from trio_failover.proxy import Proxy
 from trio_failover.testing import FakeNode, Fleet, healthy, request, request_tcp
-from trio_failover.wire.pool import ConnectionPool, next_expiry, sweep_idle
+from trio_failover.wire.pool import WATCH_DELAY, ConnectionPool, next_expiry, sweep_idle
 
 BODY = b'{"model": "m"}'
 
@@ -122,6 +122,35 @@ async def test_the_watcher_takes_over_connections_idle_before_it_started(
             await trio.testing.wait_all_tasks_blocked()
             assert pool.idle_count("a") == 0
             assert ours.fileno() == -1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_released_while_the_watcher_sleeps_is_watched_within_the_delay(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    # A release does not touch the epoll set; the watcher adds the
+    # connection at its next look, WATCH_DELAY later at most, even while it
+    # sleeps toward an expiry a minute away. The clock moves by hand: the
+    # node's close is a kernel fact, which autojump could run past.
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
+    first, first_node = trio.socket.socketpair()
+    second, second_node = trio.socket.socketpair()
+    with first_node, second_node:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.watch)
+            await trio.testing.wait_all_tasks_blocked()
+            await pool.release("a", trio.SocketStream(first), exchanged(OK_HEAD))
+            mock_clock.jump(WATCH_DELAY)
+            await trio.testing.wait_all_tasks_blocked()  # it looked: "first" is watched
+            await pool.release("a", trio.SocketStream(second), exchanged(OK_HEAD))
+            second_node.close()  # the node closes the one released last
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.idle_count("a") == 2  # not looked at yet
+            mock_clock.jump(WATCH_DELAY)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.idle_count("a") == 1
+            assert second.fileno() == -1
+            assert first.fileno() >= 0
             nursery.cancel_scope.cancel()
 
 

@@ -105,7 +105,11 @@ class Attempts:
         tried: set[str] = set()
         last_answer: SavedResponse | None = None
         while len(tried) < limit:
-            slot = await take_slot(self.report, work, order, tried, preferred)
+            # Before the first attempt no checkpoint has passed since the
+            # workload began (the clock still reads work.started); after a
+            # failed one it has.
+            now = work.started if not tried else trio.current_time()
+            slot = await take_slot(self.report, work, order, tried, preferred, now)
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
@@ -127,7 +131,12 @@ class Attempts:
                 outgoing = request_for(node, request, work, document, client_address, scheme)
                 try:
                     response = await open_response(
-                        node, outgoing, connector=self.connector, config=self.config, pool=self.pool
+                        node,
+                        outgoing,
+                        connector=self.connector,
+                        config=self.config,
+                        pool=self.pool,
+                        started=work.attempt_started,
                     )
                 except UpstreamError as failure:
                     if isinstance(failure, RetryableResponse) and failure.saved is not None:

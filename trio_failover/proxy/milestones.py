@@ -58,11 +58,13 @@ class Milestones:
 
     def committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
         """The head goes to the client: nothing is replayed from here on."""
-        now = trio.current_time()
+        timings = response.timings
+        # The attempt read the clock last when its first bytes came, and
+        # nothing has waited since.
+        now = timings.first_body
         work.committed_at = now
         work.state = State.COMMITTED
         work.status = response.status
-        timings = response.timings
         self.report.committed(work, node.name, timings.head - timings.written, now)
 
     def stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:

@@ -80,15 +80,29 @@ class SlotQueue:
     # -- one attempt ---------------------------------------------------------
 
     def acquire(
-        self, order: Sequence[str], *, tried: Iterable[str], preferred: str | None
+        self,
+        order: Sequence[str],
+        *,
+        tried: Iterable[str],
+        preferred: str | None,
+        now: float | None = None,
     ) -> Acquired[trio.Event]:
         """Decide the next attempt: a slot now, a place in the queue, or why not.
 
         A ``Queued`` waiter is in the queue already: ``wait`` for it next,
         or ``leave`` it. After ``close()`` nobody is queued any more.
+        ``now``, when the caller read the clock since its last checkpoint,
+        spares the readiness test a reading of its own.
         """
+        ready = self.is_ready
+        if now is not None:
+            is_demoted = self._is_demoted
+
+            def ready(node: str) -> bool:
+                return not is_demoted(node, now)
+
         result = self.scheduler.acquire(
-            trio.Event(), order, tried=tried, ready=self.is_ready, preferred=preferred
+            trio.Event(), order, tried=tried, ready=ready, preferred=preferred
         )
         if isinstance(result, Queued) and len(self.scheduler) == 1:
             self._changed()
@@ -164,12 +178,19 @@ class SlotQueue:
 
 
 async def take_slot(
-    report: Report, work: Workload, order: list[str], tried: set[str], preferred: str | None
+    report: Report,
+    work: Workload,
+    order: list[str],
+    tried: set[str],
+    preferred: str | None,
+    now: float | None = None,
 ) -> Slot | str | None:
     """A slot for the workload's next attempt, at once or after waiting in the queue.
 
     Publishes the workload's ``queued`` event: a plain one before its first
     attempt if it never waits, one with ``position`` each time it waits.
+
+    ``now``: the Trio clock, if read since the caller's last checkpoint.
 
     Returns:
         The slot; None when every candidate was tried; else why the queue
@@ -178,7 +199,7 @@ async def take_slot(
     Cancellation: a waiting workload leaves the queue (the client left).
     """
     queue = report.readiness.queue
-    result = queue.acquire(order, tried=tried, preferred=preferred)
+    result = queue.acquire(order, tried=tried, preferred=preferred, now=now)
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:
             report.publish_workload(work)

@@ -64,21 +64,35 @@ async def receive(stream: trio.abc.ReceiveStream, size: int = RECEIVE_SIZE) -> b
         raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
+def write_now(stream: trio.abc.SendStream, data: bytes) -> int:
+    """Write what the kernel takes of ``data`` at once, without waiting; how much.
+
+    Not a checkpoint. -1 when ``stream`` is not a plain, open socket stream
+    (nothing was written: use its ``send_all``).
+
+    Raises:
+        trio.BrokenResourceError: the write failed (reset, dead peer), with
+            the ``OSError`` as its cause, as ``send_all`` raises it.
+    """
+    fd = _plain_fd(stream)
+    if fd < 0 or not data:
+        return -1
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
 async def send(stream: trio.abc.SendStream, data: bytes) -> None:
     """Write all of ``data``: at once when the kernel takes it, else ``send_all``.
 
     Raises:
         trio.BrokenResourceError, trio.ClosedResourceError: as ``send_all``.
     """
-    fd = _plain_fd(stream)
-    if fd < 0 or not data:
+    sent = write_now(stream, data)
+    if sent < 0:
         await stream.send_all(data)
-        return
-    try:
-        sent = os.write(fd, data)
-    except BlockingIOError:
-        sent = 0
-    except OSError as exc:
-        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
-    if sent < len(data):
+    elif sent < len(data):
         await stream.send_all(memoryview(data)[sent:])

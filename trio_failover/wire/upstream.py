@@ -221,6 +221,7 @@ async def open_response(
     connector: Connector,
     config: Config,
     pool: ConnectionPool | None = None,
+    started: float | None = None,
 ) -> UpstreamResponse:
     """Run one attempt up to the commit point.
 
@@ -230,6 +231,9 @@ async def open_response(
     connection, within the same attempt: not a node failure, no cooldown.
     The response-header deadline runs from the request written on the
     connection actually used.
+
+    ``started``: when the attempt began, if the caller read the Trio clock
+    since its last checkpoint (else read here).
 
     Returns:
         The response with its head and first body bytes (or its valid empty
@@ -244,9 +248,10 @@ async def open_response(
         Cancelling closes the connection at once; nothing is left open and
         nothing goes back to the pool.
     """
-    started = trio.current_time()
+    if started is None:
+        started = trio.current_time()
     if pool is not None:
-        idle = await pool.acquire(node.name)
+        idle = await pool.acquire(node.name, now=started)
         if idle is not None:
             try:
                 return await _exchange(
@@ -329,45 +334,56 @@ async def _request_and_head(
 ) -> tuple[h11.Response, float]:
     """Write the request and read the whole head (1xx skipped); the head and when it was written.
 
-    One scope, two deadlines: first one response-header timeout for the
-    write (a node that does not even take the request is as stalled as one
-    that takes it and never answers), then, moved, from the request fully
-    written to the whole head read: the same length, or the unstreamed
-    timeout for a request whose answer comes whole.
+    Two deadlines, each set once: a write the kernel does not take at once
+    must finish within one response-header timeout (a node that does not
+    even take the request is as stalled as one that takes it and never
+    answers); then, from the request fully written, the whole head must
+    come within the same length, or the unstreamed timeout for a request
+    whose answer comes whole. A write taken at once (nearly every request:
+    a small one on a connection with room in its send buffer) has no
+    deadline to run, so a request costs one cancel scope, not one scope
+    entered with a relative deadline and then moved.
     """
     header_timeout = config.response_header_timeout
     head_timeout = config.unstreamed_timeout if request.unstreamed else header_timeout
     phase = "write"
-    written = 0.0
-    with trio.move_on_after(header_timeout) as scope:
-        try:
-            await _write_request(stream, conn, request)
-            written = trio.current_time()
-            scope.deadline = written + head_timeout
-            phase = "head"
+    try:
+        unsent = _write_at_once(stream, conn, request)
+        if unsent:
+            with trio.move_on_after(header_timeout) as write_scope:
+                for part in unsent:
+                    await stream.send_all(part)
+            if write_scope.cancelled_caught:
+                raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
+        written = trio.current_time()
+        phase = "head"
+        with trio.CancelScope(deadline=written + head_timeout) as scope:
             if reused:
                 await _receive_answer_start(stream, conn)
             event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):
                 event = await next_event(stream, conn)
-        except (trio.BrokenResourceError, OSError) as exc:
-            if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
-                raise _StaleConnection("broken on write") from exc
-            raise _map_error(name, phase, exc) from exc
-        except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
-            raise _map_error(name, phase, exc) from exc
+    except (trio.BrokenResourceError, OSError) as exc:
+        if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
+            raise _StaleConnection("broken on write") from exc
+        raise _map_error(name, phase, exc) from exc
+    except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
+        raise _map_error(name, phase, exc) from exc
     if scope.cancelled_caught:
-        if phase == "write":
-            raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
         raise errors.HeaderTimeout(name, "head", f"no complete response head in {head_timeout}s")
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
     return event, written
 
 
-async def _write_request(
+def _write_at_once(
     stream: trio.abc.Stream, conn: h11.Connection, request: OutgoingRequest
-) -> None:
+) -> list[bytes | memoryview]:
+    """Frame the request and write what the kernel takes now; the parts left to send.
+
+    Not a checkpoint: the parts left (none, nearly always) are sent under
+    the write deadline.
+    """
     # _parsed: skip h11's header regexes; OutgoingRequest documents why its
     # parts are valid already.
     head = conn.send(
@@ -377,12 +393,13 @@ async def _write_request(
     )
     body = conn.send(h11.Data(data=request.body)) if request.body else b""
     end = conn.send(h11.EndOfMessage())
-    if len(request.body) <= RECEIVE_SIZE:
-        await socket_io.send(stream, head + body + end)
-    else:  # do not copy a large body just to save a syscall
-        await stream.send_all(head)
-        await stream.send_all(body)
-        await stream.send_all(end)
+    if len(request.body) > RECEIVE_SIZE:  # do not copy a large body just to save a syscall
+        return [head, body, end]
+    data = head + body + end
+    sent = socket_io.write_now(stream, data)
+    if sent < 0:
+        return [data]
+    return [memoryview(data)[sent:]] if sent < len(data) else []
 
 
 async def _error_body(
