@@ -131,6 +131,52 @@ async def test_a_request_with_a_valid_key_is_served_without_its_credentials(
     assert [work["client"] for work in status["workloads"]] == [name]
 
 
+# One key is the common deployment (a single --api-key); every test above
+# configures two. A check that ran only from two keys on would pass them all.
+ONE_KEY = (ClientKey("alice", ALICE_KEY),)
+REFUSED_WITH_ONE_KEY = [
+    *REFUSED,
+    pytest.param((("Authorization", f"Bearer {BOB_KEY}"),), id="a-key-of-another-deployment"),
+]
+ADMITTED_WITH_ONE_KEY = [
+    pytest.param((("Authorization", f"Bearer {ALICE_KEY}"),), id="bearer"),
+    pytest.param((("X-Api-Key", ALICE_KEY),), id="x-api-key"),
+]
+
+
+@pytest.mark.parametrize("headers", REFUSED_WITH_ONE_KEY)
+async def test_with_exactly_one_key_a_request_without_it_gets_401(
+    headers: Sequence[tuple[str, str]],
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with running(clients=ONE_KEY) as proxy:
+            response = await request_tcp(proxy.bound.client, body=b"{}", headers=headers)
+            received = list(proxy.node.received)
+
+    assert response is not None
+    assert response.status == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert response.header("www-authenticate") == "Bearer"
+    assert received == []
+
+
+@pytest.mark.parametrize("headers", ADMITTED_WITH_ONE_KEY)
+async def test_with_exactly_one_key_a_request_with_it_is_served_without_it(
+    headers: Sequence[tuple[str, str]],
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with running(clients=ONE_KEY) as proxy:
+            response = await request_tcp(proxy.bound.client, body=b"{}", headers=headers)
+            await proxy.finished()
+            status = proxy.proxy.status()
+
+    assert response is not None
+    assert response.status == 200
+    [received] = proxy.node.received
+    assert credential_names(received) == []
+    assert [work["client"] for work in status["workloads"]] == ["alice"]
+
+
 async def test_credentials_pass_through_when_no_key_is_configured() -> None:
     # Engines with their own --api-key rely on the client's header.
     sent = [("Authorization", f"Bearer {ALICE_KEY}"), ("X-Api-Key", BOB_KEY)]

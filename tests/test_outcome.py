@@ -47,6 +47,7 @@ VERDICTS: dict[Outcome, tuple[bool, float, bool]] = {
     Outcome.DEAD_PEER: (True, RHT, True),
     # Never the node's fault, or already committed: no failover.
     Outcome.CLIENT_ABORT: (False, 0.0, False),
+    Outcome.SHUTDOWN: (False, 0.0, False),  # the proxy stopped (end of a drain)
     Outcome.COMPLETED: (False, 0.0, False),
     Outcome.STREAM_BROKEN: (False, 0.0, False),
     # After commit a stall still demotes, but nothing is replayed.

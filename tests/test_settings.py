@@ -21,8 +21,9 @@ from trio_failover.cli.settings import (
     resolve,
 )
 from trio_failover.cli.settings.toml_file import key_lines as _key_lines
+from trio_failover.cli.settings.toml_file import suggest_key
 from trio_failover.core.config import Config
-from trio_failover.core.errors import ConfigError
+from trio_failover.core.errors import ConfigError, ConfigErrors
 
 NODE = {"upstream": ["http://127.0.0.1:9001"]}
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -764,6 +765,66 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
         "unknown key in [[upstream]] (did you mean headers?",
     ),
     (
+        "[timeouts] header is a header timeout, not dead_peer",
+        {},
+        {},
+        N + '[timeouts]\nheader = "5s"\n',
+        "config.toml:4",
+        "timeouts.header",
+        "header",
+        "unknown key in [timeouts] (did you mean response_header?)",
+    ),
+    (
+        "[timeouts] with the flag's _timeout ending",
+        {},
+        {},
+        N + '[timeouts]\nresponse_header_timeout = "5s"\n',
+        "config.toml:4",
+        "timeouts.response_header_timeout",
+        "response_header_timeout",
+        "unknown key in [timeouts] (did you mean response_header?)",
+    ),
+    (
+        "a timeout at the top level points into [timeouts]",
+        {},
+        {},
+        'response_header_timeout = "5s"\n' + N,
+        "config.toml:1",
+        "response_header_timeout",
+        "response_header_timeout",
+        "unknown key at the top level (did you mean response_header in [timeouts]?)",
+    ),
+    (
+        "[[upstreams]] has its line",
+        {},
+        {},
+        N + '[[upstreams]]\nurl = "http://h:2"\n',
+        "config.toml:3",
+        "upstreams",
+        "upstreams",
+        "unknown key at the top level (did you mean [[upstream]]?)",
+    ),
+    (
+        "a number in quotes",
+        {},
+        {},
+        'max_queue = "10"\n' + N,
+        "config.toml:1",
+        "max_queue",
+        "10",
+        'max_queue = "10" is a string; write it as a number: max_queue = 10',
+    ),
+    (
+        "a node's capacity in quotes",
+        {},
+        {},
+        N + 'capacity = "2"\n',
+        "config.toml:3",
+        "upstream.capacity",
+        "2",
+        'capacity = "2" is a string; write it as a number: capacity = 2',
+    ),
+    (
         "unknown subtable",
         {},
         {},
@@ -939,6 +1000,56 @@ def test_bad_values(
     assert "\n" not in message
     assert message.startswith(f"{source}: ")
     assert repr(value) in message
+
+
+TIMEOUT_KEYS = tuple(opt.toml[1] for opt in OPTIONS if opt.toml and opt.toml[0] == "timeouts")
+TOP_KEYS = (*(opt.toml[0] for opt in OPTIONS if opt.toml and len(opt.toml) == 1), "timeouts")
+
+
+@pytest.mark.parametrize(
+    ("key", "top_level", "hint"),
+    [
+        # The words of the key before its letters: "header" is in response_header.
+        ("header", False, "response_header"),
+        ("header_timeout", False, "response_header"),
+        ("response_header_timeout", False, "response_header"),
+        ("response-header", False, "response_header"),
+        ("Connect_Timeout", False, "connect"),
+        ("idle", False, "stream_idle"),
+        ("first_byte", False, "first_body"),  # by its letters
+        ("queu", False, "queue"),
+        ("keep_alive", False, "keepalive"),
+        ("xyz", False, None),
+        # At the top level, a timeout's name points into [timeouts] ...
+        ("response_header_timeout", True, "response_header in [timeouts]"),
+        ("stream-idle-timeout", True, "stream_idle in [timeouts]"),
+        ("connect", True, "connect in [timeouts]"),
+        ("shutdown_timeout", True, "shutdown in [timeouts]"),
+        # ... and the tables are named as they are written.
+        ("timeout", True, "[timeouts]"),
+        ("upstreams", True, "[[upstream]]"),
+        ("clients", True, "[[client]]"),
+        ("listne", True, "listen"),
+        ("admin-listen", True, "admin_listen"),
+        ("max_queue_size", True, "max_queue"),
+    ],
+)
+def test_the_suggestion_for_an_unknown_key(key: str, top_level: bool, hint: str | None) -> None:
+    known = TOP_KEYS if top_level else TIMEOUT_KEYS
+    assert suggest_key(key, known, top_level=top_level) == hint
+
+
+def test_mistakes_of_a_file_come_in_line_order_the_whole_file_last() -> None:
+    text = 'listne = "x"\n\n[[upstreams]]\nurl = "http://h:2"\n\n[timeouts]\nheader = "5s"\n'
+    with pytest.raises(ConfigErrors) as info:
+        resolve({"max_queue": "lots"}, {}, ConfigFile.parse(text, "config.toml"))
+    assert [(error.source, error.option) for error in info.value.errors] == [
+        ("--max-queue", "max-queue"),
+        ("config.toml:1", "listne"),
+        ("config.toml:3", "upstreams"),
+        ("config.toml:7", "timeouts.header"),
+        ("config.toml", "upstream"),  # no node: the file as a whole, after its lines
+    ]
 
 
 def test_unknown_flag_names_are_a_bug() -> None:

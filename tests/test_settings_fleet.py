@@ -280,7 +280,7 @@ CAPACITY_BAD: list[Mistake] = [
         {},
         {},
         'capacity = "4"\n[[upstream]]\nurl = "http://h:1"\n',
-        ("config.toml:1", "capacity", "4", "whole number"),
+        ("config.toml:1", "capacity", "4", 'capacity = "4" is a string; write it as a number'),
     ),
     (
         "top level a bool",

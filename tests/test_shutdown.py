@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import attrs
 import h11
@@ -26,7 +27,15 @@ from support import ProxyProcess, serve_process
 from trio_failover.core.config import Config, Upstream
 from trio_failover.proxy import Proxy
 from trio_failover.service.server import BoundAddresses, serve
-from trio_failover.testing import FakeNode, Fleet, healthy, slow_head
+from trio_failover.testing import (
+    ClientResponse,
+    FakeNode,
+    Fleet,
+    healthy,
+    read_response,
+    request,
+    slow_head,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -36,6 +45,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 PROMPT = 10.0
 
 CHUNKS = [b"data: %d\n\n" % i for i in range(7)]
+TERMINAL = {"completed", "failed", "cancelled"}
 STREAM_BODY = b"".join(CHUNKS)
 
 
@@ -160,7 +170,7 @@ async def test_drain_closes_idle_keepalive_connections_at_once() -> None:
                 await stream.aclose()
 
 
-async def test_drain_cancels_what_outlives_the_shutdown_timeout() -> None:
+async def test_drain_cancels_what_outlives_the_shutdown_timeout(logged: LogRecords) -> None:
     async with Fleet({"a": streaming(30.0)}) as fleet:
         config = config_for(await fleet.serve_tcp("a"), shutdown_timeout=0.5)
         shutdown = trio.Event()
@@ -179,6 +189,145 @@ async def test_drain_cancels_what_outlives_the_shutdown_timeout() -> None:
         assert reply.status == 200
         assert reply.body == CHUNKS[0]
         assert not reply.complete  # cut short: never a false end of stream
+        # The cut workload still has its access line (issue 32).
+        [access] = [r.fields for r in logged.records if r.name == "trio_failover.access"]  # type: ignore[attr-defined]
+        assert (access["state"], access["reason"], access["nodes"]) == (
+            "cancelled",
+            "shutdown",
+            ["a:shutdown"],
+        )
+
+
+# -- the end of a drain under MockClock: every workload ends with its event and access line --
+
+
+async def drained(
+    proxy: Proxy, body: bytes, *, drain_at: float, shutdown_timeout: float
+) -> tuple[ClientResponse, list[dict[str, Any]]]:
+    """One request on an in-memory connection; at ``drain_at`` the drain of ``serve()`` begins.
+
+    As ``serve()`` drains: ``begin_drain``, then the connections' nursery
+    gets ``shutdown_timeout`` to end. Returns the response and every event.
+    """
+    near, far = trio.testing.memory_stream_pair()
+    conn = h11.Connection(h11.CLIENT)
+    head = [("host", "proxy.test"), ("content-length", str(len(body)))]
+    responses: list[ClientResponse] = []
+
+    async def client() -> None:
+        request = h11.Request(method="POST", target="/v1/chat/completions", headers=head)
+        await near.send_all(conn.send(request) + conn.send(h11.Data(data=body)))
+        await near.send_all(conn.send(h11.EndOfMessage()))
+        responses.append(await read_response(near, conn))
+
+    with proxy.events.subscribe(0) as events, trio.fail_after(3600):
+        async with trio.open_nursery() as clients:
+            clients.start_soon(client)
+            async with trio.open_nursery() as connections:
+                connections.start_soon(proxy.handle_connection, far)
+                await trio.sleep(drain_at)
+                proxy.begin_drain()
+                connections.cancel_scope.deadline = trio.current_time() + shutdown_timeout
+        published = []
+        while True:
+            try:
+                published.append(events.receive.receive_nowait())
+            except trio.WouldBlock:
+                break
+    return responses[0], published
+
+
+def access_lines(logged: LogRecords) -> list[dict[str, Any]]:
+    return [r.fields for r in logged.records if r.name == "trio_failover.access"]  # type: ignore[attr-defined]
+
+
+async def test_a_stream_cut_at_the_end_of_the_drain_ends_cancelled_with_reason_shutdown(
+    autojump_clock: trio.testing.MockClock, logged: LogRecords
+) -> None:
+    # Streams a chunk every 10 s for 60 s; the drain begins at t=12 with 5 s.
+    async with Fleet({"a": streaming(60.0)}) as fleet:
+        proxy = Proxy(
+            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
+        )
+        body = b'{"model": "m", "stream": true}'
+        response, published = await drained(proxy, body, drain_at=12.0, shutdown_timeout=5.0)
+    assert response.status == 200
+    assert not response.complete  # cut, never a false end
+    assert response.at == 17.0
+    assert [at for at, _ in response.chunks] == [0.0, 10.0]
+    [access] = access_lines(logged)
+    assert (access["state"], access["reason"], access["status"]) == ("cancelled", "shutdown", 200)
+    assert access["nodes"] == ["a:shutdown"]
+    assert (access["commit_ms"], access["duration_ms"]) == (0.0, 17000.0)
+    assert access["bytes"] == len(CHUNKS[0] + CHUNKS[1])
+    terminal = [e for e in published if e["type"] == "workload" and e["state"] in TERMINAL]
+    assert len(terminal) == 1
+    assert published[-1] is terminal[0]  # the terminal event comes last
+    [event] = terminal
+    assert (event["state"], event["reason"], event["node"]) == ("cancelled", "shutdown", "a")
+    assert [(a["node"], a["outcome"], a["elapsed_ms"]) for a in event["attempts"]] == [
+        ("a", "shutdown", 17000.0)
+    ]
+    [recent] = proxy.recent
+    assert (recent["state"], recent["reason"]) == ("cancelled", "shutdown")
+    assert proxy.status()["nodes"][0]["state"] == "ready"  # never the node's fault
+
+
+async def test_a_workload_not_yet_answered_at_the_end_of_the_drain_gets_503(
+    autojump_clock: trio.testing.MockClock, logged: LogRecords
+) -> None:
+    # A long generation answered whole: nothing was sent when the drain ends.
+    async with Fleet({"a": FakeNode(slow_head(100.0))}) as fleet:
+        proxy = Proxy(
+            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
+        )
+        response, published = await drained(
+            proxy, b'{"model": "m"}', drain_at=1.0, shutdown_timeout=5.0
+        )
+    assert (response.status, response.complete, response.at) == (503, True, 6.0)
+    assert response.json()["error"]["code"] == "shutting_down"
+    assert response.header("connection") == "close"
+    assert response.header("retry-after") is not None
+    [access] = access_lines(logged)
+    assert (access["state"], access["reason"], access["status"]) == ("cancelled", "shutdown", 503)
+    assert access["nodes"] == ["a:shutdown"]
+    assert access["commit_ms"] is None
+    [event] = [e for e in published if e["type"] == "workload" and e["state"] in TERMINAL]
+    assert (event["state"], event["reason"], event["status"]) == ("cancelled", "shutdown", 503)
+    assert len(fleet["a"].closed_at) == 1  # the node's connection closed, not pooled
+
+
+async def test_a_client_that_left_is_cancelled_with_reason_client_abort(
+    autojump_clock: trio.testing.MockClock, logged: LogRecords
+) -> None:
+    async with Fleet({"a": FakeNode(slow_head(100.0))}) as fleet:
+        proxy = Proxy(
+            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
+        )
+        assert await request(proxy, body=b"{}", leave_after=3.0) is None
+        await trio.testing.wait_all_tasks_blocked()
+    [access] = access_lines(logged)
+    assert (access["state"], access["reason"], access["nodes"]) == (
+        "cancelled",
+        "client_abort",
+        ["a:client_abort"],
+    )
+    assert proxy.recent[-1]["reason"] == "client_abort"
+
+
+async def test_a_workload_that_ends_normally_has_no_reason(
+    autojump_clock: trio.testing.MockClock, logged: LogRecords
+) -> None:
+    async with Fleet({"a": FakeNode()}) as fleet:
+        proxy = Proxy(
+            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
+        )
+        response = await request(proxy, body=b"{}")
+    assert response is not None
+    assert response.status == 200
+    [access] = access_lines(logged)
+    assert "reason" not in access
+    assert "reason" not in proxy.recent[-1]
 
 
 async def test_answer_committed_during_a_drain_says_connection_close(

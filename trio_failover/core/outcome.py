@@ -39,6 +39,7 @@ class Outcome(enum.StrEnum):
     RETRYABLE_RESPONSE = "retryable_response"
     MODEL_NOT_FOUND = "model_not_found"  # a 404 "model not found": a stale inventory
     CLIENT_ABORT = "client_abort"
+    SHUTDOWN = "shutdown"  # cut at the end of a drain (--shutdown-timeout)
     # After commit:
     COMPLETED = "completed"
     STREAM_IDLE_TIMEOUT = "stream_idle_timeout"
@@ -97,6 +98,8 @@ RULES: dict[Outcome, Rule] = {
     # node's inventory is stale, so it is asked again rather than demoted.
     Outcome.MODEL_NOT_FOUND: attrs.evolve(_FAST, rechecks=True),
     Outcome.CLIENT_ABORT: _SETTLED,
+    # The proxy stopped: never the node's fault, and nothing is replayed.
+    Outcome.SHUTDOWN: _SETTLED,
     Outcome.COMPLETED: _SETTLED,
     # After commit a stall still demotes, but nothing is replayed.
     Outcome.STREAM_IDLE_TIMEOUT: attrs.evolve(_SETTLED, cools=Cooling.STALL, timed_out=True),

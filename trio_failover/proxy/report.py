@@ -67,6 +67,8 @@ class Workload:
     client: str | None = None  # the name of the client's key; None: no keys configured
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
     queued_since: float | None = None  # when the current wait began, while waiting
+    # Why a cancelled workload was: "client_abort" or "shutdown"; None otherwise.
+    reason: str | None = None
 
     @property
     def state(self) -> State:
@@ -84,7 +86,7 @@ class Workload:
 
     def summary(self, now: float) -> dict[str, Any]:
         """The JSON form used by events, ``/status`` and the dashboard."""
-        return {
+        summary = {
             "id": self.id,
             "method": self.method,
             "path": self.path,
@@ -99,6 +101,9 @@ class Workload:
             "duration_ms": _ms(now - self.started),
             "queued_ms": _ms(self.queued_for(now)),
         }
+        if self.reason is not None:
+            summary["reason"] = self.reason
+        return summary
 
 
 def _ms(seconds: float) -> float:
@@ -229,6 +234,7 @@ class Report:
                 "duration_ms": round((now - work.started) * 1000, 1),
                 "queued_ms": round(work.waited * 1000, 1),
                 "bytes": work.body_bytes,
+                **({} if work.reason is None else {"reason": work.reason}),
             }
         )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import trio
 
 from ..core.config import Config
+from ..core.outcome import AttemptRecord, Outcome
 from ..core.requests import request_document, workload_id
 from ..core.workload import FINAL, State
 from ..service.logs import logger
@@ -28,9 +29,15 @@ from ..wire.upstream import Connector
 from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
+from .queue import REFUSALS
 from .relay import Relay
 from .report import Report, Workload
 from .silence import SilenceWatch
+
+# How long a workload that the proxy's stop cuts short may still take to
+# tell its client so (a 503, when nothing was sent yet): the stop waits for
+# it, shielded, and a client that does not read must not hold it up.
+SHUTDOWN_ANSWER_TIMEOUT = 1.0
 
 
 class WorkloadRunner:
@@ -88,38 +95,73 @@ class WorkloadRunner:
         keep_alive = False
         settled = trio.Event()
         try:
-            async with trio.open_nursery() as nursery:
-                if self.config.client_close != "ignore":
-                    nursery.start_soon(
-                        self._watch_client, client, work, nursery.cancel_scope, settled
-                    )
-                try:
-                    keep_alive = await self._attempts.serve(
-                        client,
-                        request,
-                        work,
-                        candidates,
-                        preferred,
-                        document,
-                        client_address,
-                        scheme,
-                    )
-                finally:
-                    settled.set()  # the watcher returns (no Cancelled to raise and catch)
-        except Exception:
-            # The one place that turns an unexpected failure into an answer:
-            # the process keeps serving other connections.
-            logger.exception("internal error", extra={"fields": {"id": work.id}})
-            if work.state not in FINAL:
-                work.state = State.FAILED
-            if work.committed_at is None:
-                await send_failure(client, work, 502, "internal_error", "internal proxy error")
-            keep_alive = False
+            try:
+                async with trio.open_nursery() as nursery:
+                    if self.config.client_close != "ignore":
+                        nursery.start_soon(
+                            self._watch_client, client, work, nursery.cancel_scope, settled
+                        )
+                    try:
+                        keep_alive = await self._attempts.serve(
+                            client,
+                            request,
+                            work,
+                            candidates,
+                            preferred,
+                            document,
+                            client_address,
+                            scheme,
+                        )
+                    finally:
+                        settled.set()  # the watcher returns (no Cancelled to raise and catch)
+            except Exception:
+                # The one place that turns an unexpected failure into an answer:
+                # the process keeps serving other connections.
+                logger.exception("internal error", extra={"fields": {"id": work.id}})
+                if work.state not in FINAL:
+                    work.state = State.FAILED
+                if work.committed_at is None:
+                    await send_failure(client, work, 502, "internal_error", "internal proxy error")
+                keep_alive = False
+        except BaseException:
+            # Cancelled from outside the workload: the end of a drain's
+            # --shutdown-timeout, or serve() cancelled. It still ends with
+            # its terminal event and access line; then the cancellation goes on.
+            await self._cut_by_shutdown(client, work)
+            self.report.finish(work)
+            raise
         if work.client_left is not None and work.state not in FINAL:
             self._milestones.client_aborted(work)
+            work.reason = Outcome.CLIENT_ABORT.value
             keep_alive = False
         self.report.finish(work)
         return keep_alive and client.reusable
+
+    async def _cut_by_shutdown(self, client: ClientConnection, work: Workload) -> None:
+        """Settle a workload that the proxy's stop cancelled: ``cancelled``, reason ``shutdown``.
+
+        The attempt in flight, if any, gets the outcome ``shutdown``. A
+        client that was sent nothing yet gets ``503 shutting_down`` (as a
+        workload still in the queue does at the drain's start), within
+        ``SHUTDOWN_ANSWER_TIMEOUT``; a committed stream is only cut.
+
+        Cancellation: runs inside the cancellation it reports, shielded
+        for at most ``SHUTDOWN_ANSWER_TIMEOUT``.
+        """
+        if work.state in FINAL:
+            return
+        if work.node is not None and len(work.attempts) < work.attempt:
+            elapsed = trio.current_time() - work.attempt_started
+            detail = "the proxy stopped (end of the drain)"
+            record = AttemptRecord(work.node, Outcome.SHUTDOWN, elapsed, detail=detail)
+            work.attempts.append(record)
+            self.report.metrics.attempt_ended(record.node, str(record.outcome))
+        work.state = State.CANCELLED
+        work.reason = Outcome.SHUTDOWN.value
+        if work.committed_at is None:
+            code, message = REFUSALS["shutdown"]
+            with trio.move_on_after(SHUTDOWN_ANSWER_TIMEOUT, shield=True):
+                await send_failure(client, work, 503, code, message)
 
     async def _watch_client(
         self,

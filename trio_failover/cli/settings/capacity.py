@@ -6,7 +6,7 @@ import attrs
 
 from ...core.errors import ConfigError
 from .given import Given
-from .kinds import DIGITS, capacity_toml, comma_list
+from .kinds import DIGITS, capacity_toml, comma_list, expected_of
 from .nodes import Node
 from .options import BY_NAME
 from .sources import DEFAULT, Mistakes, Source, SourceKind
@@ -65,7 +65,7 @@ def _capacity_settings(
         try:
             top = _Capacity(None, capacity_toml(raw), Source("file", where, raw))
         except ValueError as exc:
-            mistakes.add(ConfigError(CAPACITY, raw, str(exc), where))
+            mistakes.add(ConfigError(CAPACITY, raw, expected_of(exc, CAPACITY), where))
     return found[0], found[1], top
 
 

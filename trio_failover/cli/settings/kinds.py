@@ -34,10 +34,12 @@ __all__ = [
     "STATUSES",
     "TOKEN",
     "Kind",
+    "QuotedNumber",
     "capacity_toml",
     "choice_kind",
     "comma_list",
     "existing_file",
+    "expected_of",
     "show_path",
 ]
 
@@ -81,8 +83,34 @@ def _int_text(text: str) -> int:
         raise ValueError("expected a whole number") from None
 
 
+class QuotedNumber(ValueError):
+    """A TOML string that holds a whole number where the number itself belongs.
+
+    ``capacity = "2"``: the number is right, its quotes are the mistake, and
+    "expected a whole number" would send the user looking for the wrong one.
+    ``expected_of`` says it with the key, which only the caller knows.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        super().__init__(f'"{text}" is a string; write it as a number: {text.strip()}')
+
+
+def expected_of(exc: ValueError, key: str) -> str:
+    """What a TOML value of ``key`` should have been, as the error says it."""
+    if isinstance(exc, QuotedNumber):
+        return f'{key} = "{exc.text}" is a string; write it as a number: {key} = {exc.text.strip()}'
+    return str(exc)
+
+
+def _refuse_quoted_number(value: object) -> None:
+    if isinstance(value, str) and DIGITS.fullmatch(value.strip()):
+        raise QuotedNumber(value)
+
+
 def _int_toml(value: object) -> int:
     if type(value) is not int:
+        _refuse_quoted_number(value)
         raise ValueError("expected a whole number")
     return value
 
@@ -181,6 +209,7 @@ def existing_file(text: str) -> str:
 
 
 def capacity_toml(value: object) -> int:
+    _refuse_quoted_number(value)
     if type(value) is not int or value < 0:
         raise ValueError("expected a whole number of attempts, 0 (no limit) or more")
     return value

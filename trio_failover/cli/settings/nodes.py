@@ -17,7 +17,7 @@ from ...core.config import Upstream
 from ...core.errors import ConfigError
 from .expand import expand
 from .given import Given
-from .kinds import capacity_toml, comma_list, existing_file
+from .kinds import capacity_toml, comma_list, existing_file, expected_of
 from .options import BY_NAME
 from .sources import Mistakes, Source, SourceKind
 from .toml_file import CAPACITY, UPSTREAM, ConfigFile
@@ -121,7 +121,7 @@ def _node_from_table(
         try:
             capacity = (capacity_toml(raw), Source("file", where, raw))
         except ValueError as exc:
-            mistakes.add(error(CAPACITY, raw, str(exc)))
+            mistakes.add(error(CAPACITY, raw, expected_of(exc, CAPACITY)))
 
     if not isinstance(url, str) or not isinstance(name, str | None):
         return None

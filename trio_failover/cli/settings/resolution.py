@@ -16,7 +16,7 @@ from ...core.errors import ConfigError
 from .capacity import resolve_capacity
 from .clients import resolve_clients
 from .given import Given
-from .kinds import SECRET
+from .kinds import SECRET, expected_of
 from .nodes import resolve_nodes
 from .options import BY_FIELD, BY_NAME, OPTIONS, Option
 from .sources import DEFAULT, Mistakes, Source
@@ -47,7 +47,12 @@ def _parse(opt: Option, raw: object, source: Source) -> Any:
         if attribute is not None and attribute.validator is not None:
             attribute.validator(None, attribute, value)
     except ValueError as exc:
-        expected = exc.expected if isinstance(exc, ConfigError) else str(exc)
+        if isinstance(exc, ConfigError):
+            expected = exc.expected
+        elif source.kind == "file" and opt.toml:
+            expected = expected_of(exc, opt.toml[-1])
+        else:
+            expected = str(exc)
         raise ConfigError(_label(opt, source), source.raw, expected, source.where) from None
     return value
 

@@ -63,8 +63,11 @@ class Mistakes:
             raise ConfigErrors(sorted(self.found, key=lambda error: _line_of(error, file_name)))
 
 
-def _line_of(error: ConfigError, file_name: str | None) -> int:
+def _line_of(error: ConfigError, file_name: str | None) -> tuple[int, int]:
+    """The sort key of an error: flags and environment, the file's lines, then the whole file."""
     if file_name is None or not error.source.startswith(file_name):
-        return 0
+        return (0, 0)
     line = error.source[len(file_name) :].removeprefix(":")
-    return int(line) if line.isdigit() else 1
+    # An error of the file as a whole (no node in it) comes after the lines:
+    # it is often the consequence of one of them ([[upstreams]]).
+    return (1, int(line)) if line.isdigit() else (2, 0)

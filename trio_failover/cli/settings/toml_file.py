@@ -100,6 +100,11 @@ def key_lines(text: str) -> dict[KeyPath, int]:
                     path.append(count - 1)
             table = tuple(path)
             lines.setdefault(table, number)
+            if header.group(1) == "[[":
+                # The array itself is first written here: an error about
+                # the array as a whole ([[upstreams]], an unknown key) has
+                # a line to point at, and sorts by it.
+                lines.setdefault(table[:-1], number)
             continue
         key = _KEY_LINE.match(line)
         if key is not None:
@@ -110,6 +115,54 @@ def key_lines(text: str) -> dict[KeyPath, int]:
                     multiline = quotes
                     break
     return lines
+
+
+def _words(key: str) -> tuple[str, ...]:
+    return tuple(word for word in re.split(r"[_\W]+", key.lower()) if word)
+
+
+def _closest(key: str, known: Sequence[str]) -> str | None:
+    """The known key a mistyped ``key`` most likely meant, if any.
+
+    In this order: the same key in another spelling (case, dashes, a
+    ``_timeout`` ending as the flags have it); the first known key, in
+    the table's order, that has every word of ``key`` (``header`` ->
+    ``response_header``, where the letters alone would say ``dead_peer``);
+    else the closest by its letters.
+    """
+    words = _words(key)
+    if words[-1:] == ("timeout",) and len(words) > 1:
+        words = words[:-1]
+    spelled = "_".join(words)
+    if spelled in known:
+        return spelled
+    if words:
+        for candidate in known:
+            if set(words) <= set(_words(candidate)):
+                return candidate
+    hint = difflib.get_close_matches(spelled or key, known, n=1)
+    return hint[0] if hint else None
+
+
+def suggest_key(key: str, known: Sequence[str], *, top_level: bool = False) -> str | None:
+    """What to suggest for an unknown ``key`` of a table whose keys are ``known``.
+
+    At the top level a timeout's name points into ``[timeouts]``
+    (``response_header_timeout`` -> ``response_header in [timeouts]``) and
+    an array of tables is named as it is written (``[[upstream]]``).
+    """
+    if top_level:
+        words = _words(key)
+        if (words[-1:] == ("timeout",) and len(words) > 1) or "_".join(words) in _TIMEOUT_KEYS:
+            timeout = _closest(key, _TIMEOUT_KEYS)
+            if timeout is not None:
+                return f"{timeout} in [{_TIMEOUTS}]"
+    hint = _closest(key, known)
+    if top_level and hint in (UPSTREAM, CLIENT):
+        return f"[[{hint}]]"
+    if top_level and hint == _TIMEOUTS:
+        return f"[{_TIMEOUTS}]"
+    return hint
 
 
 @attrs.frozen
@@ -213,8 +266,8 @@ class ConfigFile:
         found = []
         for key in table:
             if key not in known:
-                hint = difflib.get_close_matches(key, known, n=1)
-                expected = f"unknown key {where}" + (f" (did you mean {hint[0]}?)" if hint else "")
+                hint = suggest_key(key, known, top_level=not path)
+                expected = f"unknown key {where}" + (f" (did you mean {hint}?)" if hint else "")
                 expected += "; known keys: " + ", ".join(known)
                 found.append(self._error((*path, key), key, expected))
         return found
