@@ -196,7 +196,8 @@ async def test_a_new_trace_sends_the_node_a_traceparent_too(
         proxy = traced(fleet, exporter)
         await request(proxy, body=STREAMED)
     root, (attempt,) = tree(exporter)
-    assert root.context is not None and attempt.context is not None
+    assert root.context is not None
+    assert attempt.context is not None
     (received,) = fleet["a"].received
     context = attempt.context
     # The flags as the SDK makes them: sampled, and (W3C level 2) a random trace id.
@@ -235,10 +236,8 @@ async def test_a_client_that_leaves_ends_its_span_cancelled(
 ) -> None:
     async with Fleet({"a": FakeNode(frozen())}) as fleet:
         proxy = traced(fleet, exporter)
+        # request() returns once the proxy is done with the connection.
         assert await request(proxy, body=STREAMED, leave_after=30.0) is None
-        with trio.fail_after(1):
-            while len(exporter.get_finished_spans()) < 2:
-                await trio.sleep(0.001)
 
     root, (attempt,) = tree(exporter)
     assert root.end_time == at(30)
