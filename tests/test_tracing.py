@@ -300,6 +300,26 @@ async def test_every_node_failing_is_an_error_of_its_status(
     assert dict(attempt.attributes or {})["error.type"] == "header_timeout"
 
 
+async def test_the_wall_clock_is_read_once_at_the_first_span(
+    autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
+) -> None:
+    readings = iter([EPOCH])  # a second reading would raise StopIteration
+    async with Fleet({"a": FakeNode(healthy(head_delay=1.0))}) as fleet:
+        proxy = traced(fleet, exporter)
+        assert proxy.report.tracing is not None
+        proxy.report.tracing = Tracing(proxy.report.tracing.provider, clock=lambda: next(readings))
+        await trio.sleep(100.0)
+        await request(proxy)  # Trio time 100: the wall clock then read EPOCH
+        await trio.sleep(59.0)
+        await request(proxy)  # 60 s later by Trio's clock
+
+    workloads = [span for span in exporter.get_finished_spans() if span.kind is SpanKind.SERVER]
+    assert [(span.start_time, span.end_time) for span in workloads] == [
+        (EPOCH, EPOCH + 1_000_000_000),
+        (EPOCH + 60_000_000_000, EPOCH + 61_000_000_000),
+    ]
+
+
 def test_the_option_batches_spans_to_the_collector() -> None:
     node = Upstream("a", "http://127.0.0.1:9")
     config = Config(upstreams=[node], otel_endpoint="http://127.0.0.1:9/")

@@ -109,10 +109,11 @@ def test_the_option_without_the_extra_exits_2_naming_it() -> None:
         "import sys; sys.modules['opentelemetry'] = None; "
         "from trio_failover.cli.cli import main; "
         "sys.argv = ['trio-failover', 'serve', '--upstream', 'http://127.0.0.1:9', "
+        "'--listen', '127.0.0.1:0', '--admin-listen', 'off', "
         "'--otel-endpoint', 'http://127.0.0.1:4318']; main()"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=20, check=False
     )
     assert done.returncode == 2
     assert done.stderr == (
