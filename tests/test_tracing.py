@@ -300,6 +300,33 @@ async def test_every_node_failing_is_an_error_of_its_status(
     assert dict(attempt.attributes or {})["error.type"] == "header_timeout"
 
 
+class BrokenConnector:
+    """A connector with a bug: what no attempt milestone records."""
+
+    async def connect(self, node: Upstream) -> trio.abc.Stream:
+        await trio.sleep(2.0)
+        raise RuntimeError("a bug")
+
+
+async def test_an_internal_error_still_ends_the_attempt_s_span(
+    autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
+) -> None:
+    config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
+    proxy = Proxy(config, connector=BrokenConnector())
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    proxy.report.tracing = Tracing(provider, clock=lambda: EPOCH)
+    response = await request(proxy, body=STREAMED)
+    assert response is not None
+    assert response.status == 502
+
+    root, (attempt,) = tree(exporter)
+    assert (attempt.end_time, root.end_time) == (at(2), at(2))
+    assert attempt.status.status_code is StatusCode.ERROR
+    assert dict(attempt.attributes or {})["trio_failover.outcome"] == "cancelled"
+    assert dict(root.attributes or {})["error.type"] == "502"
+
+
 async def test_the_wall_clock_is_read_once_at_the_first_span(
     autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
 ) -> None:

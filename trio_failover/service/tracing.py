@@ -157,7 +157,7 @@ class Tracing:
 class WorkloadTrace:
     """The spans of one workload: its own, and the open attempt's (None between attempts)."""
 
-    __slots__ = ("_attempt_started", "_tracing", "attempt", "model", "span")
+    __slots__ = ("_attempt_started", "_records", "_tracing", "attempt", "model", "span")
 
     def __init__(self, tracing: Tracing, span: trace.Span, model: str | None) -> None:
         self._tracing = tracing
@@ -165,6 +165,7 @@ class WorkloadTrace:
         self.model = model
         self.attempt: trace.Span | None = None
         self._attempt_started = 0.0
+        self._records = 0  # the workload's attempt records when the open attempt began
 
     def attempt_started(self, work: Workload, node: Upstream, request: OutgoingRequest) -> None:
         """Start the attempt's span and put its ``traceparent`` into ``request.headers``.
@@ -184,7 +185,7 @@ class WorkloadTrace:
             attempt=work.attempt,
             workload_id=work.id,
         )
-        self._attempt_started = work.attempt_started
+        self._attempt_started, self._records = work.attempt_started, len(work.attempts)
         span = tracing.tracer.start_span(
             f"attempt {node.name}",
             context=trace.set_span_in_context(self.span),
@@ -224,12 +225,20 @@ class WorkloadTrace:
         self.span.add_event(QUEUE_WAIT, attributes, timestamp=self._tracing.epoch_ns(started))
 
     def finished(self, work: Workload, now: float) -> None:
-        """End the workload's span (and an attempt's still open: its end was not seen)."""
+        """End the workload's span, and the attempt's if still open.
+
+        An attempt is still open when its end was recorded without a
+        milestone of ``Report`` (the record is then the workload's last) or
+        not at all (an internal error: ``cancelled``).
+        """
         ends = self._tracing.epoch_ns(now)
         if self.attempt is not None:
-            elapsed = now - self._attempt_started
-            _end(self.attempt, attempt_end("cancelled", elapsed, None, "not ended"), ends)
-            self.attempt = None
+            if len(work.attempts) > self._records:
+                self.attempt_ended(work.attempts[-1])
+            else:
+                elapsed = now - self._attempt_started
+                _end(self.attempt, attempt_end("cancelled", elapsed, None, "not ended"), ends)
+                self.attempt = None
         end = workload_end(
             str(work.state),
             work.status,
