@@ -300,6 +300,23 @@ async def test_every_node_failing_is_an_error_of_its_status(
     assert dict(attempt.attributes or {})["error.type"] == "header_timeout"
 
 
+async def test_an_attempt_s_span_has_the_node_s_path_and_model_name(
+    autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
+) -> None:
+    async with Fleet({"a": FakeNode(healthy())}) as fleet:
+        node = Upstream("a", "http://a.invalid:8000/engine", models={"m": "org/model-7b"})
+        proxy = traced(fleet, exporter, upstreams=[node])
+        await request(proxy, body=STREAMED)
+
+    root, (attempt,) = tree(exporter)
+    attributes = dict(attempt.attributes or {})
+    assert attributes["url.path"] == "/engine/v1/chat/completions"
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.model"] == "org/model-7b"
+    assert (attributes["server.address"], attributes["server.port"]) == ("a.invalid", 8000)
+    assert dict(root.attributes or {})["gen_ai.request.model"] == "m"
+
+
 class BrokenConnector:
     """A connector with a bug: what no attempt milestone records."""
 

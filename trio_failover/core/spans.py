@@ -100,11 +100,13 @@ def attempt_attributes(
     model: str | None,
     attempt: int,
     workload_id: str,
+    operation: str | None,
 ) -> Attributes:
     """The attributes an attempt's (CLIENT) span starts with.
 
     ``path`` and ``model`` are the node's: its target (with the node's base
-    path) and its own name for the model.
+    path) and its own name for the model; ``operation`` is the workload's
+    (``operation_name`` of the client's path).
     """
     attributes: Attributes = {
         "http.request.method": method,
@@ -115,7 +117,6 @@ def attempt_attributes(
         "trio_failover.attempt": attempt,
         "trio_failover.workload_id": workload_id,
     }
-    operation = operation_name(path)
     if operation is not None:
         attributes["gen_ai.operation.name"] = operation
     if model is not None:

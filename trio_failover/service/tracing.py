@@ -52,6 +52,7 @@ from ..core.spans import (
     SpanEnd,
     attempt_attributes,
     attempt_end,
+    operation_name,
     traces_url,
     workload_attributes,
     workload_end,
@@ -184,6 +185,7 @@ class WorkloadTrace:
             model=model,
             attempt=work.attempt,
             workload_id=work.id,
+            operation=operation_name(work.path),
         )
         self._attempt_started, self._records = work.attempt_started, len(work.attempts)
         span = tracing.tracer.start_span(
