@@ -60,7 +60,10 @@ def traced(fleet: Fleet, exporter: InMemorySpanExporter, **settings: object) -> 
     """A proxy whose spans go to ``exporter``, one at a time, as each ends."""
     upstreams = settings.pop("upstreams", fleet.upstreams())
     config = Config(upstreams=upstreams, admin_listen=None, **settings)  # type: ignore[arg-type]
-    proxy = Proxy(config, connector=fleet.connector)
+    return trace_to(Proxy(config, connector=fleet.connector), exporter)
+
+
+def trace_to(proxy: Proxy, exporter: InMemorySpanExporter) -> Proxy:
     provider = TracerProvider(shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     proxy.report.tracing = Tracing(provider, clock=lambda: EPOCH)
@@ -329,10 +332,7 @@ async def test_an_internal_error_still_ends_the_attempt_s_span(
     autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
 ) -> None:
     config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
-    proxy = Proxy(config, connector=BrokenConnector())
-    provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    proxy.report.tracing = Tracing(provider, clock=lambda: EPOCH)
+    proxy = trace_to(Proxy(config, connector=BrokenConnector()), exporter)
     response = await request(proxy, body=STREAMED)
     assert response is not None
     assert response.status == 502
