@@ -192,6 +192,26 @@ async def test_traceparent_is_continued_and_each_node_gets_its_attempt_s(
         ]
 
 
+async def test_a_trace_the_client_did_not_sample_is_not_recorded_but_passed_on(
+    autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
+) -> None:
+    # The default sampler follows the parent: flags 00 record nothing here,
+    # and the node is told the same, so it records nothing either.
+    async with Fleet({"a": FakeNode(healthy())}) as fleet:
+        proxy = traced(fleet, exporter)
+        headers = [("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00")]
+        response = await request(proxy, body=STREAMED, headers=headers)
+        assert response is not None
+        assert response.status == 200
+    assert exporter.get_finished_spans() == ()
+    (received,) = fleet["a"].received
+    sent = received.header("traceparent")
+    assert sent is not None
+    version, trace_id, parent, flags = sent.decode().split("-")
+    assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "00")
+    assert parent != CLIENT_SPAN  # the attempt's own span id, though unrecorded
+
+
 async def test_a_new_trace_sends_the_node_a_traceparent_too(
     autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
 ) -> None:
