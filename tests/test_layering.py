@@ -238,15 +238,25 @@ def _package_files() -> list[Path]:
     return files
 
 
+# The one function that reads the wall clock (STYLE 2: "wall-clock time only
+# through one replaceable function"): the traces' epoch timestamps (SPEC 9).
+WALL_CLOCK = ("service/tracing.py", "wall_clock_ns")
+
+
 def test_no_module_reads_the_os_clock() -> None:
     # Deadlines read Trio's clock; log stamps come from logging's own record
-    # time; a Retry-After date is measured against the response's Date.
-    offenders = [
-        f"{path.relative_to(PACKAGE_DIR).as_posix()}:{line}"
+    # time; a Retry-After date is measured against the response's Date; span
+    # timestamps are Trio times shifted by one offset from WALL_CLOCK.
+    uses = [
+        (path.relative_to(PACKAGE_DIR).as_posix(), line, function)
         for path in _package_files()
-        for line, _function in clock_uses(path.read_text(encoding="utf-8"))
+        for line, function in clock_uses(path.read_text(encoding="utf-8"))
+    ]
+    offenders = [
+        f"{name}:{line}" for name, line, function in uses if (name, function) != WALL_CLOCK
     ]
     assert offenders == []
+    assert [(name, function) for name, _, function in uses] == [WALL_CLOCK]
 
 
 CLOCK_SOURCES = [

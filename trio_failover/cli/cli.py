@@ -10,6 +10,7 @@ commands, so ``check`` and bad-value errors stay fast.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import sys
@@ -66,13 +67,43 @@ def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
     """Resolve the settings, or print one line per mistake and exit with status 2."""
     given = {name: value for name, value in flags.items() if value is not None and value != []}
     try:
-        return resolve(given, os.environ)
+        config, sources = resolve(given, os.environ)
+        _check_extras(config, sources)
+        return config, sources
     except ConfigError as exc:
         for error in exc.errors if isinstance(exc, ConfigErrors) else (exc,):
             # One line each, whatever the value held: scripts grep it, humans read it.
             message = " ".join(str(error).splitlines())
             typer.echo(f"trio-failover: error: {message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
+
+
+# The modules --otel-endpoint needs, from the ``otel`` extra (SPEC 9).
+OTEL_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
+
+
+def _check_extras(config: Config, sources: Mapping[str, Source]) -> None:
+    """A setting whose optional packages are missing is a bad setting (exit 2), found now.
+
+    Found, not imported: ``serve`` execs a fresh image, which imports them.
+    """
+    if config.otel_endpoint is None or all(map(_installed, OTEL_MODULES)):
+        return
+    source = sources["otel_endpoint"]
+    label = "otel_endpoint" if source.kind == "file" else "otel-endpoint"
+    raise ConfigError(
+        label,
+        source.raw,
+        "traces need the OpenTelemetry SDK: pip install 'trio-failover[otel]'",
+        source.where,
+    )
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing (or blocked)
+        return False
 
 
 def format_table(rows: list[tuple[str, str, str]]) -> str:

@@ -370,6 +370,18 @@ def _show_token(value: str | None) -> str:
     return "None" if value is None else "'***'"
 
 
+def _check_endpoint(
+    instance: Config, attribute: attrs.Attribute[str | None], value: object
+) -> None:
+    try:
+        parts = urlsplit(value) if isinstance(value, str) else None
+        valid = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a broken IPv6 literal
+        valid = False
+    if value is not None and not valid:
+        raise ConfigError(attribute.name, value, "expected an http:// or https:// URL with a host")
+
+
 MiB = 1024 * 1024
 
 
@@ -431,3 +443,7 @@ class Config:
     tls_key: str | None = None
     log_format: LogFormat = attrs.field(default="text", validator=_choice(LOG_FORMAT_CHOICES))
     log_level: str = attrs.field(default="info", validator=_choice(LOG_LEVEL_CHOICES))
+    otel_endpoint: str | None = attrs.field(
+        default=None, validator=_check_endpoint, repr=lambda url: repr(url and redact_url(url))
+    )
+    """The OTLP/HTTP collector that gets the traces (SPEC 9); None = no traces."""

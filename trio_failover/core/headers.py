@@ -36,6 +36,9 @@ PROXY_OWNED_DOWN = frozenset({b"x-request-id", b"x-failover-node", b"x-failover-
 # Headers a node's configuration may not set: they describe one connection
 # or the framing of one message, or carry the workload id.
 NODE_RESERVED = HOP_BY_HOP | FRAMING | frozenset({b"x-request-id"})
+# W3C Trace Context (https://www.w3.org/TR/trace-context/): with traces on,
+# the node gets the attempt's own, in place of the client's (SPEC 9).
+TRACE_CONTEXT = frozenset({b"traceparent", b"tracestate"})
 
 
 def connection_tokens(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -127,6 +130,20 @@ def upstream_request_headers(
     if content_length is not None:
         headers.append((b"content-length", str(content_length).encode("ascii")))
     return headers
+
+
+def with_trace_context(headers: Headers, fields: Mapping[str, str]) -> Headers:
+    """``headers`` with their W3C trace context replaced by ``fields``.
+
+    ``fields`` holds ``traceparent`` (and ``tracestate``, if any) as the
+    tracing SDK wrote them; a ``traceparent`` or ``tracestate`` already in
+    ``headers`` (the client's) is dropped, never doubled.
+    """
+    kept = [(name, value) for name, value in headers if name not in TRACE_CONTEXT]
+    kept += [
+        (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in fields.items()
+    ]
+    return kept
 
 
 def client_response_headers(

@@ -127,8 +127,8 @@ class Attempts:
                     State.RUNNING,
                 )
                 work.attempt = len(tried)
-                self.report.publish_workload(work)
                 outgoing = request_for(node, request, work, document, client_address, scheme)
+                self.report.attempt_started(work, node, outgoing)  # event; span, traceparent
                 try:
                     response = await open_response(
                         node,

@@ -58,6 +58,8 @@ class Relay:
     ) -> bool:
         """Commit the response and stream the rest, chunk by chunk, unbuffered."""
         self._milestones.committed(work, node, response)
+        if work.trace is not None and response.progressed:  # else a later chunk's
+            work.trace.first_token(response.timings.first_body)
         headers = client_response_headers(
             response.headers,
             request_id=work.id,
@@ -181,6 +183,8 @@ async def _relay_chunks(
                 timer.waiting_since = None
                 work.body_bytes += len(chunk)
                 if scanner is None or scanner.first_event_line(chunk) is not None:
+                    if not timer.armed and work.trace is not None:  # the first event line
+                        work.trace.first_token(trio.current_time())
                     timer.silence, timer.armed = 0.0, True
                 else:  # a comment or a blank line: the node's silence runs on
                     timer.silence += trio.current_time() - waited

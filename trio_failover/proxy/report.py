@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -25,10 +25,15 @@ from ..core.workload import State, transition
 from ..service.events import EventBus
 from ..service.logs import access_logger, log_access, logger
 from ..service.metrics import Metrics
-from ..wire.client import Closed
+from ..wire.client import ClientRequest, Closed
 from .health import HealthBooks
 from .readiness import Readiness
 from .status import StatusView, workload_event
+
+if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
+    from ..core.config import Upstream
+    from ..service.tracing import Tracing, WorkloadTrace
+    from ..wire.upstream import OutgoingRequest
 
 RECENT_WORKLOADS = 50
 # The ``client`` label of the workloads metric when no key is configured
@@ -57,6 +62,7 @@ class Workload:
     attempt: int = 0  # the number of the current attempt, from 1
     attempt_started: float = 0.0
     committed_at: float | None = None
+    trace: WorkloadTrace | None = None  # its spans, with traces on (``Report.tracing``)
     # Behind the ``state`` property: an ``on_setattr`` hook would make attrs
     # route every attribute assignment of the class (some 25 per request)
     # through a Python-level ``__setattr__``.
@@ -126,12 +132,29 @@ class Report:
         # Workloads not finished yet, oldest first (keyed by identity).
         self._live: dict[int, Workload] = {}
         self.view = StatusView(config, self.readiness, self.stats, self._recent, self._live)
+        # The traces' sink (SPEC 9). None: traces off, OpenTelemetry not even imported.
+        self.tracing: Tracing | None = None
+        if config.otel_endpoint is not None:
+            from ..service.tracing import Tracing
+
+            self.tracing = Tracing.to_collector(config.otel_endpoint)
 
     # -- attempts ------------------------------------------------------------
+
+    def attempt_started(self, work: Workload, node: Upstream, request: OutgoingRequest) -> None:
+        """An attempt begins: its ``workload`` event; with traces on, its span.
+
+        The span's ``traceparent`` goes into ``request.headers`` (SPEC 9).
+        """
+        self.publish_workload(work)
+        if work.trace is not None:
+            work.trace.attempt_started(work, node, request)
 
     def attempt_failed(self, work: Workload, record: AttemptRecord, *, moving_on: bool) -> None:
         """Record a failed attempt before commit."""
         work.attempts.append(record)
+        if work.trace is not None:
+            work.trace.attempt_ended(record)
         self.stats[record.node].failed += 1
         self.health.attempt_ended(record.node, str(record.outcome), record.detail)
         self.metrics.attempt_ended(record.node, str(record.outcome))
@@ -159,10 +182,14 @@ class Report:
             readiness.queue.dispatch()
         self.metrics.committed(node, time_to_head, now - work.started)
         self.publish_workload(work)
+        if work.trace is not None:
+            work.trace.committed(work.status, now)
 
     def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
         """Record how a committed stream ended."""
         work.attempts.append(record)
+        if work.trace is not None:
+            work.trace.attempt_ended(record)
         failed = record.outcome is not Outcome.COMPLETED
         self.health.attempt_ended(
             record.node, str(record.outcome), record.detail if failed else None
@@ -178,19 +205,37 @@ class Report:
         if record is not None:
             work.attempts.append(record)
             self.metrics.attempt_ended(record.node, str(record.outcome))
+            if work.trace is not None:
+                work.trace.attempt_ended(record)
         self.metrics.client_aborts.inc()
 
     # -- workloads -----------------------------------------------------------
 
-    def started(self, work: Workload) -> None:
-        """A workload begins: ``/status`` lists it until ``finish``."""
+    def started(
+        self,
+        work: Workload,
+        request: ClientRequest | None = None,
+        document: Any = None,
+        client_address: str | None = None,
+        scheme: str = "http",
+    ) -> None:
+        """A workload begins: ``/status`` lists it until ``finish``; with traces on, its span.
+
+        ``request`` (its headers: the client's ``traceparent``), ``document``
+        (the model), ``client_address`` and ``scheme`` are for the span only.
+        """
         self._live[id(work)] = work
+        if self.tracing is not None:
+            headers = request.headers if request is not None else []
+            work.trace = self.tracing.workload(work, headers, document, client_address, scheme)
 
     def waited(self, work: Workload, started: float, now: float) -> None:
         """One wait in the queue ended (with a slot or not)."""
         work.waited += now - started
         work.queued_since = None
         self.metrics.queue_wait.observe(now - started)
+        if work.trace is not None:
+            work.trace.queue_waited(started, now)
 
     def turned_away(self, reason: str) -> None:
         """The queue refused a workload: ``queue_full``, ``queue_timeout`` or ``shutdown``."""
@@ -212,6 +257,8 @@ class Report:
         self._recent.append((work, now))
         client = ANONYMOUS if work.client is None else work.client
         self.metrics.finished(str(work.state), client, work.node, now - work.started)
+        if work.trace is not None:
+            work.trace.finished(work, now)
         if self.events.subscriber_count:
             self.events.publish({"type": "workload", **work.summary(now), "attempt": work.attempt})
         if not access_logger.isEnabledFor(logging.INFO):

@@ -90,7 +90,7 @@ class WorkloadRunner:
         # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
         document = request_document(request.body)
         candidates, preferred = self._attempts.candidates(request, document)
-        self.report.started(work)
+        self.report.started(work, request, document, client_address, scheme)
 
         keep_alive = False
         settled = trio.Event()

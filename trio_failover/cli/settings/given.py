@@ -2,7 +2,8 @@
 
 Nothing here parses a value; the kinds (``kinds.py``) and the resolvers of
 nodes, capacity and client keys do. This only knows where each option can
-be given and in which order the sources are asked: flag, environment, file.
+be given and in which order the sources are asked: flag, environment, file
+(then, for ``--otel-endpoint``, OpenTelemetry's own variable).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class Given:
             raw = self.file.lookup(opt.toml)
             if raw is not MISSING:
                 raws.append((raw, Source("file", self.file.where(*opt.toml), raw)))
+        # Empty means unset, as OpenTelemetry's own variables are read.
+        if opt.fallback_env and self.environ.get(opt.fallback_env):
+            raw = self.environ[opt.fallback_env]
+            raws.append((raw, Source("env", opt.fallback_env, raw)))
         return raws
 
     def config_source(self) -> Source:

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ...core.config import HOST_PORT_EXPECTED, split_host_port
+from ...core.config import HOST_PORT_EXPECTED, redact_url, split_host_port
 from ...core.errors import ConfigError
 from ...core.units import format_duration, format_size, parse_duration, parse_size
 
@@ -25,6 +25,7 @@ __all__ = [
     "CONFIG_PATH",
     "DIGITS",
     "DURATION",
+    "ENDPOINT",
     "FILE",
     "HOST_PORT",
     "INT",
@@ -158,6 +159,14 @@ def _choice(choices: tuple[str, ...], *, fold_case: bool = False) -> Callable[[s
     return parse
 
 
+def _endpoint_text(text: str) -> str | None:
+    # "off" turns traces off where a lower source (OTEL_EXPORTER_OTLP_ENDPOINT,
+    # set for every program of a host or pod) would turn them on. The URL
+    # itself is checked by Config's validator.
+    value = text.strip()
+    return None if value.lower() == "off" else value
+
+
 def _status(item: object) -> int:
     # Only an error answer may be retried: a 2xx or 3xx is the node's real answer.
     if type(item) is not int:
@@ -240,6 +249,12 @@ ADMIN = Kind("host:port|off", _admin_text, _admin_toml, lambda v: "off" if v is 
 STATUSES = Kind("statuses", _statuses_text, _statuses_toml, _show_list)
 CODES = Kind("codes", _codes_text, _codes_toml, _show_list)
 FILE = Kind("path", existing_file, _toml_str(existing_file, "a file path"), show_path)
+ENDPOINT = Kind(
+    "url|off",
+    _endpoint_text,
+    _toml_str(_endpoint_text, 'a URL such as "http://127.0.0.1:4318", or "off"'),
+    lambda value: "none" if value is None else redact_url(str(value)),
+)
 # The token's checks are Config's own validator (run on every given value).
 TOKEN = Kind("token", str, str, _show_secret)
 # --config, --upstream, --capacity and --api-key are read by resolve()

@@ -25,6 +25,7 @@ from .kinds import (
     CODES,
     CONFIG_PATH,
     DURATION,
+    ENDPOINT,
     FILE,
     HOST_PORT,
     INT,
@@ -49,7 +50,9 @@ class Option:
     CLI's parameter name); ``field`` the ``Config`` attribute it sets (None
     for the options that ``resolve`` reads itself). A ``repeat`` flag may be
     given several times (its ``flags`` value is a list); a ``secret`` one's
-    value never shows, in errors or sources.
+    value never shows, in errors or sources. ``fallback_env`` is a variable
+    of another program's convention, asked after the config file (a
+    setting of this program's own beats one meant for every program).
     """
 
     name: str
@@ -63,6 +66,7 @@ class Option:
     repeat: bool = False
     secret: bool = False
     default_note: str = ""
+    fallback_env: str = ""
 
     @property
     def label(self) -> str:
@@ -101,6 +105,7 @@ def _option(
     repeat: bool = False,
     secret: bool = False,
     default_note: str = "",
+    fallback_env: str = "",
 ) -> Option:
     return Option(
         name=name,
@@ -114,6 +119,7 @@ def _option(
         repeat=repeat,
         secret=secret,
         default_note=default_note,
+        fallback_env=fallback_env,
     )
 
 
@@ -190,6 +196,10 @@ OPTIONS: tuple[Option, ...] = (
     _option("log_format", "log_format", _LOG_FORMAT, "text|json", "Log line format."),
     _option("log_level", "log_level", _LOG_LEVEL, "LEVEL",
             "One of " + ", ".join(LOG_LEVEL_CHOICES) + "."),
+    _option("otel_endpoint", "otel_endpoint", ENDPOINT, "URL|off",
+            "OpenTelemetry collector (OTLP/HTTP) for traces; needs the otel extra. "
+            "Also read from OTEL_EXPORTER_OTLP_ENDPOINT.",
+            fallback_env="OTEL_EXPORTER_OTLP_ENDPOINT"),
 )
 # fmt: on
 
