@@ -126,7 +126,10 @@ DETECTIONS = [
     ),
     pytest.param(
         # llama-server with --metrics exports llamacpp: series: not vLLM's.
-        {"/props": NOT_FOUND, "/metrics": recorded("llama-server/metrics.txt", PROMETHEUS)},
+        {
+            "/props": NOT_FOUND,
+            "/metrics": recorded("llama-server/metrics-deferred.txt", PROMETHEUS),
+        },
         Detection(EngineKind.OPENAI, "no engine answer"),
         id="llamacpp-metrics-are-not-vllm",
     ),
@@ -173,13 +176,29 @@ def test_looks_like_refuses_an_oversized_answer() -> None:
 # -- llama-server -----------------------------------------------------------------------
 
 
-def test_recorded_llama_server_slots() -> None:
-    assert llama_slots(recorded("llama-server/slots-idle.json")) == Signals(busy=0)
-    assert llama_slots(recorded("llama-server/slots-busy.json")) == Signals(busy=1)
+@pytest.mark.parametrize(
+    ("name", "busy"), [("slots-idle.json", 0), ("slots-busy.json", 1), ("slots-full.json", 2)]
+)
+def test_recorded_llama_server_slots(name: str, busy: int) -> None:
+    assert llama_slots(recorded(f"llama-server/{name}")) == Signals(busy=busy)
 
 
-def test_recorded_llama_server_props() -> None:
-    assert llama_props(recorded("llama-server/props.json")) == Signals(total_slots=2)
+@pytest.mark.parametrize("name", ["props.json", "props-busy.json"])
+def test_recorded_llama_server_props(name: str) -> None:
+    assert llama_props(recorded(f"llama-server/{name}")) == Signals(total_slots=2)
+
+
+def test_recorded_llama_server_answers_are_as_the_index_says() -> None:
+    index = json.loads((DATA / "llama-server" / "answers.json").read_text())
+    for name, answer in index["answers"].items():
+        if (DATA / "llama-server" / name).exists():
+            assert answer["status"] == (503 if name == "health-loading.json" else 200), name
+    assert "--parallel" in index["command"]
+
+
+def test_llama_servers_loading_health_is_no_engine_answer() -> None:
+    loading = recorded("llama-server/health-loading.json", status=503)
+    assert detect_engine({"/props": loading}).kind is EngineKind.OPENAI
 
 
 LLAMA_BAD = [
@@ -632,8 +651,8 @@ def test_cold_start_timeout_only_when_known_not_loaded(
     assert head_timeout(loaded, response_header_timeout=30.0, cold_start_timeout=300.0) == timeout
 
 
-def test_a_short_cold_start_timeout_never_shortens_the_head_deadline() -> None:
-    assert head_timeout(False, response_header_timeout=30.0, cold_start_timeout=5.0) == 30.0
+def test_the_cold_start_timeout_replaces_the_header_timeout_even_when_shorter() -> None:
+    assert head_timeout(False, response_header_timeout=30.0, cold_start_timeout=5.0) == 5.0
 
 
 # -- per-model cooldowns ----------------------------------------------------------------

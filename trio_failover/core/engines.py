@@ -324,12 +324,12 @@ def head_timeout(
 ) -> float:
     """The head deadline of an attempt: ``--cold-start-timeout`` for a cold load.
 
-    A cold load is work, not a stall, so a node that must load the model
-    gets the longer deadline; the longer of the two, so that a cold-start
-    timeout set below the header timeout never shortens an attempt.
+    A cold load is work, not a stall: a node that must load the model gets
+    the cold-start timeout *instead of* the header timeout (SPEC 5c's
+    words, so also when it is set shorter).
     """
     if needs_cold_start(loaded):
-        return max(cold_start_timeout, response_header_timeout)
+        return cold_start_timeout
     return response_header_timeout
 
 
