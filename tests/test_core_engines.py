@@ -409,6 +409,24 @@ VLLM = [
         id="negative",
     ),
     pytest.param(
+        [
+            sample("vllm:num_requests_running", 1),
+            sample("vllm:kv_cache_usage_perc", 0.75),
+            sample("vllm:kv_cache_usage_perc", 0.25),  # a second engine of the model
+        ],
+        Signals(busy=1, waiting=0, kv_cache_usage=0.75, per_model={"m": ModelLoad(1, 0, 0.75)}),
+        id="kv-highest-engine",
+    ),
+    pytest.param(
+        [
+            sample("vllm:gpu_cache_usage_perc", 0.5),
+            sample("vllm:num_requests_running", 1),
+            sample("vllm:kv_cache_usage_perc", 0.25),
+        ],
+        Signals(busy=1, waiting=0, kv_cache_usage=0.25, per_model={"m": ModelLoad(1, 0, 0.25)}),
+        id="new-kv-name-wins",
+    ),
+    pytest.param(
         [sample("vllm:num_requests_running", 1), sample("vllm:prompt_tokens_total", 9)],
         Signals(busy=1, waiting=0, per_model={"m": ModelLoad(1, 0)}),
         id="other-series-ignored",
@@ -666,6 +684,9 @@ SCOPES = [
     ("health_check", None, Scope.NODE),
     ("dead_peer", None, Scope.NODE),
     ("stream_idle_timeout", 200, Scope.NODE),
+    # A 429 committed (not a retry status) that then stalls: the stall decides.
+    ("stream_idle_timeout", 429, Scope.NODE),
+    ("dead_peer", 429, Scope.NODE),
 ]
 
 

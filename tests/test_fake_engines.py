@@ -218,11 +218,16 @@ async def test_a_client_that_leaves_frees_its_place(autojump_clock: Any) -> None
     with trio.fail_after(LIMIT):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(running.run, node, "tiny", 2.5)
+            await trio.sleep(0.1)
             nursery.start_soon(waiting.run, node, "tiny", 1.0)
-            await trio.sleep(1.5)
-            assert (fake.busy, fake.deferred) == (1, 0)  # the waiting one left at 1.0
-            await trio.sleep(2.0)
+            await trio.sleep(0.5)
+            assert (fake.busy, fake.deferred) == (1, 1)
+            await trio.sleep(1.0)
+            assert (fake.busy, fake.deferred) == (1, 0)  # the waiting one left at 1.1
+            await trio.sleep(1.0)
             assert fake.busy == 0  # the running one left at 2.5
+    assert waiting.done.is_set()
+    assert (waiting.head_at, waiting.chunks) == (None, [])
     assert fake.served == []
 
 
