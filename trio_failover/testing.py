@@ -4,7 +4,9 @@ A ``FakeNode`` reads each request with h11, records it, and answers by its
 *behaviour*: ``healthy``, ``frozen``, ``headers_then_silence``,
 ``partial_head_then_stall``, ``drop_before_body``, ``slow_head``,
 ``slow_prefill_with_pings``, ``die_mid_stream``, ``retry_status``,
-``openai``. The same node serves over an in-memory stream
+``openai``; the fake engines ``FakeLlamaServer``, ``FakeOllama``,
+``FakeVllm`` and ``FakeLmStudio`` answer their signal reads from their own
+slots and loaded models. The same node serves over an in-memory stream
 (``Fleet.connector``, under ``MockClock``) or a real socket
 (``Fleet.serve_tcp``).
 
@@ -29,6 +31,7 @@ import trio.testing
 
 from .core.config import Upstream
 from .core.headers import get
+from .fake_engines import FakeEngine, FakeLlamaServer, FakeLmStudio, FakeOllama, FakeVllm
 from .fakes import (
     Behaviour,
     FakeNode,
@@ -54,7 +57,12 @@ from .wire.http1 import send_events
 __all__ = [
     "Behaviour",
     "ClientResponse",
+    "FakeEngine",
+    "FakeLlamaServer",
+    "FakeLmStudio",
     "FakeNode",
+    "FakeOllama",
+    "FakeVllm",
     "Fleet",
     "MemoryConnector",
     "NodeIO",
@@ -68,6 +76,7 @@ __all__ = [
     "partial_head_then_stall",
     "read_response",
     "request",
+    "request_node",
     "request_tcp",
     "retry_status",
     "slow_head",
@@ -191,6 +200,37 @@ async def request(
         nursery.start_soon(proxy.handle_connection, server)
         await send_events(
             client, conn, *_request_events(method, target, b"proxy.test", headers, body)
+        )
+        if leave_after is not None:
+            await trio.sleep(leave_after)
+            await client.aclose()
+            return None
+        response = await read_response(client, conn)
+        await client.aclose()
+    return response
+
+
+async def request_node(
+    node: FakeNode,
+    method: str = "GET",
+    target: str = "/",
+    *,
+    body: bytes = b"",
+    headers: Sequence[tuple[str, str]] = (),
+    leave_after: float | None = None,
+) -> ClientResponse | None:
+    """Send one request straight to a fake ``node``, past any proxy.
+
+    For the work of other clients that an engine's own signals show and the
+    proxy's count does not, and to read a fake engine's answers in tests.
+    ``leave_after`` as for ``request``.
+    """
+    client, server = trio.testing.memory_stream_pair()
+    conn = h11.Connection(h11.CLIENT)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(node.serve_connection, server)
+        await send_events(
+            client, conn, *_request_events(method, target, b"node.test", headers, body)
         )
         if leave_after is not None:
             await trio.sleep(leave_after)

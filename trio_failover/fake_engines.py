@@ -1,0 +1,429 @@
+"""Fake engines for tests: llama-server, Ollama, vLLM and LM Studio, with their signals.
+
+Part of the test kit; import the names from ``trio_failover.testing``. Each
+fake is a behaviour (``FakeNode(FakeLlamaServer(slots=2))``) that keeps its
+own state — slots in use, models loaded — and answers the engine's signal
+reads from it, in the shapes recorded from the real llama-server and taken
+from the other engines' source and docs (``tests/data/engines/README.md``).
+
+Slots are what makes an engine's own count differ from the proxy's: a fake
+with ``slots=N`` serves N completions at once and defers the rest as the
+real one does (a streamed request gets its SSE head at once, then nothing
+until a slot frees), and ``other_clients`` takes slots as work sent past
+the proxy would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import h11
+import trio
+
+from .fakes import NodeIO, ReceivedRequest, _chunk, _completion, healthy
+
+Route = Callable[[NodeIO, ReceivedRequest], Awaitable[None]]
+
+
+def _same_model(a: str, b: str) -> bool:
+    # Ollama's rule, NAME is NAME:latest (as core.engines.same_model).
+    def tagged(name: str) -> str:
+        return name if ":" in name.rpartition("/")[2] else f"{name}:latest"
+
+    return tagged(a) == tagged(b)
+
+
+async def _json(io: NodeIO, request: ReceivedRequest, document: object, status: int = 200) -> None:
+    await healthy(json.dumps(document).encode(), status=status)(io, request)
+
+
+class FakeEngine:
+    """What the fakes share: slots, completions, and a route per signal read.
+
+    Args:
+        slots: completions served at once; the rest wait for a free slot.
+        models: the model ids it serves.
+        tokens: tokens in each answer.
+        token_delay: seconds between tokens (the first comes after one delay).
+        stream_head_first: a deferred streamed request gets its SSE head at
+            once (vLLM's server starts its stream response before the
+            engine schedules it); else only when its slot is free (the
+            llama-server recorded here; Ollama and LM Studio while loading).
+
+    Attributes:
+        in_use: slots busy with this fake's own completions now.
+        other_clients: slots taken by work that did not come through the
+            proxy; a test sets it (``set_other_clients``).
+        deferred: completions waiting for a slot now.
+        served: completions finished, by model.
+    """
+
+    def __init__(
+        self,
+        *,
+        slots: int = 1,
+        models: Sequence[str] = ("fake-model",),
+        tokens: int = 5,
+        token_delay: float = 0.0,
+        stream_head_first: bool = True,
+    ) -> None:
+        self.slots = slots
+        self.models = list(models)
+        self.tokens = tokens
+        self.token_delay = token_delay
+        self.stream_head_first = stream_head_first
+        self.in_use = 0
+        self.other_clients = 0
+        self.deferred = 0
+        self.served: list[str] = []
+        self._freed = trio.lowlevel.ParkingLot()
+
+    @property
+    def busy(self) -> int:
+        """Slots processing now, whoever sent the work."""
+        return min(self.slots, self.in_use + self.other_clients)
+
+    def set_other_clients(self, count: int) -> None:
+        """Let ``count`` slots be taken by clients that bypass the proxy."""
+        self.other_clients = count
+        self._freed.unpark_all()
+
+    def routes(self) -> dict[tuple[bytes, bytes], Route]:
+        """The engine's own GETs, by (method, path); completions are added by ``__call__``."""
+        return {}
+
+    async def __call__(self, io: NodeIO, request: ReceivedRequest) -> None:
+        path = request.target.partition(b"?")[0]
+        route = self.routes().get((request.method, path))
+        if route is not None:
+            await route(io, request)
+        elif request.method == b"GET" and path == b"/v1/models":
+            await _json(io, request, self.model_list())
+        elif request.method == b"POST" and path.endswith(b"/completions"):
+            await self.complete(io, request)
+        else:
+            await _json(io, request, {"error": {"message": "File Not Found", "code": 404}}, 404)
+
+    def model_list(self) -> dict[str, Any]:
+        """The ``GET /v1/models`` document."""
+        data = [{"id": model, "object": "model", "owned_by": "fake"} for model in self.models]
+        return {"object": "list", "data": data}
+
+    async def before_slot(self, io: NodeIO, model: str) -> None:
+        """Called before a completion waits for its slot (a cold load goes here)."""
+
+    async def complete(self, io: NodeIO, request: ReceivedRequest) -> None:
+        """A chat completion: waits for a slot, holds it while it answers."""
+        document = request.json() if request.body else {}
+        model = str(document.get("model") or self.models[0])
+        streamed = bool(document.get("stream"))
+        await self.before_slot(io, model)
+        if streamed and self.stream_head_first:
+            await io.send(_sse_head())
+        await self._take_slot(io)
+        try:  # the slot is this request's until it ends, however it ends
+            words = [f"word{i} " for i in range(self.tokens)]
+            if not streamed:
+                await io.pause(self.token_delay * self.tokens)
+                await _json(io, request, _completion(model, "".join(words)))
+            else:
+                if not self.stream_head_first:
+                    await io.send(_sse_head())
+                for word in words:
+                    await io.pause(self.token_delay)
+                    await io.send(h11.Data(data=_event(_chunk(model, {"content": word}))))
+                await io.send(
+                    h11.Data(data=_event(_chunk(model, {}, "stop")) + b"data: [DONE]\n\n"),
+                    h11.EndOfMessage(),
+                )
+            self.served.append(model)
+        finally:
+            self.in_use -= 1
+            self._freed.unpark()
+
+    async def _take_slot(self, io: NodeIO) -> None:
+        """Wait for a free slot, noticing the proxy closing the connection meanwhile.
+
+        Raises:
+            trio.BrokenResourceError: the proxy closed the connection first.
+        """
+        taken = False
+        self.deferred += 1
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    await io.wait_closed()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch)
+                while self.in_use + self.other_clients >= self.slots:
+                    await self._freed.park()
+                self.in_use += 1
+                taken = True
+                nursery.cancel_scope.cancel()
+        finally:
+            self.deferred -= 1
+        if not taken:
+            raise trio.BrokenResourceError("the proxy closed the connection")
+
+
+def _sse_head() -> h11.Response:
+    return h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
+
+
+def _event(document: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(document).encode() + b"\n\n"
+
+
+# -- llama-server -------------------------------------------------------------
+
+
+class FakeLlamaServer(FakeEngine):
+    """llama-server with ``--parallel slots``: ``/props``, ``/slots``, ``/health``, ``/metrics``.
+
+    ``/slots`` lists one entry per slot, the first ``busy`` of them
+    processing. A request past the slots waits, silent, with no head, until
+    a slot frees: so the llama-server recorded in tests/data/engines/ does
+    (``deferral`` in its answers.json). ``stream_head_first=True`` sends a
+    streamed request's SSE head at once instead, as issue 30 describes
+    llama-server, for tests of a proxy that must cope with either.
+    """
+
+    def __init__(
+        self,
+        *,
+        slots: int = 1,
+        model: str = "tiny",
+        stream_head_first: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            slots=slots, models=(model,), stream_head_first=stream_head_first, **kwargs
+        )
+
+    def routes(self) -> dict[tuple[bytes, bytes], Route]:
+        return {
+            (b"GET", b"/props"): lambda io, r: _json(io, r, self.props()),
+            (b"GET", b"/slots"): lambda io, r: _json(io, r, self.slot_list()),
+            (b"GET", b"/health"): lambda io, r: _json(io, r, {"status": "ok"}),
+            (b"GET", b"/metrics"): self._metrics,
+        }
+
+    def props(self) -> dict[str, Any]:
+        """The ``GET /props`` document (the fields the proxy and its tests read)."""
+        return {
+            "default_generation_settings": {"n_ctx": 4096, "params": {"n_predict": -1}},
+            "total_slots": self.slots,
+            "model_alias": self.models[0],
+            "model_path": f"/models/{self.models[0]}.gguf",
+            "endpoint_slots": True,
+            "endpoint_metrics": True,
+            "build_info": "b0-fake",
+            "is_sleeping": False,
+        }
+
+    def slot_list(self) -> list[dict[str, Any]]:
+        """The ``GET /slots`` document."""
+        return [
+            {"id": index, "n_ctx": 4096, "speculative": False, "is_processing": index < self.busy}
+            for index in range(self.slots)
+        ]
+
+    async def _metrics(self, io: NodeIO, request: ReceivedRequest) -> None:
+        text = (
+            "# HELP llamacpp:requests_processing Number of requests processing.\n"
+            "# TYPE llamacpp:requests_processing gauge\n"
+            f"llamacpp:requests_processing {self.busy}\n"
+            "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
+            "# TYPE llamacpp:requests_deferred gauge\n"
+            f"llamacpp:requests_deferred {self.deferred}\n"
+        )
+        headers = (("content-type", "text/plain; version=0.0.4"),)
+        await healthy(text.encode(), headers=headers)(io, request)
+
+
+# -- vLLM ---------------------------------------------------------------------
+
+
+class FakeVllm(FakeEngine):
+    """vLLM with ``--max-num-seqs slots``: ``GET /metrics`` from its own queue.
+
+    Running requests are those in a slot, waiting those deferred; the KV
+    cache fills with the running share. ``/health`` answers 200, empty.
+    """
+
+    def __init__(self, *, slots: int = 4, model: str = "fake-model", **kwargs: Any) -> None:
+        super().__init__(slots=slots, models=(model,), **kwargs)
+
+    def routes(self) -> dict[tuple[bytes, bytes], Route]:
+        return {
+            (b"GET", b"/metrics"): self._metrics,
+            (b"GET", b"/health"): healthy(b"", headers=()),
+        }
+
+    def metrics_text(self) -> str:
+        """The ``GET /metrics`` text (the three series SPEC 5c reads)."""
+        labels = f'engine="0",model_name="{self.models[0]}"'
+        gauges = [
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                self.busy,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                self.deferred,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                self.busy / max(self.slots, 1) / 2,
+            ),
+        ]
+        lines = []
+        for name, help_text, value in gauges:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+            lines.append(f"{name}{{{labels}}} {float(value)}")
+        return "\n".join(lines) + "\n"
+
+    async def _metrics(self, io: NodeIO, request: ReceivedRequest) -> None:
+        headers = (("content-type", "text/plain; version=0.0.4; charset=utf-8"),)
+        await healthy(self.metrics_text().encode(), headers=headers)(io, request)
+
+
+# -- engines that load models on demand ---------------------------------------
+
+
+class _LoadingEngine(FakeEngine):
+    """An engine that loads a model on the first request for it (Ollama, LM Studio).
+
+    Attributes:
+        loaded: the models loaded now, in load order.
+        loads: every cold load, by model, in order.
+    """
+
+    def __init__(
+        self,
+        *,
+        models: Sequence[str],
+        loaded: Sequence[str] = (),
+        load_delay: float = 20.0,
+        slots: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(slots=slots, models=models, stream_head_first=False, **kwargs)
+        self.loaded = list(loaded)
+        self.load_delay = load_delay
+        self.loads: list[str] = []
+        self._loading: dict[str, trio.Event] = {}
+
+    def is_loaded(self, model: str) -> bool:
+        return any(_same_model(model, name) for name in self.loaded)
+
+    def unload(self, model: str) -> None:
+        """Unload ``model`` (its keep-alive ran out)."""
+        self.loaded = [name for name in self.loaded if not _same_model(model, name)]
+
+    async def before_slot(self, io: NodeIO, model: str) -> None:
+        # Silent while loading: no head before the model is in memory. Two
+        # requests for a model share its one load.
+        if self.is_loaded(model):
+            return
+        key = next((m for m in self.models if _same_model(model, m)), model)
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = trio.Event()
+            self.loads.append(key)
+            try:
+                await io.pause(self.load_delay)
+            finally:
+                # A load, once begun, completes even if its requester left.
+                self.loaded.append(key)
+                del self._loading[key]
+                loading.set()
+        else:
+            await loading.wait()
+
+
+class FakeOllama(_LoadingEngine):
+    """Ollama: ``/api/version``, ``/api/tags``, ``/api/ps``; a cold load of ``load_delay``.
+
+    A request for a model it does not have gets Ollama's 404 ``model ...
+    not found``.
+    """
+
+    def __init__(self, *, models: Sequence[str] = ("fake-model:latest",), **kwargs: Any) -> None:
+        super().__init__(models=models, **kwargs)
+
+    def routes(self) -> dict[tuple[bytes, bytes], Route]:
+        return {
+            (b"GET", b"/api/version"): lambda io, r: _json(io, r, {"version": "0.12.3"}),
+            (b"GET", b"/api/tags"): lambda io, r: _json(io, r, self.tags()),
+            (b"GET", b"/api/ps"): lambda io, r: _json(io, r, self.ps()),
+            (b"GET", b"/"): healthy(
+                b"Ollama is running", headers=(("content-type", "text/plain"),)
+            ),
+        }
+
+    def tags(self) -> dict[str, Any]:
+        return {"models": [_ollama_entry(model) for model in self.models]}
+
+    def ps(self) -> dict[str, Any]:
+        entries = []
+        for model in self.loaded:
+            entry = _ollama_entry(model)
+            entry.pop("modified_at")
+            entry.update(expires_at="2030-01-01T00:05:00Z", size_vram=1 << 30, context_length=4096)
+            entries.append(entry)
+        return {"models": entries}
+
+    async def complete(self, io: NodeIO, request: ReceivedRequest) -> None:
+        model = str((request.json() if request.body else {}).get("model", ""))
+        if not any(_same_model(model, known) for known in self.models):
+            error = {"error": f'model "{model}" not found, try pulling it first'}
+            await _json(io, request, error, 404)
+            return
+        await super().complete(io, request)
+
+
+def _ollama_entry(model: str) -> dict[str, Any]:
+    details = {"format": "gguf", "family": "llama", "parameter_size": "1B"}
+    return {
+        "name": model,
+        "model": model,
+        "modified_at": "2025-05-30T10:12:07Z",
+        "size": 1 << 30,
+        "digest": "0" * 64,
+        "details": details,
+    }
+
+
+class FakeLmStudio(_LoadingEngine):
+    """LM Studio: ``GET /api/v0/models`` with ``state`` per model; JIT loading."""
+
+    def __init__(self, *, models: Sequence[str] = ("fake-model",), **kwargs: Any) -> None:
+        super().__init__(models=models, **kwargs)
+
+    def routes(self) -> dict[tuple[bytes, bytes], Route]:
+        return {(b"GET", b"/api/v0/models"): lambda io, r: _json(io, r, self.v0_models())}
+
+    def v0_models(self) -> dict[str, Any]:
+        data = [
+            {
+                "id": model,
+                "object": "model",
+                "type": "llm",
+                "publisher": "fake",
+                "arch": "llama",
+                "compatibility_type": "gguf",
+                "quantization": "Q4_K_M",
+                "state": "loaded" if self.is_loaded(model) else "not-loaded",
+                "max_context_length": 4096,
+            }
+            for model in self.models
+        ]
+        return {"object": "list", "data": data}
