@@ -1,12 +1,13 @@
 """The proxy's own small requests to a node: ``GET`` one path, read a bounded answer.
 
-Health checks (``GET /v1/models``) and the fleet-wide lists (``/v1/models``,
-``/api/tags``) use it. It is not an attempt: it takes no slot, counts in no
-node's ``in_flight`` and goes over a fresh connection, never the request
-pool, so that a check tells whether the node takes new connections now (a
-pooled one can outlive the listener behind it) and never holds a
-connection a request could use. The node's headers and TLS settings apply
-as for requests: the connection comes from the same ``Connector``.
+The discovery checks (``GET /health``, ``/v1/models``, ``/api/tags``) and
+the fleet-wide lists (``/v1/models``, ``/api/tags``) use it. It is not an
+attempt: it takes no slot, counts in no node's ``in_flight`` and goes over
+a fresh connection, never the request pool, so that a check tells whether
+the node takes new connections now (a pooled one can outlive the listener
+behind it) and never holds a connection a request could use. The node's
+headers and TLS settings apply as for requests: the connection comes from
+the same ``Connector``.
 
 Deadlines: the connect timeout (``upstream``'s connect step, errors mapped
 the same way), then ``answer_timeout`` from the connection made to the
