@@ -350,3 +350,47 @@ async def test_a_down_node_is_checked_after_1_2_4_8_s_up_to_the_interval(
     # One connection per down check (/health alone); three per good one.
     assert sorted(set(recording.at)) == expected
     assert status["state"] == "ready"
+
+
+class SlowConnect:
+    """A connector whose every connection takes half a second (a far node)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def connect(self, node: UpstreamType) -> trio.abc.Stream:
+        await trio.sleep(0.5)
+        return await self.inner.connect(node)  # type: ignore[no-any-return]
+
+
+async def test_an_attempt_that_begins_while_the_check_connects_stops_its_models_question(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # 0.0-0.5 /health; 0.5-1.0 the /v1/models connection; a request takes
+    # its slot at 0.7. The check asks again once connected, and sends nothing.
+    chunks = [b"data: %d\n\n" % i for i in range(5)]
+    node = FakeNode(
+        routed(
+            {b"/health": OK, b"/v1/models": listing("m1"), b"/api/tags": NOT_FOUND},
+            healthy(chunks, chunk_delay=1.0, headers=[("content-type", "text/event-stream")]),
+        )
+    )
+    async with Fleet({"a": node}) as fleet:
+        slow = SlowConnect(fleet.connector)
+        config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=30.0)
+        proxy = Proxy(config, connector=slow)
+        proxy.discovery = Discovery(config, slow, proxy.report, jitter=lambda: 0.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run_discovery)
+            await trio.sleep(0.7)
+            response = await request(proxy, body=chat())
+            first = node_status(proxy, "a")["last_outcome"]
+            await trio.sleep(32.5 - trio.current_time())
+            nursery.cancel_scope.cancel()
+    assert response is not None
+    assert (response.status, response.body) == (200, b"".join(chunks))
+    assert health_checks(node) == [0.5, 30.5]
+    assert checks(node) == [31.0]  # not at 1.0: the attempt held its slot from 0.7
+    assert first == "completed"
+    # /health, the unused connection, the attempt; then a whole check at 30.
+    assert node.connections == 1 + 1 + 1 + 3

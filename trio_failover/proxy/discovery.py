@@ -57,7 +57,7 @@ from ..core.inventory import (
 )
 from ..service.logs import logger
 from ..wire.connect import Connector
-from ..wire.fetch import Answer, fetch
+from ..wire.fetch import Answer, fetch_if
 from .report import Report
 
 _TIMEOUTS = (errors.ConnectTimeout, errors.HeaderTimeout)
@@ -72,6 +72,7 @@ class _Reply:
     failure: CheckFailure | None = None
     detail: str = ""
     streaming: bool = False  # an attempt of the node streamed while it was out
+    sent: bool = True  # False: not asked, an attempt began meanwhile
 
 
 class Discovery:
@@ -154,7 +155,10 @@ class Discovery:
             return first.final
         if self._in_flight(node):
             return inventory_waits(has_route=first.has_route)
-        reply = await self._ask(node, CHECK_PATH, MAX_LISTING_BYTES + 1)
+        # Asked again once connected: no attempt may begin in between.
+        reply = await self._ask(node, CHECK_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)
+        if not reply.sent:
+            return inventory_waits(has_route=first.has_route)
         verdict = judge_check(
             failure=reply.failure,
             status=reply.answer.status if reply.answer else None,
@@ -168,7 +172,7 @@ class Discovery:
         return verdict
 
     async def _ask_tags(self, node: Upstream) -> None:
-        reply = await self._ask(node, TAGS_PATH, MAX_LISTING_BYTES + 1)
+        reply = await self._ask(node, TAGS_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)
         if reply.answer is not None:  # no answer at all keeps the last one
             self.report.health.keep_tags(
                 node.name, tags_answer(reply.answer.status, reply.answer.body)
@@ -179,13 +183,20 @@ class Discovery:
         # relay, at nodes of any capacity (0, no limit, included).
         return self.report.readiness.queue.scheduler.ledger.in_flight(node.name) > 0
 
-    async def _ask(self, node: Upstream, path: str, limit: int) -> _Reply:
-        """``GET path`` at ``node``: its answer, or the failure and its words."""
+    async def _ask(
+        self, node: Upstream, path: str, limit: int, *, unless_busy: bool = False
+    ) -> _Reply:
+        """``GET path`` at ``node``: its answer, or the failure and its words.
+
+        ``unless_busy``: not sent (``sent`` False) when, once connected, an
+        attempt is in flight at the node.
+        """
         started = trio.current_time()
         try:
-            answer = await fetch(
+            answer = await fetch_if(
                 node,
                 path.encode(),
+                send_if=lambda: not (unless_busy and self._in_flight(node)),
                 connector=self.connector,
                 config=self.config,
                 answer_timeout=self.answer_timeout,
@@ -199,4 +210,6 @@ class Discovery:
             if isinstance(exc, errors.UpstreamProtocolError):
                 return _Reply(None, CheckFailure.NOT_HTTP, detail)
             return _Reply(None, CheckFailure.CONNECT_FAILED, detail)
+        if answer is None:
+            return _Reply(None, sent=False)
         return _Reply(answer)
