@@ -8,14 +8,15 @@ server's services nursery starts it; an embedder starts it the same way,
    start (``checks.first_check_delays``), so all begin within a second and
    none together;
 2. checks (``core/checks.py`` has the order and the meaning of each
-   answer), each question over a fresh connection (``wire.fetch``) within
-   the connect timeout and then ``CHECK_ANSWER_TIMEOUT``:
+   answer), each question over a fresh connection (``wire.fetch_if``)
+   within the connect timeout and then ``CHECK_ANSWER_TIMEOUT``:
    ``GET /health`` every time (``checks.judge_health``); unless that
    settled it, ``GET /v1/models`` (``inventory.judge_check``) and then
    ``GET /api/tags`` (``checks.tags_answer``, kept in the health books) --
    these two only while this proxy has no attempt in flight at the node
    (the slot ledger's count, which holds every attempt from its slot to the
-   end of its relay, at any capacity, ``0`` included): llama-cpp-python
+   end of its relay, at any capacity, ``0`` included; read before the
+   connect and again right before the request goes out): llama-cpp-python
    ends a running stream for a ``/v1/models``;
 3. hands the verdict to ``Readiness.check_finished``;
 4. waits until ``checks.next_check_at``: one interval after the check
