@@ -206,8 +206,16 @@ class LlamaCppPython(Engine):
 
     @classmethod
     def start(
-        cls, manifest: Manifest, name: str, log_dir: Path, *, alias: str = "tiny", parallel: int = 1
+        cls,
+        manifest: Manifest,
+        name: str,
+        log_dir: Path,
+        *,
+        alias: str = "tiny",
+        parallel: int = 1,
+        interrupt_requests: bool | None = False,
     ) -> LlamaCppPython:
+        """Start it; ``interrupt_requests`` None leaves the engine's own default (True)."""
         if parallel != 1:
             raise ValueError("llama-cpp-python serves one request at a time")
         port = free_port()
@@ -217,8 +225,11 @@ class LlamaCppPython(Engine):
         argv += ["--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "4096"]
         # Without a template of its own the model needs gemma's; and a second
         # request must wait for the first, not interrupt it, or a proxy that
-        # leaves abandoned work running would go unnoticed.
-        argv += ["--chat_format", "gemma", "--interrupt_requests", "False"]
+        # leaves abandoned work running would go unnoticed. A test of what
+        # the engine does as users run it passes interrupt_requests=None.
+        argv += ["--chat_format", "gemma"]
+        if interrupt_requests is not None:
+            argv += ["--interrupt_requests", str(interrupt_requests)]
         lib_dir = manifest.data["llama_cpp_python"]["lib_dir"]
         # The libllama of the llama-server build, from the same sources (prepare.py).
         env = dict(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
@@ -19,14 +18,12 @@ from trio_failover.core.inventory import (
     Inventory,
     Listing,
     advertised_ids,
-    first_check_delays,
     health_after_served,
     inventory_of,
     is_model_not_found,
     judge_check,
     models_document,
     needs_live_listing,
-    next_check_at,
     parse_model_list,
     serves,
     tags_document,
@@ -249,7 +246,9 @@ CHECKS = [
     ),
     pytest.param(
         {"failure": CheckFailure.TIMED_OUT},
-        CheckVerdict(Health.DOWN, "health_check", *KEEP, "health check timed out", "timed_out"),
+        CheckVerdict(
+            Health.DOWN, "health_check", *KEEP, "health check: /v1/models timed out", "timed_out"
+        ),
         id="timed-out",
     ),
     pytest.param(
@@ -348,57 +347,6 @@ def test_judge_check_needs_a_result() -> None:
 
 def test_a_served_request_makes_a_node_ready() -> None:
     assert health_after_served() is Health.READY
-
-
-# -- the schedule ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("count", [1, 2, 3, 7, 50, 1000])
-def test_first_checks_are_spread_within_a_second(count: int) -> None:
-    delays = first_check_delays(count)
-    assert len(delays) == count
-    assert delays[0] == 0.0
-    assert all(0.0 <= delay < 1.0 for delay in delays)
-    gaps = [later - earlier for earlier, later in itertools.pairwise(delays)]
-    assert all(gap == pytest.approx(1.0 / count) for gap in gaps)  # none together
-
-
-def test_first_checks_of_no_nodes() -> None:
-    assert first_check_delays(0) == []
-
-
-@pytest.mark.parametrize(
-    ("started", "finished", "interval", "jitter", "expected"),
-    [
-        (0.0, 0.1, 30.0, 0.0, 30.0),  # start to start, not end to start
-        (0.0, 0.1, 30.0, 1.0, 27.0),  # at most 10 % early
-        (0.0, 0.1, 30.0, 0.5, 28.5),
-        (10.0, 20.0, 5.0, 0.0, 20.0),  # a check longer than the interval: never two at once
-        (0.0, 1.0, 30.0, 7.0, 27.0),  # jitter clamped
-        (0.0, 1.0, 30.0, -1.0, 30.0),
-    ],
-)
-def test_next_check_at(
-    started: float, finished: float, interval: float, jitter: float, expected: float
-) -> None:
-    got = next_check_at(started=started, finished=finished, interval=interval, jitter=jitter)
-    assert got == pytest.approx(expected)
-
-
-@given(
-    st.floats(0, 1e6),
-    st.floats(0, 20),
-    st.floats(0.001, 3600),
-    st.floats(0, 1),
-)
-def test_next_check_within_one_interval_never_overlapping(
-    started: float, took: float, interval: float, jitter: float
-) -> None:
-    finished = started + took
-    got = next_check_at(started=started, finished=finished, interval=interval, jitter=jitter)
-    assert got >= finished
-    assert got <= max(started + interval, finished)
-    assert got >= started + 0.9 * interval - 1e-6 or got == finished
 
 
 # -- the fleet-wide lists ---------------------------------------------------------------

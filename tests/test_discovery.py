@@ -2,9 +2,11 @@
 
 Exact virtual times: the first check of node ``i`` of ``n`` at ``i/n``, the
 next ones one interval after the last began (less jitter), one check per
-node at a time, a hanging check ended by its 10 s answer deadline, a node
-that comes back, the streaming exemption, and the stale-inventory ``404``
-that fails over and has its node checked again at once.
+node at a time, a hanging check ended by its 10 s answer deadline and the
+down node's re-checks after 1, 2, 4 s, a node that comes back, the
+streaming exemption, and the stale-inventory ``404`` that fails over and
+has its node checked again at once. tests/test_discovery_checks.py has the
+questions of one check.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import trio
 import trio.testing
 
 from trio_failover import Config, Proxy, Upstream
+from trio_failover.core.checks import CHECK_JITTER
 from trio_failover.core.inventory import (
     CHECK_ANSWER_TIMEOUT,
-    CHECK_JITTER,
     CheckFailure,
     judge_check,
 )
@@ -57,8 +59,13 @@ def routed(routes: Mapping[bytes, Behaviour], default: Behaviour | None = None) 
 
 
 def checks(node: FakeNode) -> list[float]:
-    """When ``node`` received each health check."""
+    """When ``node`` was asked each check's ``GET /v1/models``."""
     return [r.at for r in node.received if r.target == b"/v1/models"]
+
+
+def health_checks(node: FakeNode) -> list[float]:
+    """When ``node`` was asked each check's ``GET /health``."""
+    return [r.at for r in node.received if r.target == b"/health"]
 
 
 def chat(model: str | None = None) -> bytes:
@@ -119,22 +126,27 @@ async def test_jitter_brings_a_check_early_never_late(autojump_clock: trio.abc.C
 async def test_a_hanging_check_times_out_marks_down_and_is_never_doubled(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    hanging = FakeNode(routed({b"/v1/models": frozen()}))
-    async with Fleet({"a": hanging}) as fleet, checking(fleet, interval=4.0) as proxy:
+    hanging = FakeNode(routed({b"/health": frozen()}, listing("m")))
+    async with Fleet({"a": hanging}) as fleet, checking(fleet, interval=30.0) as proxy:
         with proxy.events.subscribe(0) as subscription:
             await trio.sleep(CHECK_ANSWER_TIMEOUT + 0.5)
             status = node_status(proxy, "a")
             events = node_events(subscription)
-        await trio.sleep(20.0)
-    # Each check waits for the one before: at 0, its deadline at 10 ends it,
-    # the next (due at 4) begins then, and so on; never two at once.
-    assert checks(hanging) == [0.0, 10.0, 20.0, 30.0]
+        await trio.sleep(50.0)
+    # Each check waits for the one before: at 0, its deadline at 10 ends it;
+    # the node is down, so the next comes 1 s after (11), then 2 s after the
+    # end of that one (23), then 4 (37); never two at once. /v1/models is
+    # never asked of a node that /health found down.
+    assert health_checks(hanging) == [0.0, 11.0, 23.0, 37.0, 55.0]
+    assert checks(hanging) == []
     # Each closed at its deadline; the last one when the test ended.
-    assert hanging.closed_at == [10.0, 20.0, 30.0, 30.5]
+    assert hanging.closed_at == [10.0, 21.0, 33.0, 47.0, 60.5]
     assert status["state"] == "down"
     assert status["reason"] == "health_check"
     assert status["last_outcome"] == "check_timed_out"
-    assert status["last_error"] == "health check timed out (answer: no whole answer in 10.0s)"
+    assert status["last_error"] == (
+        "health check: /health timed out (answer: no whole answer in 10.0s)"
+    )
     assert events == [
         {"type": "node", "node": "a", "state": "down", "reason": "health_check", "until_s": 0}
     ]
@@ -145,15 +157,15 @@ async def test_a_hanging_check_times_out_marks_down_and_is_never_doubled(
         for s in family.samples
         if s.name.endswith("_total") and s.labels == {"node": "a", "result": "timed_out"}
     ]
-    assert sample == 3
+    assert sample == 4
 
 
 async def test_a_down_node_goes_last_and_is_ready_again_after_the_next_good_check(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     a, b = FakeNode(listing("m"), refuse=True), FakeNode(healthy(b"from b"))
-    async with Fleet({"a": a, "b": b}) as fleet, checking(fleet, interval=5.0) as proxy:
-        await trio.sleep(1.0)
+    async with Fleet({"a": a, "b": b}) as fleet, checking(fleet, interval=30.0) as proxy:
+        await trio.sleep(0.5)
         assert node_status(proxy, "a")["state"] == "down"
         assert node_status(proxy, "a")["last_outcome"] == "check_connect_failed"
         response = await request(proxy, body=chat())
@@ -163,11 +175,13 @@ async def test_a_down_node_goes_last_and_is_ready_again_after_the_next_good_chec
             "b",
             "1",
         )
+        await trio.sleep(1.0)  # the re-check at 1.0 still finds it refusing
         a.refuse = False  # a comes back
         with proxy.events.subscribe(0) as subscription:
-            await trio.sleep(4.5)  # a's next check is at 5.0
+            await trio.sleep(2.0)  # a's next check is at 3.0 (1 s, then 2 s after)
             ready = node_events(subscription)
         status = node_status(proxy, "a")
+    assert health_checks(a) == [3.0]  # the first that connected
     assert ready == [
         {"type": "node", "node": "a", "state": "ready", "reason": "health_check", "until_s": 0}
     ]
@@ -178,17 +192,18 @@ async def test_a_down_node_goes_last_and_is_ready_again_after_the_next_good_chec
 async def test_a_slow_check_of_a_streaming_node_does_not_count(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    # The node streams a 20 s answer to our client and is too busy to list
-    # its models in time; a second check, with nothing streaming, does count.
+    # The node streams a 20 s answer to our client and is too busy to answer
+    # /health in time; a second check, with nothing streaming, does count.
     busy = FakeNode(
         routed(
-            {b"/v1/models": frozen()},
+            {b"/health": frozen()},
             healthy([b"data: %d\n\n" % i for i in range(21)], chunk_delay=1.0),
         )
     )
     async with Fleet({"a": busy}) as fleet:
         config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=30.0)
         proxy = Proxy(config, connector=fleet.connector)
+        proxy.discovery = Discovery(config, fleet.connector, proxy.report, jitter=lambda: 0.0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: request(proxy, body=chat()))
             await trio.sleep(0.5)  # committed, streaming
@@ -200,6 +215,8 @@ async def test_a_slow_check_of_a_streaming_node_does_not_count(
             nursery.cancel_scope.cancel()
     assert (during["state"], during["last_outcome"]) == ("ready", "check_timeout_while_streaming")
     assert (after["state"], after["last_outcome"]) == ("down", "check_timed_out")
+    assert health_checks(busy) == [0.5, 30.5]
+    assert checks(busy) == []  # in flight, then down: /v1/models never asked
 
 
 async def test_a_stale_inventory_404_fails_over_uncooled_and_rechecks_at_once(
@@ -259,7 +276,7 @@ async def test_discovery_off_checks_nothing(autojump_clock: trio.abc.Clock) -> N
 async def test_a_served_request_makes_a_down_node_ready(autojump_clock: trio.abc.Clock) -> None:
     a = FakeNode(healthy(b"from a"), refuse=True)
     async with Fleet({"a": a}) as fleet, checking(fleet, interval=600.0) as proxy:
-        await trio.sleep(1.0)
+        await trio.sleep(0.5)  # before its re-check at 1.0
         assert node_status(proxy, "a")["state"] == "down"
         assert proxy.metrics.registry.get_sample_value("trio_failover_down_nodes") == 1
         a.refuse = False  # back, long before its next check

@@ -1,9 +1,10 @@
 """Pure: inventories, health checks and the fleet-wide model lists (SPEC 5a).
 
-The discovery loop of the shell asks each node ``GET /v1/models`` on its own
-schedule and hands the result here; what a node is a candidate for, whether
-a check makes it down or ready, and what the two list routes answer are
-decided from plain data:
+The discovery loop of the shell checks each node on its own schedule
+(``checks.py``: the questions of a check, ``/health`` first, and when the
+next one begins) and hands the ``/v1/models`` answer here; what a node is
+a candidate for, whether that answer makes it down or ready, and what the
+two list routes answer are decided from plain data:
 
 - a node's ``configured`` models, as in its configuration: None, a list of
   names, or a mapping of the client's name to the node's name where ``"*"``
@@ -18,12 +19,11 @@ Use, in the shell:
 
 - routing: a node is a candidate when
   ``serves(model, node.models, inventories.get(node.name))``;
-- discovery, one task per node in the server's nursery: sleep
-  ``first_check_delays(n)[i]``, then loop: note ``started``, ask
-  ``GET CHECK_PATH`` (connect timeout, then ``CHECK_ANSWER_TIMEOUT``, read at
-  most ``MAX_LISTING_BYTES + 1`` bytes), apply ``judge_check(...)`` (a node
-  event when the health changes), sleep until ``next_check_at(...)`` or a
-  re-check is asked for;
+- discovery (``checks.py`` says the order): after ``checks.judge_health``
+  of the ``/health`` answer, ask ``GET CHECK_PATH`` (connect timeout, then
+  ``CHECK_ANSWER_TIMEOUT``, read at most ``MAX_LISTING_BYTES + 1`` bytes)
+  and apply ``judge_check(..., health_route=...)`` (a node event when the
+  health changes);
 - a pre-commit ``404`` with ``is_model_not_found(status, body)``: fail over
   without cooldown, and ask for that node's re-check;
 - a commit: ``health_after_served()`` (a down node is ready again);
@@ -48,11 +48,9 @@ DOWN_REASON = "health_check"  # the reason of a node event and of /status
 READY_REASON_CHECK = "health_check"
 READY_REASON_SERVED = "success"  # as a committed attempt ending a cooldown
 CHECK_PATH = "/v1/models"
-CHECK_ANSWER_TIMEOUT = 10.0  # from request written to whole answer read
+CHECK_ANSWER_TIMEOUT = 10.0  # each question of a check: connection made to whole answer read
 MAX_LISTING_BYTES = 1 << 20  # a longer answer is not a model list
 MAX_NOT_FOUND_BODY = 65536  # as much of a 404 as is worth reading
-FIRST_CHECK_WINDOW = 1.0  # every node's first check begins within it
-CHECK_JITTER = 0.1  # a later check comes up to this fraction of an interval early
 
 Configured = Mapping[str, str] | Sequence[str] | None
 Inventory = Collection[str] | None
@@ -231,51 +229,72 @@ def judge_check(
     body: bytes = b"",
     streaming: bool = False,
     detail: str = "",
+    health_route: bool = False,
 ) -> CheckVerdict:
-    """Decide what a check of one node means (SPEC 5a).
+    """Decide what a check's ``GET /v1/models`` answer means (SPEC 5a).
 
     Args:
-        failure: set when the check got no answer.
+        failure: set when the question got no answer.
         status: the answer's status (when ``failure`` is None).
         body: the answer's body, read up to ``MAX_LISTING_BYTES + 1`` bytes.
-        streaming: an attempt of this proxy at this node is relaying bytes
-            now; then a timeout is no sign of death (the node is busy).
+        streaming: an attempt of this proxy at this node relayed bytes
+            while the question was out; then a timeout is no sign of death
+            (the node is busy).
         detail: the shell's words for the failure (no secrets), for
             ``last_error``.
+        health_route: the node answered ``GET /health`` with a ``2xx`` just
+            before (``checks.judge_health``): it is ready, and this answer
+            gives the inventory alone. False: the node has no health route,
+            and this answer gives its health too.
 
     Returns:
-        Down on connect failure, on a timeout while nothing streams, on a
-        5xx (the inventory is kept: the node's models did not change by
-        going away). Ready with the listed inventory on a 2xx model list.
-        Health unchanged and the inventory unknown on any other answer,
-        one that is not HTTP included. A timeout while streaming changes
-        nothing.
+        Ready with the listed inventory on a 2xx model list (an empty one:
+        inventory unknown). The inventory unknown, with the reason in
+        ``last_error``, on any other answer (a 4xx, a body that is not a
+        model list, one that is not HTTP): health ready with a health
+        route, else left alone. No answer (cannot connect, timed out) or a
+        5xx keeps the inventory (a node's models do not change by going
+        away): with a health route the node stays ready (result
+        ``models_...``); without, it is down, except for a timeout while
+        streaming, which changes nothing.
 
     Raises:
         ValueError: neither ``failure`` nor ``status`` was given.
     """
     suffix = f" ({detail})" if detail else ""
-    if failure is CheckFailure.TIMED_OUT and streaming:
-        return CheckVerdict(Health.UNCHANGED, None, False, None, None, "timeout_while_streaming")
+    answered = Health.READY if health_route else Health.UNCHANGED
+    reason = READY_REASON_CHECK if health_route else None
     if failure is CheckFailure.NOT_HTTP:
         error = f"health check: {CHECK_PATH} answer is not HTTP/1.1{suffix}"
-        return CheckVerdict(Health.UNCHANGED, None, True, None, error, "bad_answer")
+        return CheckVerdict(answered, reason, True, None, error, "bad_answer")
     if failure is not None:
         words = "timed out" if failure is CheckFailure.TIMED_OUT else "cannot connect"
+        if health_route:
+            error = f"health check: {CHECK_PATH} {words}{suffix}"
+            return CheckVerdict(answered, reason, False, None, error, f"models_{failure}")
+        if failure is CheckFailure.TIMED_OUT and streaming:
+            return CheckVerdict(
+                Health.UNCHANGED, None, False, None, None, "timeout_while_streaming"
+            )
+        if failure is CheckFailure.TIMED_OUT:
+            return _down(f"health check: {CHECK_PATH} timed out{suffix}", str(failure))
         return _down(f"health check {words}{suffix}", str(failure))
     if status is None:
         raise ValueError("judge_check needs a failure or a status")
     if status >= 500:
-        return _down(f"health check: {CHECK_PATH} answered {status}{suffix}", "server_error")
+        error = f"health check: {CHECK_PATH} answered {status}{suffix}"
+        if health_route:
+            return CheckVerdict(answered, reason, False, None, error, "models_server_error")
+        return _down(error, "server_error")
     if 200 <= status < 300:
         listing = parse_model_list(body)
         if listing.ids is not None:
             inventory = inventory_of(listing.ids)
             return CheckVerdict(Health.READY, READY_REASON_CHECK, True, inventory, None, "ok")
         error = f"health check: {CHECK_PATH} answered {status}, {listing.error}"
-        return CheckVerdict(Health.UNCHANGED, None, True, None, error, "bad_body")
+        return CheckVerdict(answered, reason, True, None, error, "bad_body")
     error = f"health check: {CHECK_PATH} answered {status}{suffix}"
-    return CheckVerdict(Health.UNCHANGED, None, True, None, error, "bad_status")
+    return CheckVerdict(answered, reason, True, None, error, "bad_status")
 
 
 def _down(error: str, result: str) -> CheckVerdict:
@@ -289,39 +308,6 @@ def health_after_served() -> Health:
     ready at once, with a node event only when it was down.
     """
     return Health.READY
-
-
-# -- schedule ------------------------------------------------------------------------
-
-
-def first_check_delays(count: int, *, window: float = FIRST_CHECK_WINDOW) -> list[float]:
-    """Seconds from start to each node's first check, in ranking order.
-
-    Spread evenly over ``[0, window)``: node ``i`` of ``count`` at
-    ``window * i / count``, so no two begin together and all within the window.
-    """
-    return [window * index / count for index in range(count)]
-
-
-def next_check_at(
-    *, started: float, finished: float, interval: float, jitter: float = 0.0
-) -> float:
-    """When a node's next check begins (an absolute time of the shell's clock).
-
-    Args:
-        started: when the previous check began.
-        finished: when it ended (answer, failure or timeout).
-        interval: ``--discovery-interval``.
-        jitter: a random number in ``[0, 1]`` (clamped): the next check comes
-            up to ``CHECK_JITTER`` of an interval early, never late, so that
-            "within one interval" holds and proxies sharing nodes drift apart.
-
-    Returns:
-        One interval (less jitter) after ``started``, but never before
-        ``finished``: one check per node at a time.
-    """
-    jitter = min(max(jitter, 0.0), 1.0)
-    return max(started + interval * (1.0 - CHECK_JITTER * jitter), finished)
 
 
 # -- the fleet-wide lists ---------------------------------------------------------

@@ -5,16 +5,25 @@ server's services nursery starts it; an embedder starts it the same way,
 ``await nursery.start(proxy.run_discovery)``). Each task:
 
 1. waits for its first check: node ``i`` of ``n`` at ``i/n`` seconds after
-   start (``inventory.first_check_delays``), so all begin within a second
-   and none together;
-2. checks: ``GET /v1/models`` over a fresh connection (``wire.fetch``),
-   within the connect timeout and then ``CHECK_ANSWER_TIMEOUT``;
-3. hands the answer (or its failure) to ``inventory.judge_check`` and the
-   verdict to ``Readiness.check_finished``;
-4. waits until ``inventory.next_check_at`` (one interval after the check
-   began, up to a tenth early by jitter, never before it ended: one check
-   per node at a time), or less when a stale-inventory ``404`` asks for a
-   re-check (``Report.health.ask_recheck``).
+   start (``checks.first_check_delays``), so all begin within a second and
+   none together;
+2. checks (``core/checks.py`` has the order and the meaning of each
+   answer), each question over a fresh connection (``wire.fetch_if``)
+   within the connect timeout and then ``CHECK_ANSWER_TIMEOUT``:
+   ``GET /health`` every time (``checks.judge_health``); unless that
+   settled it, ``GET /v1/models`` (``inventory.judge_check``) and then
+   ``GET /api/tags`` (``checks.tags_answer``, kept in the health books) --
+   these two only while this proxy has no attempt in flight at the node
+   (the slot ledger's count, which holds every attempt from its slot to the
+   end of its relay, at any capacity, ``0`` included; read before the
+   connect and again right before the request goes out): llama-cpp-python
+   ends a running stream for a ``/v1/models``;
+3. hands the verdict to ``Readiness.check_finished``;
+4. waits until ``checks.next_check_at``: one interval after the check
+   began (up to a tenth early by jitter, never before it ended: one check
+   per node at a time), for a down node 1, 2, 4, 8 s ... after it ended;
+   or less when a stale-inventory ``404`` asks for a re-check
+   (``Report.health.ask_recheck``).
 
 A check is not an attempt: no slot, no ``in_flight``, no pooled connection.
 """
@@ -24,9 +33,19 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from ..core import errors
+from ..core.checks import (
+    HEALTH_PATH,
+    TAGS_PATH,
+    first_check_delays,
+    inventory_waits,
+    judge_health,
+    next_check_at,
+    tags_answer,
+)
 from ..core.config import Config, Upstream
 from ..core.inventory import (
     CHECK_ANSWER_TIMEOUT,
@@ -35,16 +54,26 @@ from ..core.inventory import (
     CheckFailure,
     CheckVerdict,
     Health,
-    first_check_delays,
     judge_check,
-    next_check_at,
 )
 from ..service.logs import logger
 from ..wire.connect import Connector
-from ..wire.fetch import fetch
+from ..wire.fetch import Answer, fetch_if
 from .report import Report
 
 _TIMEOUTS = (errors.ConnectTimeout, errors.HeaderTimeout)
+_HEALTH_BODY = 4096  # the status is the answer; the body is read only to end it
+
+
+@attrs.frozen
+class _Reply:
+    """One question's answer, or why there is none."""
+
+    answer: Answer | None
+    failure: CheckFailure | None = None
+    detail: str = ""
+    streaming: bool = False  # an attempt of the node streamed while it was out
+    sent: bool = True  # False: not asked, an attempt began meanwhile
 
 
 class Discovery:
@@ -85,6 +114,7 @@ class Discovery:
     async def _check_every(self, node: Upstream, first_at: float, interval: float) -> None:
         health = self.report.health
         deadline = first_at
+        down_checks = 0  # checks in a row that left the node down: its re-check backoff
         while True:
             with trio.move_on_at(deadline):
                 await health.nodes[node.name].recheck.wait()
@@ -100,30 +130,87 @@ class Discovery:
                 verdict = CheckVerdict(Health.UNCHANGED, None, False, None, error, "internal_error")
             finished = trio.current_time()
             self.report.readiness.check_finished(node.name, verdict, finished)
+            down_checks = down_checks + 1 if health.is_down(node.name) else 0
             deadline = next_check_at(
-                started=started, finished=finished, interval=interval, jitter=self._jitter()
+                started=started,
+                finished=finished,
+                interval=interval,
+                jitter=self._jitter(),
+                down_checks=down_checks,
             )
 
     async def check(self, node: Upstream) -> CheckVerdict:
-        """One check of ``node``, judged (``inventory.judge_check``); never raises an error."""
+        """One check of ``node``, judged; never raises an error.
+
+        ``/health`` first; ``/v1/models`` and ``/api/tags`` only while no
+        attempt of this proxy is in flight at the node (SPEC 5a).
+        """
+        reply = await self._ask(node, HEALTH_PATH, _HEALTH_BODY)
+        first = judge_health(
+            failure=reply.failure,
+            status=reply.answer.status if reply.answer else None,
+            streaming=reply.streaming,
+            detail=reply.detail,
+        )
+        if first.final is not None:
+            return first.final
+        if self._in_flight(node):
+            return inventory_waits(has_route=first.has_route)
+        # Asked again once connected: no attempt may begin in between.
+        reply = await self._ask(node, CHECK_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)
+        if not reply.sent:
+            return inventory_waits(has_route=first.has_route)
+        verdict = judge_check(
+            failure=reply.failure,
+            status=reply.answer.status if reply.answer else None,
+            body=reply.answer.body if reply.answer else b"",
+            streaming=reply.streaming,
+            detail=reply.detail,
+            health_route=first.has_route,
+        )
+        if verdict.health is not Health.DOWN and not self._in_flight(node):
+            await self._ask_tags(node)
+        return verdict
+
+    async def _ask_tags(self, node: Upstream) -> None:
+        reply = await self._ask(node, TAGS_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)
+        if reply.answer is not None:  # no answer at all keeps the last one
+            self.report.health.keep_tags(
+                node.name, tags_answer(reply.answer.status, reply.answer.body)
+            )
+
+    def _in_flight(self, node: Upstream) -> bool:
+        # The ledger counts every attempt from its slot to the end of its
+        # relay, at nodes of any capacity (0, no limit, included).
+        return self.report.readiness.queue.scheduler.ledger.in_flight(node.name) > 0
+
+    async def _ask(
+        self, node: Upstream, path: str, limit: int, *, unless_busy: bool = False
+    ) -> _Reply:
+        """``GET path`` at ``node``: its answer, or the failure and its words.
+
+        ``unless_busy``: not sent (``sent`` False) when, once connected, an
+        attempt is in flight at the node.
+        """
         started = trio.current_time()
         try:
-            answer = await fetch(
+            answer = await fetch_if(
                 node,
-                CHECK_PATH.encode(),
+                path.encode(),
+                send_if=lambda: not (unless_busy and self._in_flight(node)),
                 connector=self.connector,
                 config=self.config,
                 answer_timeout=self.answer_timeout,
-                limit=MAX_LISTING_BYTES + 1,
+                limit=limit,
             )
         except errors.UpstreamError as exc:
             detail = f"{exc.phase}: {exc.detail}"
             if isinstance(exc, _TIMEOUTS):
                 streaming = self.report.health.streamed_since(node.name, started)
-                return judge_check(
-                    failure=CheckFailure.TIMED_OUT, streaming=streaming, detail=detail
-                )
+                return _Reply(None, CheckFailure.TIMED_OUT, detail, streaming)
             if isinstance(exc, errors.UpstreamProtocolError):
-                return judge_check(failure=CheckFailure.NOT_HTTP, detail=detail)
-            return judge_check(failure=CheckFailure.CONNECT_FAILED, detail=detail)
-        return judge_check(status=answer.status, body=answer.body)
+                return _Reply(None, CheckFailure.NOT_HTTP, detail)
+            return _Reply(None, CheckFailure.CONNECT_FAILED, detail)
+        if answer is None:
+            return _Reply(None, sent=False)
+        return _Reply(answer)

@@ -1,10 +1,11 @@
 """The nodes' health and inventories, as checks and attempts leave them (SPEC 5a).
 
 ``HealthBooks`` holds, per node, what ``/status`` shows beside the counters
-(down or not, the inventory, the last outcome and error), how many of this
-proxy's attempts are streaming from it now (a slow check of a streaming
-node is no sign of death), and the event a stale-inventory ``404`` sets to
-have the node checked again at once. The decisions are
+(down or not, the inventory, the last outcome and error), the node's last
+``/api/tags`` answer (``known_tags``: the fleet's ``/api/tags`` is served
+from it), how many of this proxy's attempts are streaming from it now (a
+slow check of a streaming node is no sign of death), and the event a
+stale-inventory ``404`` sets to have the node checked again at once. The decisions are
 ``core/inventory.py``'s; this module only keeps their results.
 ``Report`` owns one and writes the telemetry of each change.
 """
@@ -26,6 +27,8 @@ class NodeHealth:
 
     down: bool = False
     inventory: tuple[str, ...] | None = None
+    # The entries of its last /api/tags answer; None: it gave none (yet).
+    tags: list[dict[str, object]] | None = None
     last_outcome: str | None = None
     last_error: str | None = None
     streams: int = 0  # this proxy's committed attempts relaying from it now
@@ -64,6 +67,21 @@ class HealthBooks:
             else:
                 self.inventories.pop(name, None)
         return self._set_health(node, verdict.health)
+
+    def keep_tags(self, name: str, entries: list[dict[str, object]] | None) -> None:
+        """Keep the node's answer to a check's ``GET /api/tags`` (None: not a tags answer)."""
+        self.nodes[name].tags = entries
+
+    def known_tags(self, name: str) -> list[dict[str, object]] | None:
+        """The ``models`` entries of the node's last ``/api/tags`` answer to a check.
+
+        None while the node has given none: discovery is off, no check has
+        asked yet, or its last answer was not a tags list (a ``404`` from an
+        engine without the route). A check that got no answer at all
+        (timeout, refused) keeps the answer before it. The entries are the
+        node's own; do not change them.
+        """
+        return self.nodes[name].tags
 
     def served(self, name: str) -> Health:
         """A committed attempt: a down node is ready again; returns the change."""

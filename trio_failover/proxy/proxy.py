@@ -127,6 +127,14 @@ class Proxy:
         """
         await self.discovery.run(task_status=task_status)
 
+    def known_tags(self, node: str) -> list[dict[str, object]] | None:
+        """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check (SPEC 5a).
+
+        None while it has given none (discovery off, not asked yet, or an
+        engine without the route); see ``HealthBooks.known_tags``.
+        """
+        return self.report.health.known_tags(node)
+
     def begin_drain(self) -> None:
         """Stop taking new requests: idle keep-alive connections close now.
 

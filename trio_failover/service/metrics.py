@@ -59,7 +59,7 @@ class Metrics:
         self.cooling = Gauge("trio_failover_cooling_nodes", "Nodes cooling now", registry=r)
         self.checks = Counter(
             "trio_failover_health_checks",
-            "Health and inventory checks (GET /v1/models) by node and result",
+            "Health and inventory checks (GET /health, /v1/models) by node and result",
             ["node", "result"],
             registry=r,
         )

@@ -1,12 +1,13 @@
 """The proxy's own small requests to a node: ``GET`` one path, read a bounded answer.
 
-Health checks (``GET /v1/models``) and the fleet-wide lists (``/v1/models``,
-``/api/tags``) use it. It is not an attempt: it takes no slot, counts in no
-node's ``in_flight`` and goes over a fresh connection, never the request
-pool, so that a check tells whether the node takes new connections now (a
-pooled one can outlive the listener behind it) and never holds a
-connection a request could use. The node's headers and TLS settings apply
-as for requests: the connection comes from the same ``Connector``.
+The discovery checks (``GET /health``, ``/v1/models``, ``/api/tags``) and
+the fleet-wide lists (``/v1/models``, ``/api/tags``) use it. It is not an
+attempt: it takes no slot, counts in no node's ``in_flight`` and goes over
+a fresh connection, never the request pool, so that a check tells whether
+the node takes new connections now (a pooled one can outlive the listener
+behind it) and never holds a connection a request could use. The node's
+headers and TLS settings apply as for requests: the connection comes from
+the same ``Connector``.
 
 Deadlines: the connect timeout (``upstream``'s connect step, errors mapped
 the same way), then ``answer_timeout`` from the connection made to the
@@ -14,6 +15,8 @@ whole answer read.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import attrs
 import h11
@@ -74,20 +77,59 @@ async def fetch(
     """
     stream = await _connect(node, connector, config)
     try:
-        conn = h11.Connection(h11.CLIENT)
-        with trio.move_on_after(answer_timeout) as scope, mapped(node.name, "answer"):
-            await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
-            event = await next_event(stream, conn)
-            while isinstance(event, h11.InformationalResponse):
-                event = await next_event(stream, conn)
-            if not isinstance(event, h11.Response):
-                raise errors.UpstreamProtocolError(
-                    node.name, "answer", f"unexpected {type(event).__name__}"
-                )
-            body, complete = await read_prefix(stream, conn, limit)
-            return Answer(event.status_code, body, complete)
+        return await _exchange(stream, node, path, answer_timeout, limit)
     finally:
         await trio.aclose_forcefully(stream)
+
+
+async def fetch_if(
+    node: Upstream,
+    path: bytes,
+    *,
+    send_if: Callable[[], bool],
+    connector: Connector,
+    config: Config,
+    answer_timeout: float,
+    limit: int,
+) -> Answer | None:
+    """``fetch``, but once connected, send only if ``send_if()`` still says so.
+
+    For a question that must not reach the node while something else is
+    under way there (the check's ``/v1/models`` while an attempt is in
+    flight): asking right before the request goes out, not before the
+    connect, leaves no time for an attempt to begin in between.
+
+    Returns:
+        The answer; None when ``send_if()`` said no (the connection is then
+        closed, nothing sent).
+
+    Raises:
+        UpstreamError: as ``fetch``.
+    """
+    stream = await _connect(node, connector, config)
+    try:
+        if not send_if():
+            return None
+        return await _exchange(stream, node, path, answer_timeout, limit)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _exchange(
+    stream: trio.abc.Stream, node: Upstream, path: bytes, answer_timeout: float, limit: int
+) -> Answer:
+    conn = h11.Connection(h11.CLIENT)
+    with trio.move_on_after(answer_timeout) as scope, mapped(node.name, "answer"):
+        await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
+        event = await next_event(stream, conn)
+        while isinstance(event, h11.InformationalResponse):
+            event = await next_event(stream, conn)
+        if not isinstance(event, h11.Response):
+            raise errors.UpstreamProtocolError(
+                node.name, "answer", f"unexpected {type(event).__name__}"
+            )
+        body, complete = await read_prefix(stream, conn, limit)
+        return Answer(event.status_code, body, complete)
     # Only the deadline gets here.
     assert scope.cancelled_caught
     raise errors.HeaderTimeout(node.name, "answer", f"no whole answer in {answer_timeout}s")

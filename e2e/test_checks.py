@@ -1,0 +1,86 @@
+"""Scenario 7: the discovery checks do no harm to a running generation (issue 27, SPEC 5a).
+
+llama-cpp-python, with its default settings (``interrupt_requests`` True),
+ends a running stream when any request that needs its model arrives --
+``GET /v1/models`` included -- and sends ``[DONE]`` as if the answer were
+complete. A check every 2 s during a one-minute stream must not do that:
+the proxied stream has as many chunks as the same request made directly,
+and ends with ``finish_reason`` ``length``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from conftest import Fleet
+from harness import Exchange, chat_body, token_times
+from report import Report
+
+CHAT = "/v1/chat/completions"
+TARGET_S = 60.0  # how long the stream should last
+INTERVAL = "2s"
+N_CTX = 4096  # as the harness starts the engine
+
+
+def finish_reason(exchange: Exchange) -> Any:
+    """The last ``finish_reason`` of a streamed chat (None: none came)."""
+    reasons = [
+        (json.loads(event.data).get("choices") or [{}])[0].get("finish_reason")
+        for event in exchange.events()
+        if event.data != "[DONE]"
+    ]
+    return next((reason for reason in reversed(reasons) if reason), None)
+
+
+def tokens_for(seconds: float, port: int) -> int:
+    """How many tokens this engine makes in about ``seconds`` here, from a short run."""
+    probe = Exchange.post(port, CHAT, chat_body(48), timeout=120).read_all()
+    assert probe.status == 200, probe.body_bytes[:300]
+    _, gaps = token_times(probe)
+    per_token = sum(gaps) / len(gaps)
+    return max(100, min(int(seconds / per_token), N_CTX - 200))
+
+
+def test_a_minute_long_stream_is_not_cut_by_checks_every_2_s(fleet: Fleet, report: Report) -> None:
+    engine = fleet.engine("llama-cpp-python", interrupt_requests=None)
+    assert not any("interrupt_requests" in arg for arg in engine.argv), engine.argv
+    # Measured and run directly before the proxy exists: its checks would
+    # interrupt a direct stream as well.
+    max_tokens = tokens_for(TARGET_S, engine.port)
+    body = chat_body(max_tokens)
+    direct = Exchange.post(engine.port, CHAT, body, timeout=TARGET_S * 4).read_all()
+    assert direct.status == 200, direct.body_bytes[:300]
+    assert finish_reason(direct) == "length"
+    direct_chunks = sum(1 for event in direct.events() if event.content())
+
+    proxy = fleet.proxy([("a", engine.url)], "--discovery-interval", INTERVAL)
+    started = time.monotonic()
+    proxied = Exchange.post(proxy.port, CHAT, body, timeout=TARGET_S * 4)
+    proxied.read_head()
+    mid_stream: dict[str, Any] = {}
+    while proxied.read_chunk() is not None:
+        if not mid_stream and time.monotonic() - started > TARGET_S / 2:
+            mid_stream = proxy.node("a")  # checks ran meanwhile, /health alone
+    proxied.close()
+    took = time.monotonic() - started
+    proxied_chunks = sum(1 for event in proxied.events() if event.content())
+    report.record(
+        "7 stream of ~60 s, checks every 2 s",
+        "llama-cpp-python (interrupt_requests default)",
+        max_tokens=max_tokens,
+        chunks_direct=direct_chunks,
+        chunks_proxied=proxied_chunks,
+        finish_reason=finish_reason(proxied),
+        proxied_s=round(took, 1),
+    )
+    assert proxied.status == 200, proxied.body_bytes[:300]
+    assert proxied.complete
+    assert proxied.events()[-1].data == "[DONE]"
+    assert finish_reason(proxied) == "length"
+    assert proxied_chunks == direct_chunks
+    assert took > TARGET_S / 2, "too short a stream to see the checks at work"
+    assert proxied.body_bytes.count(b"data: ") == direct.body_bytes.count(b"data: ")
+    assert mid_stream["last_outcome"] == "check_inventory_waits", mid_stream
+    assert mid_stream["state"] == "ready"
