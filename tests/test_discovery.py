@@ -296,9 +296,10 @@ async def test_status_models_are_the_configured_ones_else_the_inventory(
             await trio.sleep(1.0)
             after = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
             nursery.cancel_scope.cancel()
-    assert before == {"mapped": ["qwen3"], "plain": None, "star": []}
-    # Configured models win over the inventory; "*" alone names no id.
-    assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": []}
+    # "*" alone names no id of its own: unknown until its inventory is.
+    assert before == {"mapped": ["qwen3"], "plain": None, "star": None}
+    # Configured names win over the inventory; "*" alone lists its inventory (issue 27).
+    assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": ["listed"]}
 
 
 async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
