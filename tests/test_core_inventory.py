@@ -14,7 +14,6 @@ from trio_failover.core.inventory import (
     MAX_NOT_FOUND_BODY,
     CheckFailure,
     CheckVerdict,
-    Configured,
     Health,
     Inventory,
     Listing,
@@ -24,13 +23,14 @@ from trio_failover.core.inventory import (
     inventory_of,
     is_model_not_found,
     judge_check,
+    lists_model,
     models_document,
     needs_live_listing,
     next_check_at,
     parse_model_list,
-    lists_model,
     tags_document,
 )
+from trio_failover.core.names import Configured
 
 
 def listing(*ids: str) -> bytes:
