@@ -439,6 +439,11 @@ SAME_KEY: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"model": "m", "prompt": "p"},
     ),
     (
+        "bare-name-is-latest",
+        {"model": "llama3.2", "prompt": "p"},
+        {"model": "llama3.2:latest", "prompt": "p"},
+    ),
+    (
         "messages-as-text-keyed-as-given",
         {"model": "m", "messages": "hello there"},
         {"model": "m", "prompt": "hello there"},
@@ -457,6 +462,7 @@ def test_affinity_key_same(first: dict[str, Any], second: dict[str, Any]) -> Non
 
 DIFFERENT_KEY: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("other-model", {"model": "a", "prompt": "p"}, {"model": "b", "prompt": "p"}),
+    ("other-tag", {"model": "a", "prompt": "p"}, {"model": "a:1b", "prompt": "p"}),
     ("other-prompt", {"model": "m", "prompt": "p"}, {"model": "m", "prompt": "q"}),
     (
         "differs-inside-4KiB",
@@ -509,5 +515,5 @@ def test_affinity_key_different(first: dict[str, Any], second: dict[str, Any]) -
 def test_affinity_key_is_bounded_bytes(document: dict[str, Any]) -> None:
     key = affinity_key(document)
     assert isinstance(key, bytes)
-    assert key.startswith(b"m\0")
-    assert len(key) <= len(b"m\0") + AFFINITY_PREFIX_BYTES
+    assert key.startswith(b"m:latest\0")  # the model as names.model_key spells it
+    assert len(key) <= len(b"m:latest\0") + AFFINITY_PREFIX_BYTES

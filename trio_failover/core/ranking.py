@@ -29,7 +29,7 @@ from typing import Any
 
 from .config import Upstream
 from .inventory import Inventory, lists_model
-from .names import accepts, find_name
+from .names import accepts, find_name, model_key
 
 # How much of the prompt identifies a conversation for KV-cache affinity.
 # System prompt and first turns fit in it; a growing chat keeps its prefix.
@@ -163,6 +163,8 @@ def affinity_key(document: Any) -> bytes | None:
         return None
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
     prefix = text.encode("utf-8", "surrogatepass")[:AFFINITY_PREFIX_BYTES]
+    if isinstance(model, str):
+        model = model_key(model)  # llama3 and llama3:latest: one model, one key
     return f"{model}\0".encode() + prefix
 
 
