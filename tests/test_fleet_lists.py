@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ollama
+import pytest
 import trio
 import trio.testing
 
@@ -26,6 +27,7 @@ from tests.conftest import LogRecords
 from tests.test_discovery import chat, listing, routed
 from trio_failover import ClientKey, Config, Proxy, Upstream
 from trio_failover.core.inventory import CheckFailure, judge_check
+from trio_failover.proxy.lists import Asked, failure_message
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     Behaviour,
@@ -530,4 +532,60 @@ async def test_the_ollama_client_shows_what_the_nodes_answered() -> None:
     assert (error.status_code, error.error) == (
         502,
         "no node serves /api/tags: a answered 404, b answered 404",
+    )
+
+
+MESSAGES = [
+    pytest.param(
+        [
+            Asked("a", None, "status_404", "a answered 404"),
+            Asked("b", None, "status_404", "b answered 404"),
+        ],
+        "no node serves /api/tags: a answered 404, b answered 404",
+        id="every-node-answered-404",
+    ),
+    pytest.param(
+        [
+            Asked("a", None, "not_a_list", "a answered 200 without a tags list"),
+            Asked("b", None, "status_404", "b answered 404"),
+        ],
+        "no node serves /api/tags: a answered 200 without a tags list, b answered 404",
+        id="a-body-that-is-no-list-is-an-answer",
+    ),
+    pytest.param(
+        [
+            Asked("a", None, "timed_out", "a did not answer in time"),
+            Asked("b", None, "status_404", "b answered 404"),
+            Asked("c", None, "down", "c is down"),
+        ],
+        "no node answered /api/tags: a did not answer in time, b answered 404, c is down",
+        id="some-gave-no-answer",
+    ),
+    pytest.param(
+        [Asked("a", b"{}", "listed"), Asked("b", None, "connect_failed", "b cannot be reached")],
+        "no node answered /api/tags: b cannot be reached",
+        id="only-the-nodes-left-out",
+    ),
+    pytest.param([], "no node answered /api/tags: none could be asked", id="none"),
+]
+
+
+@pytest.mark.parametrize(("asked", "expected"), MESSAGES)
+def test_failure_message(asked: list[Asked], expected: str) -> None:
+    assert failure_message("/api/tags", asked) == expected
+
+
+async def test_a_list_s_access_line_names_the_client_key(
+    autojump_clock: trio.abc.Clock, logged: LogRecords
+) -> None:
+    key = "k-3f6a9c0e1b7d2485"
+    async with Fleet({"a": FakeNode(listing("m1"))}) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0, clients=[ClientKey("alice", key)])
+        listed = await get_memory(proxy, "/v1/models", headers=[("x-api-key", key)])
+    assert listed.status == 200
+    [access] = [r.fields for r in logged.records if r.name == "trio_failover.access"]  # type: ignore[attr-defined]
+    assert (access["client"], access["nodes"], access["duration_ms"]) == (
+        "alice",
+        ["a:listed"],
+        0.0,
     )

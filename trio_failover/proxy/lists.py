@@ -56,6 +56,7 @@ NO_LIST_CODE = "upstream_unavailable"
 
 # Whether a 2xx body is a list of the route's kind.
 _ListTest = Callable[[bytes], bool]
+_ANSWERED = frozenset({"not_a_list"})  # results of a node that answered, not with a list
 
 
 def is_list_route(request: ClientRequest) -> bool:
@@ -96,13 +97,14 @@ def failure_message(path: str, asked: Iterable[Asked]) -> str:
     """The ``502``'s message: what each node left out did.
 
     ``no node serves /api/tags: a answered 404, b answered 404`` when every
-    node answered (an Ollama client shows this text with the status), ``no
-    node answered /v1/models: a did not answer in time, ...`` otherwise.
+    node answered (with another status, or a body that is no list; an
+    Ollama client shows this text with the status), ``no node answered
+    /v1/models: a did not answer in time, ...`` otherwise.
     """
     failed = [item for item in asked if item.body is None]
     if not failed:
         return f"no node answered {path}: none could be asked"
-    answered = all(item.result.startswith("status_") for item in failed)
+    answered = all(item.result in _ANSWERED or item.result.startswith("status_") for item in failed)
     lead = f"no node serves {path}" if answered else f"no node answered {path}"
     return lead + ": " + ", ".join(item.words for item in failed)
 
@@ -152,7 +154,7 @@ class FleetLists:
             for node in self.config.upstreams
             if needs_live_listing(node.models, inventories.get(node.name))
         ]
-        asked = await self._ask_live(live, CHECK_PATH.encode(), _is_model_list)
+        asked = await self._ask_live(live, CHECK_PATH.encode(), _is_model_list, "model list")
         rows: list[tuple[str, Sequence[str] | None]] = []
         for node in self.config.upstreams:
             if node.name in asked:
@@ -166,7 +168,7 @@ class FleetLists:
         """The fleet's ``/api/tags`` document, and the nodes asked live for it."""
         known = {node.name: self.known_tags(node) for node in self.config.upstreams}
         live = [node for node in self.config.upstreams if known[node.name] is None]
-        asked = await self._ask_live(live, TAGS_PATH, _is_tags_list)
+        asked = await self._ask_live(live, TAGS_PATH, _is_tags_list, "tags list")
         bodies = [
             asked[node.name].body if node.name in asked else known[node.name]
             for node in self.config.upstreams
@@ -182,7 +184,7 @@ class FleetLists:
         return None
 
     async def _ask_live(
-        self, nodes: Sequence[Upstream], path: bytes, is_list: _ListTest
+        self, nodes: Sequence[Upstream], path: bytes, is_list: _ListTest, kind: str
     ) -> dict[str, Asked]:
         """Each node's answer to ``GET path``, asked in parallel; down nodes are not asked.
 
@@ -197,7 +199,7 @@ class FleetLists:
                 asked[node.name] = Asked(node.name, None, "pending")
 
         async def ask(node: Upstream) -> None:
-            asked[node.name] = await self._ask(node, path, is_list)
+            asked[node.name] = await self._ask(node, path, is_list, kind)
 
         async with trio.open_nursery() as nursery:
             for node in nodes:
@@ -205,7 +207,7 @@ class FleetLists:
                     nursery.start_soon(ask, node)
         return asked
 
-    async def _ask(self, node: Upstream, path: bytes, is_list: _ListTest) -> Asked:
+    async def _ask(self, node: Upstream, path: bytes, is_list: _ListTest, kind: str) -> Asked:
         name = node.name
         try:
             answer = await fetch(
@@ -225,7 +227,7 @@ class FleetLists:
             logger.info("list: node left out", extra={"fields": {"node": name, "status": status}})
             return Asked(name, None, f"status_{status}", f"{name} answered {status}")
         if not answer.complete or not is_list(answer.body):
-            words = f"{name} answered {status} without a list"
+            words = f"{name} answered {status} without a {kind}"
             return Asked(name, None, "not_a_list", words)
         return Asked(name, answer.body, "listed")
 
