@@ -589,3 +589,18 @@ async def test_a_list_s_access_line_names_the_client_key(
         ["a:listed"],
         0.0,
     )
+
+
+async def test_a_stored_tags_answer_is_used_and_its_node_not_asked(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # FleetLists.known_tags is where discovery's last /api/tags answer of
+    # a node plugs in (None today): a node with one is not asked live.
+    nodes = {"a": FakeNode(frozen()), "b": FakeNode(ollama_node("m2"))}
+    stored = json.dumps({"models": [{"name": "m1:latest", "model": "m1:latest"}]}).encode()
+    async with Fleet(nodes) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0)
+        proxy.lists.known_tags = lambda node: stored if node.name == "a" else None  # type: ignore[method-assign]
+        answer = await get_memory(proxy, "/api/tags")
+    assert (answer.at, [m["name"] for m in answer.json()["models"]]) == (0.0, ["m1:latest", "m2"])
+    assert nodes["a"].received == []
