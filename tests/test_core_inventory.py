@@ -13,7 +13,6 @@ from trio_failover.core.inventory import (
     MAX_NOT_FOUND_BODY,
     CheckFailure,
     CheckVerdict,
-    Configured,
     Health,
     Inventory,
     Listing,
@@ -22,12 +21,13 @@ from trio_failover.core.inventory import (
     inventory_of,
     is_model_not_found,
     judge_check,
+    lists_model,
     models_document,
     needs_live_listing,
     parse_model_list,
-    serves,
     tags_document,
 )
+from trio_failover.core.names import Configured
 
 
 def listing(*ids: str) -> bytes:
@@ -113,42 +113,51 @@ def test_inventory_of(ids: tuple[str, ...] | None, expected: tuple[str, ...] | N
 MAPPING = {"qwen3:32b": "Qwen/Qwen3-32B"}
 MAPPING_STAR = {"qwen3:32b": "Qwen/Qwen3-32B", "*": "Qwen/Qwen3-32B"}
 
-# (model, configured, inventory) -> candidate?
-SERVES = [
-    # No model named: every node, whatever it serves.
-    pytest.param(None, ["a"], ("b",), True, id="no-model-configured"),
-    pytest.param(None, None, ("b",), True, id="no-model-inventory"),
-    # Configured models always win over the inventory.
+# (model, configured, inventory) -> does the node *list* the name? (SPEC 5 item 4)
+LISTS = [
+    # Configured names always win over the inventory.
     pytest.param("a", ["a"], None, True, id="list-hit"),
     pytest.param("b", ["a"], ("b",), False, id="list-miss-inventory-ignored"),
     pytest.param("a", ["a"], ("b",), True, id="list-hit-inventory-ignored"),
     pytest.param("qwen3:32b", MAPPING, None, True, id="mapping-key"),
     pytest.param("Qwen/Qwen3-32B", MAPPING, ("Qwen/Qwen3-32B",), False, id="mapping-value-no"),
-    pytest.param("anything", MAPPING_STAR, ("x",), True, id="wildcard"),
-    pytest.param("a", [], ("a",), False, id="empty-list-serves-nothing"),
+    pytest.param("anything", MAPPING_STAR, ("anything",), False, id="star-lists-nothing"),
+    pytest.param("m1", {"*": "x"}, ("m1",), True, id="star-alone-lists-its-inventory"),
+    pytest.param("m1", {"*": "x"}, None, False, id="star-alone-unknown"),
+    pytest.param("a", [], ("a",), False, id="empty-list-lists-nothing"),
     pytest.param("a", "a", None, True, id="lone-string-hit"),
     pytest.param("ab", "abc", None, False, id="lone-string-is-not-substring"),
     # No configured models: the inventory, once known.
     pytest.param("m1", None, ("m1", "m2"), True, id="inventory-hit"),
     pytest.param("m3", None, ("m1", "m2"), False, id="inventory-miss"),
-    pytest.param("m3", None, frozenset({"m1"}), False, id="inventory-frozenset"),
-    pytest.param("m3", None, None, True, id="unknown-every-model"),
-    pytest.param("m3", None, (), True, id="empty-inventory-is-none"),
+    pytest.param("m1", None, frozenset({"m1"}), True, id="inventory-frozenset"),
+    pytest.param("m3", None, None, False, id="unknown-lists-nothing"),
+    pytest.param("m3", None, (), False, id="empty-inventory-lists-nothing"),
+    # Ollama's tag rule, both ways, in configuration and inventories alike.
+    pytest.param("llama3.2", None, ("llama3.2:latest",), True, id="bare-finds-latest"),
+    pytest.param("llama3.2:latest", None, ("llama3.2",), True, id="latest-finds-bare"),
+    pytest.param("llama3.2:latest", ["llama3.2"], None, True, id="configured-bare"),
+    pytest.param("llama3.2", {"llama3.2:latest": "x"}, None, True, id="configured-key-latest"),
+    pytest.param("llama3.2", None, ("llama3.2:1b",), False, id="other-tag-not-folded"),
+    pytest.param("Llama3.2", None, ("llama3.2",), False, id="case-not-folded"),
+    pytest.param("gpt-4o-mini", None, ("tiny",), False, id="single-model-alias-only"),
 ]
 
 
-@pytest.mark.parametrize(("model", "configured", "inventory", "expected"), SERVES)
-def test_serves(
-    model: str | None, configured: Configured, inventory: Inventory, expected: bool
+@pytest.mark.parametrize(("model", "configured", "inventory", "expected"), LISTS)
+def test_lists_model(
+    model: str, configured: Configured, inventory: Inventory, expected: bool
 ) -> None:
-    assert serves(model, configured, inventory) is expected
+    assert lists_model(model, configured, inventory) is expected
 
 
 # (configured, inventory) -> ids a client may ask for
 ADVERTISED = [
     pytest.param(["b", "a", "b"], ("x",), ("b", "a"), id="list-wins-each-once"),
     pytest.param(MAPPING_STAR, ("Qwen/Qwen3-32B",), ("qwen3:32b",), id="mapping-keys-not-star"),
-    pytest.param({"*": "m"}, ("m",), (), id="star-alone-advertises-nothing"),
+    pytest.param({"*": "m"}, ("m",), ("m",), id="star-alone-advertises-its-inventory"),
+    pytest.param({"*": "m"}, None, None, id="star-alone-unknown-asked-live"),
+    pytest.param({"*": "m"}, (), None, id="star-alone-empty-inventory-asked-live"),
     pytest.param([], ("x",), (), id="empty-list"),
     pytest.param("a", None, ("a",), id="lone-string"),
     pytest.param(None, ("m1", "m2"), ("m1", "m2"), id="inventory"),
@@ -375,6 +384,16 @@ MODELS = [
     ),
     pytest.param([("a", None), ("b", ("m",))], [entry("m", "b")], id="unreachable-left-out"),
     pytest.param([("a", ()), ("b", None)], [], id="an-empty-answer-is-an-answer"),
+    pytest.param(
+        [("a", ("llama3.2:latest", "qwen3:8b")), ("b", ("llama3.2", "llama3.2:latest"))],
+        [entry("llama3.2:latest", "a", "b"), entry("qwen3:8b", "a")],
+        id="bare-and-latest-are-one-model-as-first-spelled",
+    ),
+    pytest.param(
+        [("a", ("llama3.2:1b",)), ("b", ("llama3.2",))],
+        [entry("llama3.2:1b", "a"), entry("llama3.2", "b")],
+        id="other-tags-stay-apart",
+    ),
 ]
 
 
@@ -425,6 +444,11 @@ TAGS = [
         [b'{"models": [{"name": "a"}, 3, {"size": 1}]}'], [("a", None)], id="junk-entries"
     ),
     pytest.param([b'{"models": [{"model": "m"}]}'], [("m", None)], id="model-without-name"),
+    pytest.param(
+        [tags("m", digest="first"), tags("m:latest", "m:1b", digest="second")],
+        [("m", "first"), ("m:1b", "second")],
+        id="bare-and-latest-once",
+    ),
 ]
 
 

@@ -313,9 +313,10 @@ async def test_status_models_are_the_configured_ones_else_the_inventory(
             await trio.sleep(1.0)
             after = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
             nursery.cancel_scope.cancel()
-    assert before == {"mapped": ["qwen3"], "plain": None, "star": []}
-    # Configured models win over the inventory; "*" alone names no id.
-    assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": []}
+    # "*" alone names no id of its own: unknown until its inventory is.
+    assert before == {"mapped": ["qwen3"], "plain": None, "star": None}
+    # Configured names win over the inventory; "*" alone lists its inventory (issue 27).
+    assert after == {"mapped": ["qwen3"], "plain": ["listed"], "star": ["listed"]}
 
 
 async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
@@ -341,3 +342,79 @@ async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
     assert (after["state"], after["cooldown_remaining_s"]) == ("down", 0)
     assert [event["state"] for event in events] == ["cooling", "down"]
     assert readiness.is_demoted("a", trio.current_time())
+
+
+# -- names the engines serve (issue 27, SPEC 5 item 4) ------------------------------
+
+
+def served_models(node: FakeNode) -> list[str]:
+    """The ``"model"`` of each request ``node`` was sent (its checks left out)."""
+    return [r.json()["model"] for r in node.received if r.method == b"POST"]
+
+
+async def test_a_bare_name_reaches_the_ollama_node_that_lists_it_tagged(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Ollama lists llama3.2:latest and serves "llama3.2"; on main the proxy
+    # said 404 model_not_found once the first check had run.
+    ollama = FakeNode(routed({b"/v1/models": listing("llama3.2:latest")}, healthy(b"from a")))
+    other = FakeNode(routed({b"/v1/models": listing("qwen3:8b")}, healthy(b"from b")))
+    async with Fleet({"b": other, "a": ollama}) as fleet, checking(fleet) as proxy:
+        await trio.sleep(1.0)  # both first checks done
+        assert node_status(proxy, "a")["models"] == ["llama3.2:latest"]
+        bare = await request(proxy, body=chat("llama3.2"))
+        tagged = await request(proxy, body=chat("llama3.2:latest"))
+    assert bare is not None
+    assert tagged is not None
+    # Straight to a, one attempt each; b (which lists other names) never asked.
+    assert (bare.status, bare.header("x-failover-node"), bare.header("x-failover-attempts")) == (
+        200,
+        "a",
+        "1",
+    )
+    assert (tagged.status, tagged.header("x-failover-node")) == (200, "a")
+    # The node is sent the client's name, as the client spelled it.
+    assert served_models(ollama) == ["llama3.2", "llama3.2:latest"]
+    assert served_models(other) == []
+
+
+async def test_a_single_model_engine_serves_any_name_once_checked(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # llama-server with one model lists its alias ("tiny") and serves any
+    # name: "gpt-4o-mini" was a 404 on main once its inventory was known.
+    engine = FakeNode(routed({b"/v1/models": listing("tiny")}, healthy(b"from a")))
+    async with Fleet({"a": engine}) as fleet, checking(fleet) as proxy:
+        await trio.sleep(1.0)
+        assert node_status(proxy, "a")["models"] == ["tiny"]
+        responses = [
+            await request(proxy, body=chat(name)) for name in ("gpt-4o-mini", "tiny:latest")
+        ]
+    assert [(r.status, r.header("x-failover-node")) for r in responses if r] == [
+        (200, "a"),
+        (200, "a"),
+    ]
+    assert served_models(engine) == ["gpt-4o-mini", "tiny:latest"]
+
+
+async def test_a_name_no_node_lists_goes_to_every_node_and_a_404_moves_on(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # a (vLLM-like) refuses names it does not list with model_not_found; b
+    # (a single-model engine) serves any. Nobody lists "gpt-4o-mini": both
+    # are candidates in ranking order; a's 404 moves on to b, no cooldown.
+    not_found = healthy(b'{"error": {"message": "no", "code": "model_not_found"}}', status=404)
+    strict = FakeNode(routed({b"/v1/models": listing("Qwen/Qwen3-8B")}, not_found))
+    lenient = FakeNode(routed({b"/v1/models": listing("tiny")}, healthy(b"from b")))
+    async with Fleet({"a": strict, "b": lenient}) as fleet, checking(fleet) as proxy:
+        await trio.sleep(1.0)
+        response = await request(proxy, body=chat("gpt-4o-mini"))
+        listed = await request(proxy, body=chat("tiny"))  # b lists it: b alone
+        cooling = proxy.cooldowns.is_cooling("a", trio.current_time())
+    assert response is not None
+    assert listed is not None
+    assert (response.status, response.header("x-failover-node")) == (200, "b")
+    assert [x["outcome"] for x in proxy.recent[0]["attempts"]] == ["model_not_found", "completed"]
+    assert not cooling
+    assert (listed.header("x-failover-node"), listed.header("x-failover-attempts")) == ("b", "1")
+    assert served_models(strict) == ["gpt-4o-mini"]

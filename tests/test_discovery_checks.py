@@ -394,3 +394,29 @@ async def test_an_attempt_that_begins_while_the_check_connects_stops_its_models_
     assert first == "completed"
     # /health, the unused connection, the attempt; then a whole check at 30.
     assert node.connections == 1 + 1 + 1 + 3
+
+
+async def test_the_fleets_tags_come_from_the_last_check_without_asking_the_node_again(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # SPEC 5a: /api/tags from each node's last check; asked live only of a
+    # node with none yet. After the first check, a frozen /api/tags route
+    # would hold the list for 2 s if the node were asked again.
+    node = FakeNode(
+        routed(
+            {
+                b"/health": OK,
+                b"/v1/models": listing("m1"),
+                b"/api/tags": healthy(json.dumps(TAGS).encode()),
+            }
+        )
+    )
+    async with Fleet({"a": node}) as fleet, checking(fleet, interval=30.0) as proxy:
+        await trio.sleep(1.0)
+        asked_before = len(node.received)
+        start = trio.current_time()
+        answer = await request(proxy, "GET", "/api/tags")
+        took = trio.current_time() - start
+    assert answer is not None
+    assert (answer.status, answer.json(), took) == (200, TAGS, 0.0)
+    assert len(node.received) == asked_before  # nothing asked live

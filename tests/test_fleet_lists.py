@@ -4,29 +4,41 @@ Fake nodes of several shapes (OpenAI-style ``/v1/models``, Ollama's
 ``/api/tags``, one that never answers, one that answers garbage) behind the
 real listeners of ``serve()``; issue 18's "done when" with a node whose port
 closes and opens again; and the official ``ollama`` client listing the
-merged models of two fake Ollama nodes.
+merged models of two fake Ollama nodes. Then, under MockClock over the
+in-memory connector, issue 27's cases: the 2 s bound of each live question,
+down nodes not asked, a ``"*"``-only node listed, the request id and
+access line of a list answer, and the message of a list no node serves.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import ollama
+import pytest
 import trio
+import trio.testing
 
+from tests.conftest import LogRecords
 from tests.test_discovery import chat, listing, routed
 from trio_failover import ClientKey, Config, Proxy, Upstream
+from trio_failover.core.inventory import CheckFailure, judge_check
+from trio_failover.proxy.lists import Asked, failure_message
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     Behaviour,
+    ClientResponse,
     FakeNode,
+    Fleet,
     NodeIO,
     ReceivedRequest,
     frozen,
     healthy,
+    request,
     request_tcp,
 )
 
@@ -186,17 +198,22 @@ async def test_no_node_answering_is_a_502_in_the_route_s_shape() -> None:
         models = await get_json(bound.client, "/v1/models")
         tags_answer = await get_json(bound.client, "/api/tags")
         nursery.cancel_scope.cancel()
+    # The message says what each node did (issue 27).
+    said = "silent did not answer in time, garbled did not answer in HTTP/1.1"
     assert models == (
         502,
         {
             "error": {
-                "message": "no node answered",
+                "message": f"no node answered /v1/models: {said}",
                 "type": "upstream_error",
                 "code": "upstream_unavailable",
             }
         },
     )
-    assert tags_answer == (502, {"error": "no node answered", "code": "upstream_unavailable"})
+    assert tags_answer == (
+        502,
+        {"error": f"no node answered /api/tags: {said}", "code": "upstream_unavailable"},
+    )
 
 
 async def test_a_bad_answer_is_a_failed_check_with_its_reason_never_a_crash() -> None:
@@ -264,9 +281,9 @@ async def test_inventories_route_and_a_closed_port_is_down_then_ready_within_an_
             200,
             [("m1", ["a"]), ("m2", ["b"])],
         )
-        # m3: no node serves it, the same 404 as without inventories.
-        status, _, _, document = await post(chat("m3"))
-        assert (status, document["error"]["code"]) == (404, "model_not_found")
+        # m3: no node lists it, so every node is a candidate in ranking
+        # order (inventories narrow, never refuse: issue 27); a serves it.
+        assert await post(chat("m3")) == (200, "a", "1", "from a")
 
         # a's port closes: down within one interval, and b takes the next request first.
         await a.stop()
@@ -277,9 +294,10 @@ async def test_inventories_route_and_a_closed_port_is_down_then_ready_within_an_
         assert down["last_error"].startswith("health check cannot connect (connect: ")
         assert down["models"] == ["m1"]  # a node going away keeps its inventory
         assert await post(chat()) == (200, "b", "1", "from b")
-        # Unreachable when the list is built: left out of it.
+        # Down: not asked, but its known inventory is still listed, as it is
+        # still a candidate (SPEC 5a: "answered or was known").
         _, models = await get_json(bound.client, "/v1/models")
-        assert [(m["id"], m["nodes"]) for m in models["data"]] == [("m2", ["b"])]
+        assert [(m["id"], m["nodes"]) for m in models["data"]] == [("m1", ["a"]), ("m2", ["b"])]
 
         # a listens again on the same port: ready within one interval.
         await a.start(nursery)
@@ -333,3 +351,256 @@ async def test_the_lists_need_a_client_key_like_every_route() -> None:
     assert (refused.status, refused.json()["error"]["code"]) == (401, "invalid_api_key")
     assert (listed.status, [m["id"] for m in listed.json()["data"]]) == (200, ["m1"])
     assert len(node.fake.received) == 1  # the refused request asked no node
+
+
+# -- the lists under MockClock, over the in-memory connector (issue 27) -------------
+
+
+def memory_proxy(fleet: Fleet, *nodes: Upstream, **settings: Any) -> Proxy:
+    """A proxy over ``fleet`` (discovery not started), nodes as given or one per fake."""
+    upstreams = list(nodes) or fleet.upstreams()
+    config = Config(upstreams=upstreams, admin_listen=None, **settings)
+    return Proxy(config, connector=fleet.connector)
+
+
+async def get_memory(proxy: Proxy, path: str, **kwargs: Any) -> ClientResponse:
+    response = await request(proxy, "GET", path, **kwargs)
+    assert response is not None
+    return response
+
+
+async def test_a_frozen_node_costs_a_list_two_seconds_not_ten(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # make demo's case: a accepts and answers nothing. On main both lists
+    # answered at t=10 (the checks' 10 s); now the live questions get 2 s.
+    nodes = {"a": FakeNode(frozen()), "b": FakeNode(ollama_node("m1"))}
+    async with Fleet(nodes) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0)
+        models = await get_memory(proxy, "/v1/models")
+        models_at = trio.current_time()
+        tags_answer = await get_memory(proxy, "/api/tags")
+        tags_at = trio.current_time()
+    assert models_at == 2.0  # the connect is instant in memory: 2 s for the answer
+    assert tags_at - models_at == 2.0
+    assert (models.status, [(m["id"], m["nodes"]) for m in models.json()["data"]]) == (
+        200,
+        [("m1", ["b"])],
+    )
+    assert (tags_answer.status, [m["name"] for m in tags_answer.json()["models"]]) == (200, ["m1"])
+    assert nodes["a"].closed_at == [2.0, 4.0]  # each question closed at its deadline
+
+
+async def test_a_down_node_is_not_asked_but_its_known_models_are_listed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    nodes = {
+        "down": FakeNode(frozen()),
+        "known": FakeNode(frozen()),
+        "live": FakeNode(ollama_node("m2")),
+    }
+    async with Fleet(nodes) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0)
+        now = trio.current_time()
+        refused = judge_check(failure=CheckFailure.CONNECT_FAILED)
+        proxy.report.readiness.check_finished("down", refused, now)
+        proxy.report.readiness.check_finished("known", refused, now)
+        ok = judge_check(status=200, body=json.dumps({"data": [{"id": "m1"}]}).encode())
+        proxy.report.health.apply_check("known", ok)
+        proxy.report.readiness.check_finished("known", refused, now)  # down, inventory kept
+        models = await get_memory(proxy, "/v1/models")
+        tags_answer = await get_memory(proxy, "/api/tags")
+    assert models.at == 0.0  # nobody frozen was asked: no wait at all
+    assert [(m["id"], m["nodes"]) for m in models.json()["data"]] == [
+        ("m1", ["known"]),
+        ("m2", ["live"]),
+    ]
+    assert [m["name"] for m in tags_answer.json()["models"]] == ["m2"]
+    assert nodes["down"].received == []
+    assert nodes["known"].received == []
+
+
+async def test_a_star_only_node_lists_its_inventory(autojump_clock: trio.abc.Clock) -> None:
+    # On main a node whose models is {"*": ...} alone vanished from the list.
+    nodes = {"star": FakeNode(listing("Qwen/Qwen3-8B")), "plain": FakeNode(listing("m1"))}
+    async with Fleet(nodes) as fleet:
+        star = Upstream("star", "http://star.invalid", models={"*": "Qwen/Qwen3-8B"})
+        plain = Upstream("plain", "http://plain.invalid")
+        # Discovery off: asked live, like a node with nothing configured.
+        live = await get_memory(
+            memory_proxy(fleet, star, plain, discovery_interval=0), "/v1/models"
+        )
+        # Discovery on: from its inventory, not asked.
+        proxy = memory_proxy(fleet, star, plain, discovery_interval=30.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run_discovery)
+            await trio.sleep(1.0)
+            asked_before = len(nodes["star"].received)
+            known = await get_memory(proxy, "/v1/models")
+            asked_after = len(nodes["star"].received)
+            nursery.cancel_scope.cancel()
+    expected = [("Qwen/Qwen3-8B", ["star"]), ("m1", ["plain"])]
+    assert [(m["id"], m["nodes"]) for m in live.json()["data"]] == expected
+    assert [(m["id"], m["nodes"]) for m in known.json()["data"]] == expected
+    assert asked_after == asked_before  # its check's inventory served the list
+
+
+async def test_list_answers_carry_the_request_id_and_leave_an_access_line(
+    autojump_clock: trio.abc.Clock, logged: LogRecords
+) -> None:
+    nodes = {"a": FakeNode(listing("m1")), "b": FakeNode(frozen())}
+    async with Fleet(nodes) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0)
+        given = await get_memory(proxy, "/v1/models", headers=[("X-Request-Id", "list-1")])
+        fresh = await get_memory(proxy, "/api/tags")
+    assert given.header("x-request-id") == "list-1"
+    fresh_id = fresh.header("x-request-id")
+    assert fresh_id is not None
+    assert uuid.UUID(fresh_id).version == 4
+    access = [r.fields for r in logged.records if r.name == "trio_failover.access"]  # type: ignore[attr-defined]
+    assert access == [
+        {
+            "id": "list-1",
+            "method": "GET",
+            "path": "/v1/models",
+            "client": None,
+            "status": 200,
+            "state": "completed",
+            "nodes": ["a:listed", "b:timed_out"],
+            "commit_ms": None,
+            "duration_ms": 2000.0,
+            "queued_ms": 0.0,
+            "bytes": len(given.body),
+        },
+        {
+            "id": fresh_id,
+            "method": "GET",
+            "path": "/api/tags",
+            "client": None,
+            "status": 502,
+            "state": "failed",
+            "nodes": ["a:not_a_list", "b:timed_out"],
+            "commit_ms": None,
+            "duration_ms": 2000.0,
+            "queued_ms": 0.0,
+            "bytes": len(fresh.body),
+        },
+    ]
+    assert proxy.recent == []  # no workload: list loads do not push requests out of /status
+
+
+async def test_a_list_no_node_serves_says_what_each_node_answered(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # ollama.list() in front of two llama-servers: both answer 404 to
+    # /api/tags. On main: "no node answered" (502), as if none had answered.
+    not_found = healthy(b'{"error": {"code": 404, "message": "File Not Found"}}', status=404)
+    nodes = {"a": FakeNode(not_found), "b": FakeNode(not_found)}
+    async with Fleet(nodes) as fleet:
+        response = await get_memory(memory_proxy(fleet, discovery_interval=0), "/api/tags")
+    assert (response.status, response.json()) == (
+        502,
+        {
+            "error": "no node serves /api/tags: a answered 404, b answered 404",
+            "code": "upstream_unavailable",
+        },
+    )
+
+
+async def test_the_ollama_client_shows_what_the_nodes_answered() -> None:
+    not_found = healthy(b'{"error": {"code": 404, "message": "File Not Found"}}', status=404)
+    first, second = SocketNode("a", not_found), SocketNode("b", not_found)
+    async with trio.open_nursery() as nursery:
+        await first.start(nursery)
+        await second.start(nursery)
+        proxy = proxy_for(first.upstream, second.upstream, discovery_interval=0)
+        bound: BoundAddresses = await nursery.start(
+            functools.partial(serve, proxy.config, proxy=proxy)
+        )
+
+        def listed() -> ollama.ResponseError:
+            with ollama.Client(host=bound.client_url, trust_env=False, timeout=10) as client:
+                try:
+                    client.list()
+                except ollama.ResponseError as exc:
+                    return exc
+            raise AssertionError("the list did not fail")
+
+        with trio.fail_after(20):
+            error = await trio.to_thread.run_sync(listed)
+        nursery.cancel_scope.cancel()
+    assert (error.status_code, error.error) == (
+        502,
+        "no node serves /api/tags: a answered 404, b answered 404",
+    )
+
+
+MESSAGES = [
+    pytest.param(
+        [
+            Asked("a", None, "status_404", "a answered 404"),
+            Asked("b", None, "status_404", "b answered 404"),
+        ],
+        "no node serves /api/tags: a answered 404, b answered 404",
+        id="every-node-answered-404",
+    ),
+    pytest.param(
+        [
+            Asked("a", None, "not_a_list", "a answered 200 without a tags list"),
+            Asked("b", None, "status_404", "b answered 404"),
+        ],
+        "no node serves /api/tags: a answered 200 without a tags list, b answered 404",
+        id="a-body-that-is-no-list-is-an-answer",
+    ),
+    pytest.param(
+        [
+            Asked("a", None, "timed_out", "a did not answer in time"),
+            Asked("b", None, "status_404", "b answered 404"),
+            Asked("c", None, "down", "c is down"),
+        ],
+        "no node answered /api/tags: a did not answer in time, b answered 404, c is down",
+        id="some-gave-no-answer",
+    ),
+    pytest.param(
+        [Asked("a", b"{}", "listed"), Asked("b", None, "connect_failed", "b cannot be reached")],
+        "no node answered /api/tags: b cannot be reached",
+        id="only-the-nodes-left-out",
+    ),
+    pytest.param([], "no node answered /api/tags: none could be asked", id="none"),
+]
+
+
+@pytest.mark.parametrize(("asked", "expected"), MESSAGES)
+def test_failure_message(asked: list[Asked], expected: str) -> None:
+    assert failure_message("/api/tags", asked) == expected
+
+
+async def test_a_list_s_access_line_names_the_client_key(
+    autojump_clock: trio.abc.Clock, logged: LogRecords
+) -> None:
+    key = "k-3f6a9c0e1b7d2485"
+    async with Fleet({"a": FakeNode(listing("m1"))}) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0, clients=[ClientKey("alice", key)])
+        listed = await get_memory(proxy, "/v1/models", headers=[("x-api-key", key)])
+    assert listed.status == 200
+    [access] = [r.fields for r in logged.records if r.name == "trio_failover.access"]  # type: ignore[attr-defined]
+    assert (access["client"], access["nodes"], access["duration_ms"]) == (
+        "alice",
+        ["a:listed"],
+        0.0,
+    )
+
+
+async def test_a_stored_tags_answer_is_used_and_its_node_not_asked(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # FleetLists.known_tags is where discovery's last /api/tags answer of
+    # a node plugs in: a node with one is not asked live.
+    nodes = {"a": FakeNode(frozen()), "b": FakeNode(ollama_node("m2"))}
+    stored = json.dumps({"models": [{"name": "m1:latest", "model": "m1:latest"}]}).encode()
+    async with Fleet(nodes) as fleet:
+        proxy = memory_proxy(fleet, discovery_interval=0)
+        proxy.lists.known_tags = lambda node: stored if node.name == "a" else None  # type: ignore[method-assign]
+        answer = await get_memory(proxy, "/api/tags")
+    assert (answer.at, [m["name"] for m in answer.json()["models"]]) == (0.0, ["m1:latest", "m2"])
+    assert nodes["a"].received == []

@@ -35,7 +35,12 @@ A, B, C, D = (_node(name) for name in "abcd")
 Q = _node("q", ["qwen3:32b"])
 M = _node("m", {"llama3": "meta-llama/Llama-3-8B"})
 V = _node("v", {"qwen3:32b": "Qwen/Qwen3-32B", "*": "Qwen/Qwen3-32B"})
-NODES = {node.name: node for node in (A, B, C, D, Q, M, V)}
+# S maps every name and lists none of its own (its inventory, once known,
+# is what it lists); L lists llama3.2 untagged; K maps llama3.2 untagged.
+S = _node("s", {"*": "Qwen/Qwen3-32B"})
+L = _node("l", ["llama3.2"])
+K = _node("k", {"llama3.2": "meta/llama-3.2"})
+NODES = {node.name: node for node in (A, B, C, D, Q, M, V, S, L, K)}
 
 
 def _key_choosing(winner: str, among: Sequence[str]) -> bytes:
@@ -78,17 +83,63 @@ CASES = [
     Case("star-serves-any", "aqmv", "av", model="mistral"),
     Case("no-node-serves", "qm", "", model="gpt-4o"),
     Case("filtered-then-partitioned", "aqmv", "vaq", model="qwen3:32b", cooling="aq"),
-    # Inventories (SPEC 5a): a node without models takes only what it lists.
+    # Inventories narrow, never refuse (SPEC 5 item 4): when some node lists
+    # the name, a node without models takes it only if its inventory lists
+    # it or is unknown; when no node lists it, every node configuration
+    # does not exclude.
     Case("inventory-filters", "ab", "b", model="m2", inventories={"a": ("m1",), "b": ("m2",)}),
-    Case("no-inventory-yet-serves-all", "abc", "bc", model="m2", inventories={"a": ("m1",)}),
+    Case("nobody-lists-it-unknown-too", "abc", "abc", model="m2", inventories={"a": ("m1",)}),
+    Case(
+        "listed-elsewhere-unknown-kept",
+        "abc",
+        "bc",
+        model="m2",
+        inventories={"a": ("m1",), "b": ("m2",)},
+    ),
     Case("unknown-inventory-serves-all", "ab", "ab", model="m2", inventories={"a": None}),
     Case("inventory-no-model-named", "ab", "ab", inventories={"a": ("m1",), "b": ("m2",)}),
     Case(
-        "inventory-nobody-lists-it", "ab", "", model="m3", inventories={"a": ("m1",), "b": ("m2",)}
+        "inventory-nobody-lists-it-all",
+        "ab",
+        "ab",
+        model="m3",
+        inventories={"a": ("m1",), "b": ("m2",)},
     ),
-    Case("empty-inventory-serves-all", "ab", "b", model="m3", inventories={"a": ("m1",), "b": ()}),
+    Case("empty-inventory-is-unknown", "ab", "ab", model="m3", inventories={"a": ("m1",), "b": ()}),
+    Case("empty-inventory-kept-when-listed", "ab", "ab", model="m1", inventories={"a": ("m1",)}),
     Case("configured-models-win", "qa", "qa", model="qwen3:32b", inventories={"q": ("other",)}),
-    Case("configured-star-wins", "va", "v", model="x", inventories={"v": (), "a": ("m1",)}),
+    Case(
+        "configured-list-narrows-inventories",
+        "qab",
+        "qb",
+        model="qwen3:32b",
+        inventories={"a": ("m1",)},
+    ),
+    Case("configured-still-excludes", "qma", "a", model="x", inventories={"a": ("m1",)}),
+    Case("star-lists-nothing-so-all", "va", "va", model="x", inventories={"v": (), "a": ("m1",)}),
+    Case(
+        "star-alone-lists-its-inventory",
+        "as",
+        "s",
+        model="m1",
+        inventories={"a": ("m2",), "s": ("m1",)},
+    ),
+    Case("star-alone-unknown-lists-nothing", "as", "as", model="m1", inventories={"a": ("m2",)}),
+    Case(
+        "star-alone-kept-when-another-lists",
+        "sab",
+        "sb",
+        model="m2",
+        inventories={"s": ("m1",), "a": ("m1",), "b": ("m2",)},
+    ),
+    Case(
+        "a-demoted-node-still-lists",
+        "ab",
+        "a",
+        model="m1",
+        cooling="a",
+        inventories={"a": ("m1",), "b": ("m2",)},
+    ),
     Case("inventory-then-demoted", "abc", "cab", model="m", cooling="ab", inventories={}),
     Case(
         "inventory-then-partition",
@@ -98,6 +149,74 @@ CASES = [
         cooling="b",
         inventories={"a": ("m1",), "b": ("m2",), "c": ("m2", "m1")},
     ),
+    # Issue 27: names the engines serve. Ollama lists the tagged name.
+    Case(
+        "ollama-bare-name-is-latest",
+        "ba",
+        "a",
+        model="llama3.2",
+        inventories={"a": ("llama3.2:latest",), "b": ("qwen3:8b",)},
+    ),
+    Case(
+        "latest-finds-a-bare-listing",
+        "ba",
+        "a",
+        model="llama3.2:latest",
+        inventories={"a": ("llama3.2",), "b": ("qwen3:8b",)},
+    ),
+    Case(
+        "other-tag-not-folded",
+        "ab",
+        "b",
+        model="llama3.2",
+        inventories={"a": ("llama3.2:1b",), "b": ("llama3.2:latest",)},
+    ),
+    Case(
+        "unlisted-tag-goes-to-all",
+        "ab",
+        "ab",
+        model="llama3.2:3b",
+        inventories={"a": ("llama3.2:1b",), "b": ("llama3.2:latest",)},
+    ),
+    Case(
+        "case-not-folded", "ab", "ab", model="llama3", inventories={"a": ("Llama3",), "b": ("x",)}
+    ),
+    # A single-model llama-server lists its alias and serves any name.
+    Case(
+        "single-model-engine-any-name", "a", "a", model="gpt-4o-mini", inventories={"a": ("tiny",)}
+    ),
+    Case(
+        "single-model-engines-any-name",
+        "ab",
+        "ab",
+        model="gpt-4o-mini",
+        inventories={"a": ("tiny",), "b": ("model.gguf",)},
+    ),
+    Case(
+        "tiny-latest-is-the-listed-tiny",
+        "ba",
+        "a",
+        model="tiny:latest",
+        inventories={"a": ("tiny",), "b": ("model.gguf",)},
+    ),
+    Case(
+        "an-engine-that-lists-it-first-in-group",
+        "ab",
+        "b",
+        model="gpt-4o-mini",
+        inventories={"a": ("tiny",), "b": ("gpt-4o-mini",)},
+    ),
+    # Configured names compare the same way (list entries and mapping keys).
+    Case("configured-list-bare-matches-latest", "la", "la", model="llama3.2:latest"),
+    Case("configured-key-bare-matches-latest", "ka", "ka", model="llama3.2:latest"),
+    Case(
+        "configured-bare-narrows-a-tagged-inventory",
+        "lab",
+        "lb",
+        model="llama3.2:latest",
+        inventories={"a": ("qwen3:8b",)},
+    ),
+    Case("configured-other-tag-excluded", "la", "a", model="llama3.2:1b"),
     # Manual selection: front of its own group, never above a ready node.
     Case("select-to-front", "abcd", "cabd", selected="c"),
     Case("select-first-is-no-op", "abcd", "abcd", selected="a"),
@@ -320,6 +439,11 @@ SAME_KEY: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"model": "m", "prompt": "p"},
     ),
     (
+        "bare-name-is-latest",
+        {"model": "llama3.2", "prompt": "p"},
+        {"model": "llama3.2:latest", "prompt": "p"},
+    ),
+    (
         "messages-as-text-keyed-as-given",
         {"model": "m", "messages": "hello there"},
         {"model": "m", "prompt": "hello there"},
@@ -338,6 +462,7 @@ def test_affinity_key_same(first: dict[str, Any], second: dict[str, Any]) -> Non
 
 DIFFERENT_KEY: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("other-model", {"model": "a", "prompt": "p"}, {"model": "b", "prompt": "p"}),
+    ("other-tag", {"model": "a", "prompt": "p"}, {"model": "a:1b", "prompt": "p"}),
     ("other-prompt", {"model": "m", "prompt": "p"}, {"model": "m", "prompt": "q"}),
     (
         "differs-inside-4KiB",
@@ -390,5 +515,5 @@ def test_affinity_key_different(first: dict[str, Any], second: dict[str, Any]) -
 def test_affinity_key_is_bounded_bytes(document: dict[str, Any]) -> None:
     key = affinity_key(document)
     assert isinstance(key, bytes)
-    assert key.startswith(b"m\0")
-    assert len(key) <= len(b"m\0") + AFFINITY_PREFIX_BYTES
+    assert key.startswith(b"m:latest\0")  # the model as names.model_key spells it
+    assert len(key) <= len(b"m:latest\0") + AFFINITY_PREFIX_BYTES

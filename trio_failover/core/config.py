@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from .errors import ConfigError
+from .names import WILDCARD, accepts, node_model_name
 
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]
@@ -31,7 +32,7 @@ LOG_LEVEL_CHOICES: tuple[str, ...] = ("debug", "info", "warning", "error", "crit
 
 # RFC 9110 token characters; a node name goes into a header (X-Failover-Node).
 _NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~:-]{1,128}$")
-WILDCARD_MODEL = "*"
+WILDCARD_MODEL = WILDCARD
 # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
 _PORT_RE = re.compile(r"[0-9]+")
 # What a key or token may hold: it travels in a header value
@@ -215,18 +216,15 @@ class Upstream:
         set_part(self, "host_header", parts.netloc.rpartition("@")[2])
 
     def serves(self, model: str | None) -> bool:
-        """Whether this node takes a request for ``model`` (None: no model named)."""
-        if model is None or self.models is None:
-            return True
-        return model in self.models or WILDCARD_MODEL in self.models
+        """Whether this node's configuration takes a request for ``model`` (None: no model named).
+
+        Names compare as Ollama resolves them (``names.accepts``).
+        """
+        return model is None or accepts(model, self.models)
 
     def model_name_for(self, model: str) -> str:
-        """The node's own name for the client's ``model``."""
-        if self.models is None:
-            return model
-        if model in self.models:
-            return self.models[model]
-        return self.models.get(WILDCARD_MODEL, model)
+        """The name this node is sent for the client's ``model`` (``names.node_model_name``)."""
+        return node_model_name(model, self.models)
 
     @classmethod
     def parse(cls, spec: str) -> Upstream:

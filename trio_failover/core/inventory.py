@@ -17,8 +17,10 @@ Node names are str, bodies bytes, times float seconds from the shell's clock.
 
 Use, in the shell:
 
-- routing: a node is a candidate when
-  ``serves(model, node.models, inventories.get(node.name))``;
+- routing: ``ranking.model_filter`` keeps the nodes whose configuration
+  takes the name (``names.accepts``), then narrows the others to those
+  whose inventory lists it or is unknown, but only when some node
+  ``lists_model`` it (SPEC 5 item 4: inventories narrow, never refuse);
 - discovery (``checks.py`` says the order): after ``checks.judge_health``
   of the ``/health`` answer, ask ``GET CHECK_PATH`` (connect timeout, then
   ``CHECK_ANSWER_TIMEOUT``, read at most ``MAX_LISTING_BYTES + 1`` bytes)
@@ -38,12 +40,12 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from .names import WILDCARD, Configured, configured_names, find_name, model_key
 from .outcome import error_field
 
-WILDCARD = "*"
 DOWN_REASON = "health_check"  # the reason of a node event and of /status
 READY_REASON_CHECK = "health_check"
 READY_REASON_SERVED = "success"  # as a committed attempt ending a cooldown
@@ -52,7 +54,6 @@ CHECK_ANSWER_TIMEOUT = 10.0  # each question of a check: connection made to whol
 MAX_LISTING_BYTES = 1 << 20  # a longer answer is not a model list
 MAX_NOT_FOUND_BODY = 65536  # as much of a 404 as is worth reading
 
-Configured = Mapping[str, str] | Sequence[str] | None
 Inventory = Collection[str] | None
 
 
@@ -120,39 +121,30 @@ def inventory_of(ids: Sequence[str] | None) -> tuple[str, ...] | None:
 # -- candidates --------------------------------------------------------------------
 
 
-def serves(model: str | None, configured: Configured, inventory: Inventory) -> bool:
-    """Whether a node is a candidate for a request naming ``model``.
+def lists_model(model: str, configured: Configured, inventory: Inventory) -> bool:
+    """Whether a node *lists* ``model``: it is one of its ``advertised_ids``.
 
-    Args:
-        model: the request's ``"model"`` (None: it names none, every node).
-        configured: the node's configured ``models`` (they always win).
-        inventory: its inventory; None or empty while unknown (every model).
+    The names it lists are the ones the fleet's ``/v1/models`` shows for it;
+    ``"*"`` lists nothing (it accepts every name, as a single-model engine
+    does). Names compare as Ollama resolves them (``names.find_name``).
     """
-    if model is None:
-        return True
-    if configured is not None:
-        if isinstance(configured, Mapping):
-            return model in configured or WILDCARD in configured
-        if isinstance(configured, str):  # a lone name given where a list belongs
-            return model == configured
-        return model in configured
-    if not inventory:
-        return True
-    return model in inventory
+    ids = advertised_ids(configured, inventory)
+    return ids is not None and find_name(model, ids) is not None
 
 
 def advertised_ids(configured: Configured, inventory: Inventory) -> tuple[str, ...] | None:
     """The model ids a client may ask this node for (``/status`` ``models``).
 
-    The keys of a mapping other than ``"*"`` (a mapping of ``"*"`` alone
-    gives ``()``), the entries of a list, else the inventory. None when
-    neither is known: then the fleet's ``/v1/models`` asks the node live.
+    The keys of a mapping other than ``"*"``, the entries of a list, else
+    the inventory: also for a mapping of ``"*"`` alone, which names no id of
+    its own (SPEC 5a). None when neither is known: then the fleet's
+    ``/v1/models`` asks the node live.
     """
     if configured is not None:
-        if isinstance(configured, str):
-            return (configured,)
-        names = configured.keys() if isinstance(configured, Mapping) else configured
-        return tuple(dict.fromkeys(name for name in names if name != WILDCARD))
+        names = configured_names(configured)
+        named = tuple(dict.fromkeys(name for name in names if name != WILDCARD))
+        if named or WILDCARD not in names:
+            return named
     if inventory:
         return tuple(inventory)
     return None
@@ -327,23 +319,31 @@ def models_document(
 
     Returns:
         ``{"object": "list", "data": [{"id", "object": "model", "created",
-        "owned_by", "nodes"}]}``, each id once (in order of first appearance)
+        "owned_by", "nodes"}]}``, each model once (in order of first
+        appearance, as first spelled: ``NAME`` and ``NAME:latest`` are one)
         with its nodes in ranking order; None when no node answered (502).
     """
+    # By model_key: "llama3" and "llama3:latest" are one model, shown as
+    # first spelled, as routing treats them (names.py).
+    shown: dict[str, str] = {}
     serving: dict[str, list[str]] = {}
     answered = False
     for name, ids in nodes:
         if ids is None:
             continue
         answered = True
-        for model in dict.fromkeys(ids):
-            serving.setdefault(model, []).append(name)
+        for model in ids:
+            key = model_key(model)
+            names = serving.setdefault(key, [])
+            shown.setdefault(key, model)
+            if name not in names:
+                names.append(name)
     if not answered:
         return None
     data = [
         # "created" is not in SPEC; strict OpenAI clients want the field.
-        {"id": model, "object": "model", "created": 0, "owned_by": owned_by, "nodes": names}
-        for model, names in serving.items()
+        {"id": shown[key], "object": "model", "created": 0, "owned_by": owned_by, "nodes": names}
+        for key, names in serving.items()
     ]
     return {"object": "list", "data": data}
 
@@ -356,9 +356,9 @@ def tags_document(bodies: Iterable[bytes | None]) -> dict[str, object] | None:
             node that did not answer ``2xx`` in time.
 
     Returns:
-        ``{"models": [...]}`` with one entry per ``name`` (the first node's
-        entry wins, as the node sent it); None when no node gave an Ollama
-        tags answer (502).
+        ``{"models": [...]}`` with one entry per model (``names.model_key`` of
+        its ``name``; the first node's entry wins, as the node sent it);
+        None when no node gave an Ollama tags answer (502).
     """
     merged: dict[str, object] = {}
     answered = False
@@ -369,8 +369,8 @@ def tags_document(bodies: Iterable[bytes | None]) -> dict[str, object] | None:
         answered = True
         for entry in entries:
             name = entry.get("name", entry.get("model"))
-            if isinstance(name, str) and name not in merged:
-                merged[name] = entry
+            if isinstance(name, str):
+                merged.setdefault(model_key(name), entry)
     return {"models": list(merged.values())} if answered else None
 
 

@@ -3,10 +3,12 @@
 The ranking from configuration is immutable. For each request it is
 resolved in four steps, each a plain function of data:
 
-1. model filter: a node with ``models`` only takes requests naming one of
-   them; a node without takes only the ids of its inventory, once it has
-   one (``inventory.serves``); a request that names no model goes to every
-   node;
+1. model filter (``model_filter``, SPEC 5 item 4): a node with ``models``
+   only takes requests naming one of them (or any, with ``"*"``); a node
+   without is narrowed by its inventory, but only when some node lists the
+   name: inventories narrow, they never refuse a name an engine would
+   serve. A request that names no model goes to every node. Names compare
+   as Ollama resolves them (``names.py``);
 2. prefix affinity (``--affinity prefix``): rendezvous hashing of the model
    and the start of the prompt moves one node to the front;
 3. manual selection (``X-Failover-Node``) moves the named node to the front;
@@ -26,7 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import Upstream
-from .inventory import Inventory, serves
+from .inventory import Inventory, lists_model
+from .names import accepts, find_name, model_key
 
 # How much of the prompt identifies a conversation for KV-cache affinity.
 # System prompt and first turns fit in it; a growing chat keeps its prefix.
@@ -57,8 +60,7 @@ def resolve_candidates(
         The candidates: ready first, demoted after. Empty only when no node
         serves ``model``.
     """
-    known = inventories or {}
-    nodes = [node for node in ranking if serves(model, node.models, known.get(node.name))]
+    nodes = model_filter(ranking, model, inventories or {})
     if affinity_key is not None and nodes:
         nodes = _to_front(nodes, rendezvous_choice([n.name for n in nodes], affinity_key))
     if selected is not None:
@@ -70,6 +72,48 @@ def resolve_candidates(
     for node in nodes:
         (cooling if is_cooling(node.name) else ready).append(node)
     return ready + cooling
+
+
+def model_filter(
+    ranking: Sequence[Upstream], model: str | None, inventories: Mapping[str, Inventory]
+) -> list[Upstream]:
+    """The nodes that may serve ``model``, in ranking order (SPEC 5 item 4).
+
+    Configuration excludes: a node with ``models`` is kept only when they
+    take the name (``names.accepts``: either spelling, or ``"*"``). The
+    inventories narrow, never refuse: when some kept node *lists* the name
+    (``inventory.lists_model``: its configured names, or its inventory),
+    a node without ``models`` stays only if its inventory lists it or is
+    unknown; when no node lists it, every kept node stays, for a
+    single-model llama-server or llama-cpp-python serves any name, and a
+    node's ``404`` model-not-found moves the workload on.
+
+    Args:
+        ranking: all nodes in configuration order.
+        model: the request's ``"model"`` (None: every node).
+        inventories: the known inventories by node name; missing, None or
+            empty: unknown.
+    """
+    if model is None:
+        return list(ranking)
+    kept: list[Upstream] = []
+    unlisted: set[int] = set()  # indexes in kept of nodes whose inventory misses the name
+    listed = False
+    for node in ranking:
+        inventory = inventories.get(node.name)
+        if node.models is not None:
+            if not accepts(model, node.models):
+                continue
+            listed = listed or lists_model(model, node.models, inventory)
+        elif inventory:
+            if find_name(model, inventory) is None:
+                unlisted.add(len(kept))
+            else:
+                listed = True
+        kept.append(node)
+    if not listed or not unlisted:
+        return kept
+    return [node for index, node in enumerate(kept) if index not in unlisted]
 
 
 def _to_front(nodes: list[Upstream], name: str) -> list[Upstream]:
@@ -119,6 +163,8 @@ def affinity_key(document: Any) -> bytes | None:
         return None
     text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
     prefix = text.encode("utf-8", "surrogatepass")[:AFFINITY_PREFIX_BYTES]
+    if isinstance(model, str):
+        model = model_key(model)  # llama3 and llama3:latest: one model, one key
     return f"{model}\0".encode() + prefix
 
 

@@ -12,14 +12,20 @@ import json
 from typing import Any
 
 from .config import Upstream
+from .names import node_model_name
 from .requests import request_model
 
 
 def node_body(body: bytes, document: Any, node: Upstream) -> bytes:
-    """The body for ``node``: its own name of the model, the rest as the client sent it."""
+    """The body for ``node``: its own name of the model, the rest as the client sent it.
+
+    The client's name is kept unless the node's ``models`` mapping gives
+    another (``names.node_model_name``: ``llama3.2`` and ``llama3.2:latest``
+    find the same key), so an unmapped node gets the client's bytes as sent.
+    """
     model = request_model(document)
     if model is not None and node.models is not None:
-        node_model = node.model_name_for(model)
+        node_model = node_model_name(model, node.models)
         if node_model != model:
             return json.dumps({**document, "model": node_model}).encode()
     return body

@@ -109,7 +109,7 @@ class Proxy:
             if admitted is None:
                 return client.reusable
             if is_list_route(admitted.request):  # the fleet's lists, answered here (SPEC 5a)
-                return await self.lists.answer(client, admitted.request)
+                return await self.lists.answer(client, admitted.request, admitted.client)
             return await self._workloads.run(
                 client, admitted.request, client_address, scheme, client_name=admitted.client
             )

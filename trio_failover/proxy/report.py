@@ -285,6 +285,39 @@ class Report:
             }
         )
 
+    def listed(
+        self,
+        request_id: str,
+        path: str,
+        client: str | None,
+        status: int,
+        nodes: list[str],
+        started: float,
+        sent: int,
+    ) -> None:
+        """Log the access line of a fleet list the proxy answered itself (no workload).
+
+        ``nodes``: each node asked live as ``node:result`` (``proxy/lists.py``).
+        Like a 401, it stays out of ``/status`` and the events: clients such
+        as Open WebUI load the list on every page and would push the fleet's
+        workloads out of view.
+        """
+        log_access(
+            {
+                "id": request_id,
+                "method": "GET",
+                "path": path,
+                "client": client,
+                "status": status,
+                "state": str(State.COMPLETED if status < 400 else State.FAILED),
+                "nodes": nodes,
+                "commit_ms": None,
+                "duration_ms": _ms(trio.current_time() - started),
+                "queued_ms": 0.0,
+                "bytes": sent,
+            }
+        )
+
     def unauthorized(
         self, request_id: str, method: str, path: str, started: float, sent: int = 0
     ) -> None:
