@@ -420,3 +420,40 @@ async def test_the_fleets_tags_come_from_the_last_check_without_asking_the_node_
     assert answer is not None
     assert (answer.status, answer.json(), took) == (200, TAGS, 0.0)
     assert len(node.received) == asked_before  # nothing asked live
+
+
+async def test_the_fleets_model_list_does_not_ask_a_node_with_an_attempt_in_flight(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Like a check, the fleet's GET /v1/models asks a node without an
+    # inventory only while nothing of this proxy runs there (llama-cpp-python
+    # would end the running generation); that node is left out meanwhile.
+    chunks = [b"data: %d\n\n" % i for i in range(5)]
+    node = FakeNode(
+        routed(
+            {b"/v1/models": listing("m1")},
+            healthy(chunks, chunk_delay=1.0, headers=[("content-type", "text/event-stream")]),
+        )
+    )
+    async with Fleet({"a": node}) as fleet:
+        config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=0)
+        proxy = Proxy(config, connector=fleet.connector)
+        lists: list[Any] = []
+
+        async def client() -> None:
+            await request(proxy, body=chat())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client)
+            await trio.sleep(1.5)
+            lists.append(await request(proxy, "GET", "/v1/models"))  # at 1.5: busy, unknown
+            await trio.sleep(5.0)
+            lists.append(await request(proxy, "GET", "/v1/models"))  # at 6.5: asked
+            nursery.start_soon(client)
+            await trio.sleep(1.0)
+            lists.append(await request(proxy, "GET", "/v1/models"))  # at 7.5: busy, known
+    _busy_unknown, asked, known = lists
+    assert [answer.status for answer in lists] == [502, 200, 200]
+    assert [m["id"] for m in asked.json()["data"]] == [m["id"] for m in known.json()["data"]]
+    assert [m["id"] for m in known.json()["data"]] == ["m1"]
+    assert [r.at for r in node.received if r.target == b"/v1/models"] == [6.5]

@@ -120,6 +120,9 @@ class FleetLists:
         self.report = report
         # Per node asked, after the connect (SPEC 5a: 2 s).
         self.answer_timeout = LIST_ANSWER_TIMEOUT
+        # Each node's last live answer to GET /v1/models: what a node that is
+        # busy now (not asked, below) still lists.
+        self._listed: dict[str, Sequence[str]] = {}
 
     async def answer(
         self, client: ClientConnection, request: ClientRequest, client_name: str | None = None
@@ -151,17 +154,28 @@ class FleetLists:
     async def models(self) -> Built:
         """The fleet's ``/v1/models`` document, and the nodes asked live for it."""
         inventories = self.report.health.inventories
+        # Not while an attempt of this proxy runs there: llama-cpp-python ends
+        # a running generation for any request that needs its model, this
+        # one included (SPEC 5a says so of the checks). Such a node lists
+        # what it answered last time, if it ever did.
+        ledger = self.report.readiness.queue.scheduler.ledger
         live = [
             node
             for node in self.config.upstreams
             if needs_live_listing(node.models, inventories.get(node.name))
+            and ledger.in_flight(node.name) == 0
         ]
         asked = await self._ask_live(live, CHECK_PATH.encode(), _is_model_list, "model list")
         rows: list[tuple[str, Sequence[str] | None]] = []
         for node in self.config.upstreams:
             if node.name in asked:
                 body = asked[node.name].body
-                rows.append((node.name, None if body is None else parse_model_list(body).ids))
+                ids = None if body is None else parse_model_list(body).ids
+                if ids is not None:
+                    self._listed[node.name] = ids
+                rows.append((node.name, ids))
+            elif needs_live_listing(node.models, inventories.get(node.name)):
+                rows.append((node.name, self._listed.get(node.name)))
             else:
                 rows.append((node.name, advertised_ids(node.models, inventories.get(node.name))))
         return Built(models_document(rows), tuple(asked.values()))
