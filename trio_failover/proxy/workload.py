@@ -20,7 +20,7 @@ import trio
 
 from ..core.config import Config
 from ..core.outcome import AttemptRecord, Outcome
-from ..core.requests import request_document, workload_id
+from ..core.requests import request_document, request_model, workload_id
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
@@ -89,6 +89,7 @@ class WorkloadRunner:
         # Parsed for every request: whether it streams picks the head
         # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
         document = request_document(request.body)
+        work.model = request_model(document)
         candidates, preferred = self._attempts.candidates(request, document)
         self.report.started(work)
 
