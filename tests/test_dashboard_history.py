@@ -188,3 +188,23 @@ async def test_the_admin_listener_samples_its_history() -> None:
     assert (document["interval_s"], document["points"]) == (10.0, 90)
     assert [node["name"] for node in document["nodes"]] == ["b", "a"]
     assert all(len(node["slots"]) == 90 for node in document["nodes"])
+
+
+async def test_workloads_carry_the_model_they_asked_for(autojump_clock: trio.abc.Clock) -> None:
+    """The dashboard's Model column: ``model`` in ``/status`` (and the events), cut short."""
+    async with Fleet({"b": FakeNode(slow_head(0.25)), "a": FakeNode(slow_head(HEAD))}) as fleet:
+        proxy = fleet_proxy(fleet)
+        long_name = "m" * 300
+        for body in (BODY, b"", json.dumps({"model": long_name}).encode()):
+            response = await request(proxy, body=body)
+            assert response is not None
+        with proxy.events.subscribe(16) as subscription:
+            await request(proxy, body=BODY)
+            published = []
+            while subscription.receive.statistics().current_buffer_used:
+                published.append(subscription.receive.receive_nowait())
+        status, body = await admin_get(proxy, "/status", None)
+    assert status == 200
+    models = [w["model"] for w in json.loads(body)["workloads"]]
+    assert models == ["qwen3:32b", None, "m" * 256, "qwen3:32b"]
+    assert {event["model"] for event in published} == {"qwen3:32b"}
