@@ -4,7 +4,8 @@ A proxy with three real (127.0.0.1) fake nodes serves traffic while Chromium
 loads the dashboard from the admin listener; the test reads the rendered DOM
 until it shows the stalled node cooling and the served workloads, delivered
 by ``/status`` and the ``/events`` WebSocket under the page's own
-Content-Security-Policy.
+Content-Security-Policy; another reads the sparklines drawn from
+``/history`` and checks them against the document.
 
 The driver is trio-websocket speaking the Chrome DevTools Protocol to
 ``chromium --remote-debugging-port=0``: no extra dependency.
@@ -14,7 +15,7 @@ the test is skipped, unless ``TRIO_FAILOVER_REQUIRE_BROWSER=1`` is set (as
 in CI): then it fails, so CI cannot pass by skipping it.
 
 ``TRIO_FAILOVER_SCREENSHOT=docs/dashboard.png`` also saves a screenshot of
-the page as the test saw it.
+the page as the sparklines test saw it (its history: 30 points of 1 s).
 """
 
 from __future__ import annotations
@@ -38,8 +39,17 @@ import trio
 import trio_websocket
 
 from trio_failover import ClientKey, Config, Upstream
+from trio_failover.service.history import SERIES, History
 from trio_failover.service.server import BoundAddresses, serve
-from trio_failover.testing import FakeNode, Fleet, frozen, healthy, openai, slow_head
+from trio_failover.testing import (
+    FakeNode,
+    Fleet,
+    drop_before_body,
+    frozen,
+    healthy,
+    openai,
+    slow_head,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRE_BROWSER = os.environ.get("TRIO_FAILOVER_REQUIRE_BROWSER", "") not in ("", "0")
@@ -173,13 +183,16 @@ async def wait_live(devtools: DevTools, nodes: int, what: str) -> dict[str, Any]
 
 
 async def serve_local(
-    nursery: trio.Nursery, upstreams: list[Upstream], **settings: Any
+    nursery: trio.Nursery,
+    upstreams: list[Upstream],
+    history: History | None = None,
+    **settings: Any,
 ) -> BoundAddresses:
     """``serve`` in ``nursery`` with both listeners on free 127.0.0.1 ports."""
     config = Config(
         upstreams=upstreams, listen="127.0.0.1:0", admin_listen="127.0.0.1:0", **settings
     )
-    bound: BoundAddresses = await nursery.start(serve, config)
+    bound: BoundAddresses = await nursery.start(functools.partial(serve, config, history=history))
     return bound
 
 
@@ -275,10 +288,6 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                 completed = [w["text"] for w in chats if w["state"] == "completed"]
                 assert len(completed) >= 5, rows
                 assert all("gpu-b" in text for text in completed), rows
-
-                if SCREENSHOT:
-                    shot = await devtools.call("Page.captureScreenshot", format="png")
-                    await trio.Path(SCREENSHOT).write_bytes(base64.b64decode(shot["data"]))
             nursery.cancel_scope.cancel()
 
 
@@ -330,7 +339,7 @@ async def test_dashboard_with_the_admin_token_in_its_url(chromium: str, tmp_path
             nursery.cancel_scope.cancel()
 
 
-async def test_dashboard_shows_down_nodes_model_counts_and_last_news(
+async def test_dashboard_shows_down_nodes_model_names_and_last_news(
     chromium: str, tmp_path: Path
 ) -> None:
     nodes = {"gpu-a": FakeNode(refuse=True), "gpu-b": FakeNode(openai("qwen3:32b"))}
@@ -359,7 +368,8 @@ async def test_dashboard_shows_down_nodes_model_counts_and_last_news(
     a, b = rows["gpu-a"], rows["gpu-b"]
     assert (a[2], a[4], a[8], a[9]) == ("down", "health_check", "any", "check_connect_failed")
     assert a[10].startswith("health check cannot connect")
-    assert (b[2], b[8], b[9]) == ("ready", "1", "check_ok")
+    # The model's name, not a count of them.
+    assert (b[2], b[8], b[9]) == ("ready", "qwen3:32b", "check_ok")
 
 
 async def test_dashboard_shows_slots_in_use_and_the_queue(chromium: str, tmp_path: Path) -> None:
@@ -465,3 +475,147 @@ async def test_dashboard_renders_on_the_first_status(chromium: str, tmp_path: Pa
                 first = await devtools.evaluate("JSON.stringify(window.__first)")
                 assert json.loads(first) == {"nodes": 1, "workloads": 1}
             nursery.cancel_scope.cancel()
+
+
+# What the test reads of the sparklines: per node row, each line's series,
+# its declared number of points and the M/L commands its path really has.
+READ_SPARKLINES = """JSON.stringify({
+  rows: [...document.querySelectorAll("#history tr")].map(tr => ({
+    node: tr.dataset.node, closed: Number(tr.dataset.closed), text: tr.innerText,
+    lines: [...tr.querySelectorAll("svg path.line")].map(path => ({
+      series: path.dataset.series, points: Number(path.dataset.points),
+      commands: (path.getAttribute("d").match(/[ML]/g) || []).length})),
+    charts: tr.querySelectorAll("svg.sparkline").length})),
+})"""
+KEYS = {"alice": "ka-0d4c8e2f6a1b9357", "bob": "kb-7a3e5c9d1f0b2468"}
+
+
+def chat(model: str) -> bytes:
+    return json.dumps(
+        {"model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+
+
+async def send_waves(client_url: str, waves: list[int]) -> None:
+    """Waves of concurrent chats, alternating keys and models, one wave a second."""
+    models = ["qwen3:32b", "qwen3:32b", "llama3.1:8b"]
+    async with httpx.AsyncClient(base_url=client_url, timeout=30) as http:
+        numbers = itertools.count()
+
+        async def one() -> None:
+            number = next(numbers)
+            client = "alice" if number % 2 else "bob"
+            response = await http.post(
+                "/v1/chat/completions",
+                content=chat(models[number % len(models)]),
+                headers={"x-request-id": f"w-{number}", "authorization": f"Bearer {KEYS[client]}"},
+            )
+            assert response.status_code == 200
+
+        for size in waves:
+            async with trio.open_nursery() as wave:
+                for _ in range(size):
+                    wave.start_soon(one)
+                wave.start_soon(trio.sleep, 1.0)
+
+
+async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path: Path) -> None:
+    # gpu-a: two slots, streams; gpu-b: drops every answer before its body
+    # (a failure, a failover, no cooldown); gpu-c: one slot, the rest waits.
+    nodes = {
+        "gpu-a": FakeNode(openai("qwen3:32b", tokens=8, token_delay=0.05)),
+        "gpu-b": FakeNode(drop_before_body()),
+        "gpu-c": FakeNode(openai("qwen3:32b", tokens=6, token_delay=0.05)),
+    }
+    models = {
+        "gpu-a": {"qwen3:32b": "qwen3:32b", "llama3.1:8b": "llama3.1:8b"},
+        "gpu-b": None,
+        "gpu-c": {"qwen3:32b": "qwen3:32b"},
+    }
+    capacity = {"gpu-a": 2, "gpu-b": 0, "gpu-c": 1}
+    history = History(nodes, interval=1.0, points=30)
+    with trio.fail_after(60):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            upstreams = [
+                attrs.evolve(
+                    await fleet.serve_tcp(name), models=models[name], capacity=capacity[name]
+                )
+                for name in nodes
+            ]
+            bound = await serve_local(
+                nursery,
+                upstreams,
+                history,
+                discovery_interval=0,
+                clients=tuple(ClientKey(name, key) for name, key in KEYS.items()),
+            )
+            async with (
+                open_browser(nursery, tmp_path) as devtools,
+                httpx.AsyncClient(base_url=bound.admin_url, timeout=10) as admin,
+            ):
+                await devtools.open_page(f"{bound.admin_url}/")
+                await wait_live(devtools, 3, "a live event stream and three nodes")
+                await send_waves(bound.client_url, [2, 5, 3, 6, 1, 4])
+                await trio.sleep(1.5)  # the last wave's interval closes
+
+                # The page draws what /history says: the same interval count,
+                # then per node and series as many points as the document has
+                # values (null: none).
+                for _ in range(100):
+                    document = (await admin.get("/history")).json()
+                    drawn = json.loads(await devtools.evaluate(READ_SPARKLINES))["rows"]
+                    if drawn and all(row["closed"] == document["closed"] for row in drawn):
+                        break
+                    await trio.sleep(0.1)
+                else:
+                    raise AssertionError(f"the sparklines never caught up: {drawn}")
+                page = await devtools.read_page()
+                if SCREENSHOT:
+                    await devtools.call(
+                        "Emulation.setDeviceMetricsOverride",
+                        width=1280,
+                        height=1020,
+                        deviceScaleFactor=1,
+                        mobile=False,
+                    )
+                    await trio.sleep(0.3)
+                    shot = await devtools.call("Page.captureScreenshot", format="png")
+                    await trio.Path(SCREENSHOT).write_bytes(base64.b64decode(shot["data"]))
+            nursery.cancel_scope.cancel()
+
+    assert [row["node"] for row in drawn] == ["gpu-a", "gpu-b", "gpu-c"]
+    expected = {entry["name"]: entry for entry in document["nodes"]}
+    for row in drawn:
+        entry = expected[row["node"]]
+        assert row["charts"] == 4  # slots, queue, time to first byte, failures
+        assert sorted(line["series"] for line in row["lines"]) == sorted(SERIES)
+        for line in row["lines"]:
+            values = entry[line["series"]]
+            assert len(values) == 30
+            count = sum(value is not None for value in values)
+            assert (line["points"], line["commands"]) == (count, count), (row["node"], line)
+        # Every closed interval has a point of slots, queue and failures.
+        slots = next(line for line in row["lines"] if line["series"] == "slots")
+        assert slots["points"] == min(document["closed"], 30) >= 6
+    ttfb = {row["node"]: row["lines"] for row in drawn}
+    commits = {
+        name: next(line["points"] for line in lines if line["series"] == "ttfb_p50_ms")
+        for name, lines in ttfb.items()
+    }
+    assert commits["gpu-b"] == 0  # it never committed anything
+    assert commits["gpu-a"] >= 3
+    assert commits["gpu-c"] >= 1
+    assert sum(v or 0 for v in expected["gpu-b"]["failures"]) >= 3
+    assert max(v or 0 for v in expected["gpu-a"]["slots"]) == 2
+    assert max(v or 0 for v in expected["gpu-c"]["queue"]) >= 1
+
+    # Model names, not a count; each workload's client and model.
+    rows = {n["name"]: n["text"].split("\t") for n in page["nodes"]}
+    assert "qwen3:32b" in rows["gpu-a"][8]
+    assert "llama3.1:8b" in rows["gpu-a"][8]
+    assert (rows["gpu-b"][8], rows["gpu-c"][8]) == ("any", "qwen3:32b")
+    done = [w["text"].split("\t") for w in page["workloads"] if w["state"] == "completed"]
+    assert len(done) >= 10
+    # Id, Request, Client, Model, Nodes tried, ...
+    assert {cells[2] for cells in done} == {"alice", "bob"}
+    assert {cells[3] for cells in done} == {"qwen3:32b", "llama3.1:8b"}

@@ -71,6 +71,7 @@ class Workload:
     body_bytes: int = 0
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured
+    model: str | None = None  # the "model" the client asked for, if its body named one
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
     queued_since: float | None = None  # when the current wait began, while waiting
     # Why a cancelled workload was: "client_abort" or "shutdown"; None otherwise.
@@ -97,6 +98,7 @@ class Workload:
             "method": self.method,
             "path": self.path,
             "client": self.client,
+            "model": self.model,
             "state": str(self.state),
             "status": self.status,
             "node": self.node,

@@ -97,6 +97,7 @@ def workload_event(work: Workload, position: int | None) -> dict[str, Any]:
         "method": work.method,
         "path": work.path,
         "client": work.client,
+        "model": work.model,
     }
     if work.status is not None:
         event["status"] = work.status

@@ -20,7 +20,7 @@ import trio
 
 from ..core.config import Config
 from ..core.outcome import AttemptRecord, Outcome
-from ..core.requests import request_document, workload_id
+from ..core.requests import request_document, request_model, workload_id
 from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
@@ -38,6 +38,8 @@ from .silence import SilenceWatch
 # tell its client so (a 503, when nothing was sent yet): the stop waits for
 # it, shielded, and a client that does not read must not hold it up.
 SHUTDOWN_ANSWER_TIMEOUT = 1.0
+# The longest "model" a workload's summary repeats (the ranking sees it whole).
+MODEL_SHOWN = 256
 
 
 class WorkloadRunner:
@@ -89,6 +91,9 @@ class WorkloadRunner:
         # Parsed for every request: whether it streams picks the head
         # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
         document = request_document(request.body)
+        model = request_model(document)
+        # Shown in /status and the events: a client's megabyte of "model" is not.
+        work.model = model if model is None or len(model) <= MODEL_SHOWN else model[:MODEL_SHOWN]
         candidates, preferred = self._attempts.candidates(request, document)
         self.report.started(work, request, document, client_address, scheme)
 

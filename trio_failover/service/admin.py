@@ -1,4 +1,4 @@
-"""The admin listener: ``/healthz``, ``/status``, ``/metrics``, ``/events``, ``/``.
+"""The admin listener: ``/healthz``, ``/status``, ``/history``, ``/metrics``, ``/events``, ``/``.
 
 It listens on its own address (``--admin-listen``), apart from the client
 listener, so exposing the proxy never exposes the admin API. Requests are
@@ -13,7 +13,9 @@ the close frame (code 1008, the reason as text) before the TCP connection
 is cut.
 
 The ticker that notices cooldown expiries on an idle proxy is not here:
-``server.serve`` runs it, with or without an admin listener.
+``server.serve`` runs it, with or without an admin listener. The sampler
+of the dashboard's history (``sampler.py``) is: it lives as long as the
+listener that shows it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from ..core.headers import get
 from ..proxy.proxy import Proxy
 from ..wire.http1 import next_event, send_events
 from .events import SUBSCRIBER_BUFFER, Subscription
+from .history import History
 from .logs import logger
+from .sampler import sample_history
 
 # A request head must arrive (and a keep-alive connection must show a next
 # request) within this long; the admin API has no slow clients worth waiting for.
@@ -72,6 +76,7 @@ async def serve_admin(
     listen: str,
     *,
     event_buffer: int = SUBSCRIBER_BUFFER,
+    history: History | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the admin API on ``listen`` until cancelled.
@@ -81,23 +86,35 @@ async def serve_admin(
         listen: ``HOST:PORT`` (port 0: any free port).
         event_buffer: events held for each ``/events`` subscriber before it
             counts as fallen behind and is dropped.
+        history: the rings ``GET /history`` shows (default: 15 minutes at
+            10 s a point), filled by a sampler this listener runs.
         task_status: receives the bound ``(host, port)``.
     """
     host, port = split_host_port(listen, "admin-listen")
     listeners = await trio.open_tcp_listeners(port, host=host)
     sockname = listeners[0].socket.getsockname()
-    handler = functools.partial(serve_admin_connection, proxy, event_buffer=event_buffer)
+    if history is None:
+        history = History(node.name for node in proxy.config.upstreams)
+    handler = functools.partial(
+        serve_admin_connection, proxy, event_buffer=event_buffer, history=history
+    )
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(sample_history, proxy, history)
         nursery.start_soon(trio.serve_listeners, handler, listeners)
         task_status.started((sockname[0], sockname[1]))
 
 
 async def serve_admin_connection(
-    proxy: Proxy, stream: trio.abc.Stream, *, event_buffer: int = SUBSCRIBER_BUFFER
+    proxy: Proxy,
+    stream: trio.abc.Stream,
+    *,
+    event_buffer: int = SUBSCRIBER_BUFFER,
+    history: History | None = None,
 ) -> None:
     """Serve one admin connection on any stream until it closes; closes ``stream``.
 
     Tests drive this on in-memory streams; ``serve_admin`` on accepted sockets.
+    Without a ``history`` (nobody samples one), ``/history`` is a ``404``.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=ADMIN_MAX_HEAD)
     try:
@@ -116,7 +133,7 @@ async def serve_admin_connection(
                     return
                 reply = refusal
             else:
-                reply = _route(proxy, request, path)
+                reply = _route(proxy, request, path, history)
             await _send_reply(conn, stream, request, reply)
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                 return
@@ -205,7 +222,7 @@ _UNAUTHORIZED = attrs.evolve(
 )
 
 
-def _route(proxy: Proxy, request: h11.Request, path: bytes) -> Reply:
+def _route(proxy: Proxy, request: h11.Request, path: bytes, history: History | None) -> Reply:
     routes: dict[bytes, Callable[[Proxy, h11.Request], Reply]] = {
         b"/healthz": lambda p, _: _healthz_reply(p),
         b"/status": lambda p, _: Reply(200, json.dumps(p.status()).encode()),
@@ -217,6 +234,8 @@ def _route(proxy: Proxy, request: h11.Request, path: bytes) -> Reply:
             headers=((b"upgrade", b"websocket"), (b"sec-websocket-version", b"13")),
         ),
     }
+    if history is not None:
+        routes[b"/history"] = lambda _, __: Reply(200, json.dumps(history.document()).encode())
     answer = routes.get(path)
     if answer is None:
         return _error(404, "not_found", "not found")

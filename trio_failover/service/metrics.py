@@ -9,6 +9,7 @@ lists every series with example queries.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -31,6 +32,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 QUEUE_REJECTIONS = ("queue_full", "queue_timeout", "shutdown")
 
 _Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+
+# Where a time to first byte goes while no history sampler runs: nowhere.
+_NOWHERE: deque[float] = deque(maxlen=0)
 
 
 class Metrics:
@@ -143,6 +147,10 @@ class Metrics:
             self._duration,
         ]
         self.declare_nodes(nodes)
+        # Each commit's time to first byte, by node, for the dashboard's
+        # history: the admin listener's sampler (service/sampler.py) puts
+        # its lists here while it runs; until then the append goes nowhere.
+        self.ttfb_samples: dict[str, list[float]] = {}
 
     # -- the per-request updates, held (the lookups inlined: one call each) --
 
@@ -161,6 +169,7 @@ class Metrics:
         commit = self._time_to_commit.by_node.get(node) or self._time_to_commit.of(node)
         commit.buckets[bisect_left(commit.bounds, time_to_commit)] += 1
         commit.total += time_to_commit
+        self.ttfb_samples.get(node, _NOWHERE).append(time_to_commit)
 
     def finished(self, state: str, client: str, node: str | None, duration: float) -> None:
         """Count a finished workload; observe its duration when a node took it."""

@@ -28,6 +28,7 @@ from ..proxy.proxy import Proxy
 from ..wire import sockopts
 from ..wire.upstream import Connector
 from .admin import serve_admin
+from .history import History
 from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 
 # Errors of accept() that mean "out of resources, try again later" rather
@@ -173,6 +174,7 @@ async def serve(
     connector: Connector | None = None,
     proxy: Proxy | None = None,
     shutdown: trio.Event | None = None,
+    history: History | None = None,
     task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the proxy until cancelled (or until ``shutdown`` is set, then drain).
@@ -182,6 +184,8 @@ async def serve(
         connector: how to reach nodes (default: TCP/TLS).
         proxy: an existing ``Proxy`` to serve (for its events and status).
         shutdown: when set, stop accepting and drain for ``shutdown_timeout``.
+        history: the dashboard's rings, which the admin listener samples
+            and shows (default: 15 minutes at 10 s a point).
         task_status: receives the ``BoundAddresses`` once listening.
     """
     log_tls_warnings(config)
@@ -208,7 +212,11 @@ async def serve(
             admin = None
             if config.admin_listen is not None:
                 try:
-                    admin = await services.start(serve_admin, proxy, config.admin_listen)
+                    # The admin listener also runs the sampler of the
+                    # dashboard's history: none without it (sampler.py).
+                    admin = await services.start(
+                        functools.partial(serve_admin, history=history), proxy, config.admin_listen
+                    )
                 except OSError as exc:
                     raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
             addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
