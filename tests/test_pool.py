@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import select
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +37,7 @@ from trio_failover.testing import (
     retry_status,
     stream_then_silence,
 )
+from trio_failover.wire.idle_sockets import unread
 from trio_failover.wire.pool import ConnectionPool, is_reusable, put_idle, take_idle
 
 BODY = b'{"model": "m"}'
@@ -535,3 +537,82 @@ async def test_a_dropped_pool_closes_its_idle_sockets() -> None:
     assert ours.fileno() == -1
     with theirs:
         assert await theirs.recv(10) == b""  # the other end sees the close
+
+
+# -- the checkout check, real sockets ------------------------------------------------------
+
+
+def idle_pair() -> tuple[trio.SocketStream, socket.socket]:
+    """A TCP connection on 127.0.0.1: a trio stream for the pool, the node's end as a socket."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours = socket.create_connection(listener.getsockname())
+        theirs, _ = listener.accept()
+    ours.setblocking(False)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
+
+
+@pytest.mark.parametrize(
+    ("node_does", "expected"),
+    [
+        ("nothing", None),
+        ("bytes", "bytes"),
+        ("close", "eof"),
+        ("reset", "eof"),
+    ],
+)
+async def test_unread_tells_what_waits_on_an_idle_socket(
+    node_does: str, expected: str | None
+) -> None:
+    stream, node = idle_pair()
+    with node:
+        if node_does == "bytes":
+            node.sendall(b"HTTP/1.1 200 OK\r\n")
+        elif node_does == "reset":
+            node.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            node.close()
+        elif node_does == "close":
+            node.close()
+        if node_does != "nothing":  # the kernel's news takes a moment on loopback
+            await trio.lowlevel.wait_readable(stream.socket)
+        assert unread(stream, select.poll()) == expected
+    await stream.aclose()
+
+
+async def test_checkout_closes_a_connection_with_stray_bytes_and_takes_the_next() -> None:
+    strays: list[str] = []
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0, on_stray=strays.append)
+    older, older_node = idle_pair()
+    newer, newer_node = idle_pair()
+    with older_node, newer_node:
+        await pool.release("a", older, exchanged(OK_HEAD))
+        await pool.release("a", newer, exchanged(OK_HEAD))
+        newer_node.sendall(b"POISON-D")  # after a complete answer: nobody asked
+        await trio.lowlevel.wait_readable(newer.socket)
+        entry = await pool.acquire("a")
+        assert entry is not None
+        assert entry.stream is older
+        assert strays == ["a"]
+        assert newer.socket.fileno() == -1  # closed, never used
+        await entry.stream.aclose()
+
+
+async def test_checkout_closes_a_connection_at_eof_without_a_count() -> None:
+    strays: list[str] = []
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0, on_stray=strays.append)
+    stream, node = idle_pair()
+    await pool.release("a", stream, exchanged(OK_HEAD))
+    node.close()
+    await trio.lowlevel.wait_readable(stream.socket)
+    assert await pool.acquire("a") is None
+    assert strays == []
+    assert stream.socket.fileno() == -1
+
+
+async def test_bytes_that_came_with_the_answer_end_are_stray_too() -> None:
+    strays: list[str] = []
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0, on_stray=strays.append)
+    stream, node = idle_pair()
+    with node:
+        await pool.release("a", stream, exchanged(OK_HEAD, extra=b"HTTP/1.1 200 OK\r\n"))
+    assert pool.idle_count("a") == 0
+    assert strays == ["a"]

@@ -23,6 +23,7 @@ well-framed request.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import re
@@ -36,11 +37,16 @@ import pytest
 import trio
 import trustme
 from conftest import LogRecords
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_client_limits import RawResponse
 
 from trio_failover.core.config import Config, Upstream
+from trio_failover.core.errors import ClientError
+from trio_failover.core.screen import ChunkScreen, answer_flaw, screen_head
 from trio_failover.proxy import Proxy
 from trio_failover.service.server import BoundAddresses, serve
+from trio_failover.wire.upstream_errors import without_peer_bytes
 
 LIMIT = 20  # seconds: every test's bound on the real clock
 HOST = b"Host: proxy.test\r\n"
@@ -606,3 +612,189 @@ async def test_hostile_requests_reach_the_node_as_nothing_or_one_well_framed_req
             assert statuses == [200, 200], (name, statuses)
             outcomes[name] = "forwarded"
     assert {name for name, outcome in outcomes.items() if outcome == "forwarded"} == FORWARDED
+
+
+# -- the pure screens, as tables ---------------------------------------------------------------
+
+SCREENED = [
+    # (body, None: accepted up to its end | (status, words in the message))
+    (b"0\r\n\r\n", None),
+    (b"3\r\nabc\r\n0\r\n\r\n", None),
+    (b"3;a=b;c\r\nabc\r\n0\r\n\r\n", None),
+    (b'3;a=\t"q"\r\nabc\r\n0\r\n\r\n', None),  # HTAB is allowed
+    (b"A\r\n0123456789\r\n0\r\nX-T: y\r\nX-U: z\r\n\r\n", None),
+    (b"0;last\r\n\r\n", None),
+    (b"f" * 20 + b"\r\n", (413, "too large")),  # 20 digits: h11's bound, and over the limit
+    (b"f" * 21 + b"\r\n", (400, "chunk size line")),
+    (b"\r\nabc\r\n", (400, "chunk size line")),
+    (b"zz\r\n", (400, "chunk size line")),
+    (b"3 \r\nabc\r\n0\r\n\r\n", (400, "chunk size line")),
+    (b"3\t;a\r\nabc\r\n0\r\n\r\n", (400, "chunk size line")),
+    (b"3\nabc\r\n", (400, "chunk size line")),
+    (b"3\rabc\r\n", (400, "bare CR")),
+    (b"3;a\nb\r\nabc\r\n", (400, "extension")),
+    (b"3;a\rb\r\nabc\r\n", (400, "bare CR")),
+    (b"3;\x7f\r\nabc\r\n", (400, "extension")),
+    (b"3\r\nabcd\r\n", (400, "not ended by CRLF")),
+    (b"3\r\nabc\n0\r\n\r\n", (400, "not ended by CRLF")),
+    (b"0\r\n\n", (400, "bare LF")),
+    (b"0\r\nX-T: y\n\n", (400, "trailer")),
+    (b"0\r\nX-T: y\r\n\n", (400, "bare LF")),
+    (b"0\r\n\r\r\n", (400, "bare CR")),
+    (b"0\r\n X: y\r\n\r\n", (400, "folding")),
+    (b"0\r\n\tX: y\r\n\r\n", (400, "folding")),
+    (b"0\r\n\x01X: y\r\n\r\n", (400, "trailer")),
+    (b"0\r\nX: \x1b\r\n\r\n", (400, "trailer")),
+]
+
+
+def screen_in_reads(body: bytes, reads: Sequence[int], max_body: int = 1000) -> int | ClientError:
+    """Feed ``body`` to a fresh ``ChunkScreen`` in reads of the given sizes (cycled)."""
+    screen = ChunkScreen(max_body)
+    pos = 0
+    try:
+        for size in itertools.cycle(reads):
+            part = memoryview(body)[pos : pos + size]
+            used = screen.feed(part)
+            if screen.done:
+                return pos + used
+            assert used == len(part)
+            pos += len(part)
+            if pos >= len(body):
+                return -1  # wants more
+    except ClientError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize(("body", "verdict"), SCREENED, ids=[repr(b) for b, _ in SCREENED])
+@pytest.mark.parametrize("reads", [[1 << 20], [1], [2, 3], [5, 1, 7]], ids=str)
+def test_the_chunk_screen_judges_the_same_in_any_reads(
+    body: bytes, verdict: tuple[int, str] | None, reads: list[int]
+) -> None:
+    rest = b"GET / HTTP/1.1\r\n\r\n"  # a pipelined next request: not the body's
+    result = screen_in_reads(body + rest, reads)
+    if verdict is None:
+        assert result == len(body)
+    else:
+        assert isinstance(result, ClientError), result
+        assert (result.status, verdict[1] in str(result)) == (verdict[0], True)
+
+
+@pytest.mark.parametrize(
+    ("body", "counted", "verdict"),
+    [
+        (b"5\r\nabcde\r\n0\r\n\r\n", 5, None),
+        (b"5;abc\r\nabcde\r\n0\r\n\r\n", 8, None),  # the extension after its ";"
+        (b"5\r\nabcde\r\n0\r\nX: y\r\n\r\n", 9, None),  # the trailer line, no CRLF
+        (b"9\r\n", 9, 413),  # a declared size over the limit is refused at once
+        (b"1;" + b"e" * 9 + b"\r\n", 9, 413),
+        (b"0\r\n" + b"X" * 10, 10, 413),
+    ],
+)
+def test_the_chunk_screen_counts_data_extensions_and_trailers(
+    body: bytes, counted: int, verdict: int | None
+) -> None:
+    screen = ChunkScreen(8)
+    if verdict is None:
+        screen = ChunkScreen(counted)
+        assert screen.feed(body) == len(body)
+        assert screen.done
+    else:
+        with pytest.raises(ClientError) as caught:
+            screen.feed(body)
+        assert caught.value.status == verdict
+    assert screen.counted == counted
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(min_size=1, max_size=12),  # a size 0 is the last chunk
+            st.sampled_from([b"", b";a", b";a=b", b" ", b";\r", b"\t", b";\x01", b";\n"]),
+            st.sampled_from([b"\r\n", b"\n", b"\r\r\n", b"\r"]),
+        ),
+        max_size=4,
+    ),
+    st.sampled_from([b"", b"X-T: y\r\n", b"X-T: y\n", b" X: y\r\n", b"X-T: \x7f\r\n"]),
+    st.sampled_from([b"\r\n", b"\n", b"\r"]),
+    st.sampled_from([[1 << 20], [1], [3, 1]]),
+)
+@settings(max_examples=300, deadline=None)
+def test_what_the_chunk_screen_accepts_h11_reads_the_same(
+    chunks: list[tuple[bytes, bytes, bytes]], trailer: bytes, end: bytes, reads: list[int]
+) -> None:
+    # The screen only refuses; where it accepts, h11 must end the body at
+    # the same byte with the same data, or the two parsers disagree.
+    body = b"".join(b"%x%s%s%s\r\n" % (len(data), ext, eol, data) for data, ext, eol in chunks)
+    body += b"0\r\n" + trailer + end
+    rest = b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n"
+    result = screen_in_reads(body + rest, reads)
+    if not isinstance(result, int) or result < 0:
+        return  # refused, or not ended: h11 never gets to read it as a body
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+    conn.receive_data(body + rest)
+    assert isinstance(conn.next_event(), h11.Request)
+    data = b""
+    while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+        assert isinstance(event, h11.Data)
+        data += event.data
+    assert data == b"".join(data for data, _, _ in chunks if data)
+    assert conn.trailing_data[0] == rest
+    assert result == len(body)
+
+
+@pytest.mark.parametrize(
+    ("head", "refused"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: a\tb\r\n\r\n", False),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: caf\xc3\xa9\r\n\r\n", False),  # obs-text
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \x01\r\n\r\n", True),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \x1b[0m\r\n\r\n", True),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \x7f\r\n\r\n", True),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \x0c\r\n\r\n", True),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: \x00\r\n\r\n", True),
+    ],
+)
+def test_the_head_screen_refuses_control_bytes_but_htab(head: bytes, refused: bool) -> None:
+    if refused:
+        with pytest.raises(ClientError, match="control character") as caught:
+            screen_head(head, 4096)
+        assert caught.value.status == 400
+    else:
+        screen_head(head, 4096)
+
+
+@pytest.mark.parametrize(
+    ("reason", "headers", "flaw"),
+    [
+        (b"OK", [(b"x-a", b"a\tb"), (b"x-b", b"caf\xc3\xa9")], None),
+        (b"", [], None),
+        (b"O\x01K", [], "control character in the reason phrase"),
+        (b"OK\x7f", [], "control character in the reason phrase"),
+        (b"OK", [(b"x-a", b"ok"), (b"x-b", b"\x1b")], "control character in a header value"),
+    ],
+)
+def test_answer_flaws(reason: bytes, headers: list[tuple[bytes, bytes]], flaw: str | None) -> None:
+    assert answer_flaw(reason, headers) == flaw
+
+
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        ("illegal status line: bytearray(b'POISON-D')", "illegal status line"),
+        ("illegal header line: b'X: \\x01'", "illegal header line"),
+        ("malformed chunk footer: bytearray(b'xy') (expected b'\\r\\n')", "malformed chunk footer"),
+        (
+            "peer closed connection without sending complete message body (received 1 bytes, "
+            "expected 2)",
+            "peer closed connection without sending complete message body (received 1 bytes, "
+            "expected 2)",
+        ),
+        ("Receive buffer too long", "Receive buffer too long"),
+        ("b'everything'", "malformed answer"),
+    ],
+)
+def test_h11_messages_lose_the_bytes_they_quote(message: str, kept: str) -> None:
+    assert without_peer_bytes(message) == kept
