@@ -610,6 +610,8 @@ async def test_hostile_requests_reach_the_node_as_nothing_or_one_well_framed_req
             assert len(forwarded) == 2, (name, forwarded)
             assert len(node.connections) - before == 2, name
             assert statuses == [200, 200], (name, statuses)
+            names = {header for header, _ in forwarded[0].headers}
+            assert not names & {b"upgrade", b"http2-settings", b"connection", b"te", b"x-hop"}
             outcomes[name] = "forwarded"
     assert {name for name, outcome in outcomes.items() if outcome == "forwarded"} == FORWARDED
 
