@@ -11,8 +11,8 @@ message go back to the reader's pending buffer.
 A chunked body is screened as raw bytes too (``core.screen.ChunkScreen``),
 for the same reason: h11 takes a bare LF as the end of its trailers. The
 bytes that came with the head are screened as soon as the head says
-"chunked", before h11 reads a byte of the body; every later read before it
-goes to h11. Header names with an ``_`` are dropped here, on their way to
+"chunked", before h11 reads a byte of the body; every later read is
+screened before it goes to h11. Header names with an ``_`` are dropped here, on their way to
 a node (nginx's ``underscores_in_headers off``).
 """
 
