@@ -108,7 +108,7 @@ def answer_flaw(reason: bytes, headers: Iterable[tuple[bytes, bytes]]) -> str | 
 _SIZE, _SIZE_LF, _EXT, _DATA, _DATA_CR, _DATA_LF = range(6)
 _TRAILER, _FIELD, _FIELD_LF, _END_LF = range(6, 10)
 _HEX = {byte: int(chr(byte), 16) for byte in b"0123456789abcdefABCDEF"}
-_MAX_DIGITS = 20  # h11's bound too: more than 2**64 is nobody's body
+_MAX_DIGITS = 20  # hex digits, h11's bound too: no body is that long
 
 
 def _bad(what: str) -> ClientError:
