@@ -12,6 +12,7 @@ import functools
 import gc
 import select
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ import h11
 import pytest
 import trio
 import trio.testing
+import trustme
 
 from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
@@ -616,3 +618,63 @@ async def test_bytes_that_came_with_the_answer_end_are_stray_too() -> None:
         await pool.release("a", stream, exchanged(OK_HEAD, extra=b"HTTP/1.1 200 OK\r\n"))
     assert pool.idle_count("a") == 0
     assert strays == ["a"]
+
+
+# -- the checkout check on TLS: the TLS object's buffers, and records decrypted to tell ----
+
+
+async def tls_pair(
+    transport: tuple[trio.abc.Stream, trio.abc.Stream], version: ssl.TLSVersion
+) -> tuple[trio.SSLStream[trio.abc.Stream], trio.SSLStream[trio.abc.Stream]]:
+    """A handshaken TLS connection over ``transport``: (the pool's side, the node's side)."""
+    ca = trustme.CA()
+    node_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("node.test").configure_cert(node_context)
+    node_context.maximum_version = version
+    our_context = ssl.create_default_context()
+    ca.configure_trust(our_context)
+    ours = trio.SSLStream(transport[0], our_context, server_hostname="node.test")
+    theirs = trio.SSLStream(transport[1], node_context, server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ours.do_handshake)
+        nursery.start_soon(theirs.do_handshake)
+    return ours, theirs
+
+
+async def test_unread_sees_tls_records_that_came_with_the_answer() -> None:
+    # Two records in one read: the SSL object decrypts the first (the
+    # answer), the second waits in Trio's MemoryBIO, unseen by h11 and by
+    # a poll of the socket (in-memory here: there is none).
+    ours, theirs = await tls_pair(trio.testing.memory_stream_pair(), ssl.TLSVersion.TLSv1_3)
+    await theirs.send_all(b"answer")
+    await theirs.send_all(b"POISON-D")
+    await trio.testing.wait_all_tasks_blocked()
+    assert await ours.receive_some(65536) == b"answer"
+    assert unread(ours, select.poll()) == "bytes"
+
+
+@pytest.mark.parametrize(
+    "version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"]
+)
+@pytest.mark.parametrize(
+    ("node_does", "expected"), [("nothing", None), ("bytes", "bytes"), ("close_notify", "eof")]
+)
+async def test_unread_on_tls_tells_stray_data_from_a_close_notify(
+    version: ssl.TLSVersion, node_does: str, expected: str | None
+) -> None:
+    # In TLS 1.3 every record is "application data" on the wire, a
+    # close_notify too: only decrypting tells them apart.
+    a, b = trio.socket.socketpair()
+    sockets = (trio.SocketStream(a), trio.SocketStream(b))
+    ours, theirs = await tls_pair(sockets, version)
+    await theirs.send_all(b"answer")
+    assert await ours.receive_some(65536) == b"answer"
+    if node_does == "bytes":
+        await theirs.send_all(b"POISON-D")
+    elif node_does == "close_notify":
+        await theirs.aclose()
+    if node_does != "nothing":
+        await trio.lowlevel.wait_readable(sockets[0].socket)
+    assert unread(ours, select.poll()) == expected
+    await trio.aclose_forcefully(ours)
+    await trio.aclose_forcefully(theirs)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import ssl
 from collections.abc import Collection
-from typing import Literal
+from typing import Any, Literal
 
 import trio
 
@@ -68,44 +69,69 @@ class Readiness:
             self._epoll.close()
 
 
-# The first byte of a TLS record says its type (RFC 8446 section 5.1).
-_TLS_ALERT = 0x15
-
-
 def unread(stream: trio.abc.Stream, poller: select.poll | None) -> Unread | None:
     """What waits unread on an idle connection: ``"bytes"``, ``"eof"``, or None (nothing).
 
     One ``poll`` system call with a zero timeout when nothing waits (nearly
     always): registering in ``poller`` is no system call. A connection found
-    readable is read, not peeked, by one byte: it is closed anyway. TLS: the
-    bytes the TLS object holds (decrypted, or records not yet decrypted)
-    count as bytes; on the socket, a record that begins with an alert is
-    the node's ``close_notify``, an EOF. A stream without a socket
+    with anything waiting is closed by the caller, so what waits may be
+    read (not peeked) to say what it is. A stream without a socket
     (in-memory, in tests) is not looked at.
     """
-    if isinstance(stream, trio.SSLStream):
-        # Trio's SSLStream keeps received records in its MemoryBIO until
-        # the SSL object asks for them: bytes there were never decrypted,
-        # so h11 never saw them. (Private, so read with a default.)
-        incoming = getattr(stream, "_incoming", None)
-        if stream.pending() or getattr(incoming, "pending", 0):
-            return "bytes"
     fd = socket_fd(stream)
-    if fd < 0 or poller is None:
+    if isinstance(stream, trio.SSLStream):
+        return _tls_unread(stream, fd, poller)
+    if not _readable(fd, poller):
         return None
-    poller.register(fd, select.POLLIN)
-    try:
-        if not poller.poll(0):
-            return None
-    finally:
-        poller.unregister(fd)
     try:
         data = os.read(fd, 1)
     except OSError:  # a reset (or readable, yet nothing to read): unusable all the same
         return "eof"
-    if not data or (isinstance(stream, trio.SSLStream) and data[0] == _TLS_ALERT):
+    return "bytes" if data else "eof"
+
+
+def _readable(fd: int, poller: select.poll | None) -> bool:
+    if fd < 0 or poller is None:
+        return False
+    poller.register(fd, select.POLLIN)
+    try:
+        return bool(poller.poll(0))
+    finally:
+        poller.unregister(fd)
+
+
+def _tls_unread(stream: trio.SSLStream[Any], fd: int, poller: select.poll | None) -> Unread | None:
+    """``unread`` for TLS: the TLS object's buffers, then the socket, decrypted to tell.
+
+    Trio's SSLStream keeps received records in a MemoryBIO until its SSL
+    object asks for them: bytes there were never decrypted, so h11 never
+    saw them. On the wire (TLS 1.3) a stray answer and the node's
+    ``close_notify`` look the same, so what came is decrypted: application
+    data is stray bytes; a ``close_notify``, a partial record or a
+    handshake message is an EOF (closed all the same, not counted). The
+    BIO and the SSL object are Trio's private attributes, read with
+    defaults: without them, anything waiting is an EOF.
+    """
+    if stream.pending():  # decrypted application data that nobody read
+        return "bytes"
+    incoming = getattr(stream, "_incoming", None)
+    ssl_object = getattr(stream, "_ssl_object", None)
+    if not getattr(incoming, "pending", 0) and not _readable(fd, poller):
+        return None
+    if incoming is None or ssl_object is None:
         return "eof"
-    return "bytes"
+    try:
+        data = os.read(fd, 65536) if fd >= 0 else b""
+    except BlockingIOError:
+        data = b""
+    except OSError:
+        return "eof"
+    if data:
+        incoming.write(data)
+    try:
+        return "bytes" if ssl_object.read(1) else "eof"
+    except ssl.SSLError:  # close_notify (SSLZeroReturnError), want-read, or broken
+        return "eof"
 
 
 def socket_fd(stream: trio.abc.Stream) -> int:

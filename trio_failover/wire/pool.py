@@ -35,7 +35,8 @@ path of every request. The rules, which ``upstream.open_response`` and
 - ``max_idle == 0`` or ``idle_timeout == 0`` turns pooling off.
 - Checkout looks at the connection before handing it out (``idle_sockets.unread``):
   one ``poll`` with a zero timeout on its socket, and for TLS the bytes
-  the TLS object holds. An idle connection has no answer pending, so
+  the TLS object holds (what came is decrypted, to tell stray data from
+  the node's ``close_notify``). An idle connection has no answer pending, so
   anything readable is an EOF, a reset, or bytes the node sent after a
   complete answer (a buggy engine, a body after a 204 or a HEAD answer):
   used, those bytes would be read as the *next* client's answer. Such a
