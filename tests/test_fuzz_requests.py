@@ -102,9 +102,20 @@ def one_request(draw: st.DrawFn) -> bytes:
         for size in sizes:
             piece, rest = rest[:size], rest[size:]
             if piece:
-                size_text = draw(mostly(st.just(f"{len(piece):x}"), st.just("zz")))
+                size = len(piece)
+                size_text = draw(
+                    mostly(
+                        st.sampled_from([f"{size:x}", f"{size:x};ext=1"]),
+                        st.sampled_from(["zz", f"{size:x} ", f"{size:x};e\rx", f"{size:x};\x01"]),
+                    )
+                )
                 payload += size_text.encode() + b"\r\n" + piece + b"\r\n"
-        payload += b"0\r\n\r\n"
+        payload += draw(
+            mostly(
+                st.sampled_from([b"0\r\n\r\n", b"0\r\nX-T: y\r\n\r\n"]),
+                st.sampled_from([b"0\r\n\n", b"0\r\nX-T: y\n\n", b"0\r\n X: y\r\n\r\n"]),
+            )
+        )
     elif framing != "none":
         payload = body
     order = draw(st.permutations(headers))
@@ -210,12 +221,44 @@ def h11_accepts(data: bytes, *, closed: bool) -> list[Accepted]:
         return accepted
 
 
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})((?:;[^\x00-\x08\x0a-\x1f\x7f]*)?)\r\n")
+_TRAILER_LINE = re.compile(rb"[^\x00-\x20\x7f][^\x00-\x08\x0a-\x1f\x7f]*\r\n")
+_HEAD_CTL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def strict_chunks(rest: bytes) -> bool:
+    """Whether ``rest`` begins with a whole chunked body by RFC 9112 7.1, read strictly.
+
+    Every line ends in CRLF, nothing follows a size but ``;`` or CRLF, no
+    control byte but HTAB in an extension or trailer, no obs-fold; and the
+    data, extension and trailer bytes stay within ``MAX_BODY``.
+    """
+    pos = counted = 0
+    while True:
+        line = _CHUNK_LINE.match(rest, pos)
+        if line is None:
+            return False
+        size = int(line[1], 16)
+        counted += size + max(0, len(line[2]) - 1)
+        pos = line.end()
+        if size == 0:
+            break
+        if rest[pos + size : pos + size + 2] != b"\r\n":
+            return False
+        pos += size + 2
+    while (field := _TRAILER_LINE.match(rest, pos)) is not None:
+        counted += len(field[0]) - 2
+        pos = field.end()
+    return rest[pos : pos + 2] == b"\r\n" and counted <= MAX_BODY
+
+
 def proxy_accepts(data: bytes) -> list[Accepted]:
     """The requests the proxy must forward when the client is neither slow nor gone.
 
     h11's, up to the first that the proxy refuses on purpose: a head over
-    ``MAX_HEAD``, a bare CR or LF, an obs-fold, ``Transfer-Encoding`` with
-    ``Content-Length`` or in HTTP/1.0, a body over ``MAX_BODY``.
+    ``MAX_HEAD``, a bare CR or LF, an obs-fold, a control byte other than
+    HTAB, ``Transfer-Encoding`` with ``Content-Length`` or in HTTP/1.0, a
+    chunked body that is not strictly well-formed, a body over ``MAX_BODY``.
     """
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
     conn.receive_data(data)
@@ -229,7 +272,7 @@ def proxy_accepts(data: bytes) -> list[Accepted]:
         lines = head.split(b"\r\n")
         if len(head) > MAX_HEAD or any(b"\r" in line or b"\n" in line for line in lines):
             return accepted
-        if any(line[:1] in (b" ", b"\t") for line in lines[1:]):
+        if any(line[:1] in (b" ", b"\t") for line in lines[1:]) or _HEAD_CTL.search(head):
             return accepted
         try:
             request = conn.next_event()
@@ -238,6 +281,8 @@ def proxy_accepts(data: bytes) -> list[Accepted]:
             if b"transfer-encoding" in names and (
                 b"content-length" in names or request.http_version == b"1.0"
             ):
+                return accepted
+            if b"transfer-encoding" in names and not strict_chunks(conn.trailing_data[0]):
                 return accepted
             body = b""
             while not isinstance(event := conn.next_event(), h11.EndOfMessage):
@@ -270,6 +315,7 @@ def check_forwarded(received: Sequence[ReceivedRequest], reference: Sequence[Acc
             assert got.target.startswith(b"/")
         forbidden = HOP_BY_HOP | connection_tokens(want.headers)
         assert not forbidden & {name for name, _ in got.headers}
+        assert not any(b"_" in name for name, _ in got.headers)
 
 
 def check_answers(result: RawResult, received: Sequence[ReceivedRequest], case: Case) -> None:

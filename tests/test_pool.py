@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import gc
+import select
 import socket
+import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ import h11
 import pytest
 import trio
 import trio.testing
+import trustme
 
 from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
@@ -36,6 +39,7 @@ from trio_failover.testing import (
     retry_status,
     stream_then_silence,
 )
+from trio_failover.wire.idle_sockets import unread
 from trio_failover.wire.pool import ConnectionPool, is_reusable, put_idle, take_idle
 
 BODY = b'{"model": "m"}'
@@ -542,3 +546,142 @@ async def test_a_dropped_pool_closes_its_idle_sockets() -> None:
     assert ours.fileno() == -1
     with theirs:
         assert await theirs.recv(10) == b""  # the other end sees the close
+
+
+# -- the checkout check, real sockets ------------------------------------------------------
+
+
+def idle_pair() -> tuple[trio.SocketStream, socket.socket]:
+    """A TCP connection on 127.0.0.1: a trio stream for the pool, the node's end as a socket."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours = socket.create_connection(listener.getsockname())
+        theirs, _ = listener.accept()
+    ours.setblocking(False)
+    return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
+
+
+@pytest.mark.parametrize(
+    ("node_does", "expected"),
+    [
+        ("nothing", None),
+        ("bytes", "bytes"),
+        ("close", "eof"),
+        ("reset", "eof"),
+    ],
+)
+async def test_unread_tells_what_waits_on_an_idle_socket(
+    node_does: str, expected: str | None
+) -> None:
+    stream, node = idle_pair()
+    with node:
+        if node_does == "bytes":
+            node.sendall(b"HTTP/1.1 200 OK\r\n")
+        elif node_does == "reset":
+            node.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            node.close()
+        elif node_does == "close":
+            node.close()
+        if node_does != "nothing":  # the kernel's news takes a moment on loopback
+            await trio.lowlevel.wait_readable(stream.socket)
+        assert unread(stream, select.poll()) == expected
+    await stream.aclose()
+
+
+async def test_checkout_closes_a_connection_with_stray_bytes_and_takes_the_next() -> None:
+    strays: list[str] = []
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0, on_stray=strays.append)
+    older, older_node = idle_pair()
+    newer, newer_node = idle_pair()
+    with older_node, newer_node:
+        await pool.release("a", older, exchanged(OK_HEAD))
+        await pool.release("a", newer, exchanged(OK_HEAD))
+        newer_node.sendall(b"POISON-D")  # after a complete answer: nobody asked
+        await trio.lowlevel.wait_readable(newer.socket)
+        entry = await pool.acquire("a")
+        assert entry is not None
+        assert entry.stream is older
+        assert strays == ["a"]
+        assert newer.socket.fileno() == -1  # closed, never used
+        await entry.stream.aclose()
+
+
+async def test_checkout_closes_a_connection_at_eof_without_a_count() -> None:
+    strays: list[str] = []
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0, on_stray=strays.append)
+    stream, node = idle_pair()
+    await pool.release("a", stream, exchanged(OK_HEAD))
+    node.close()
+    await trio.lowlevel.wait_readable(stream.socket)
+    assert await pool.acquire("a") is None
+    assert strays == []
+    assert stream.socket.fileno() == -1
+
+
+async def test_bytes_that_came_with_the_answer_end_are_stray_too() -> None:
+    strays: list[str] = []
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0, on_stray=strays.append)
+    stream, node = idle_pair()
+    with node:
+        await pool.release("a", stream, exchanged(OK_HEAD, extra=b"HTTP/1.1 200 OK\r\n"))
+    assert pool.idle_count("a") == 0
+    assert strays == ["a"]
+
+
+# -- the checkout check on TLS: the TLS object's buffers, and records decrypted to tell ----
+
+
+async def tls_pair(
+    transport: tuple[trio.abc.Stream, trio.abc.Stream], version: ssl.TLSVersion
+) -> tuple[trio.SSLStream[trio.abc.Stream], trio.SSLStream[trio.abc.Stream]]:
+    """A handshaken TLS connection over ``transport``: (the pool's side, the node's side)."""
+    ca = trustme.CA()
+    node_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("node.test").configure_cert(node_context)
+    node_context.maximum_version = version
+    our_context = ssl.create_default_context()
+    ca.configure_trust(our_context)
+    ours = trio.SSLStream(transport[0], our_context, server_hostname="node.test")
+    theirs = trio.SSLStream(transport[1], node_context, server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ours.do_handshake)
+        nursery.start_soon(theirs.do_handshake)
+    return ours, theirs
+
+
+async def test_unread_sees_tls_records_that_came_with_the_answer() -> None:
+    # Two records in one read: the SSL object decrypts the first (the
+    # answer), the second waits in Trio's MemoryBIO, unseen by h11 and by
+    # a poll of the socket (in-memory here: there is none).
+    ours, theirs = await tls_pair(trio.testing.memory_stream_pair(), ssl.TLSVersion.TLSv1_3)
+    await theirs.send_all(b"answer")
+    await theirs.send_all(b"POISON-D")
+    await trio.testing.wait_all_tasks_blocked()
+    assert await ours.receive_some(65536) == b"answer"
+    assert unread(ours, select.poll()) == "bytes"
+
+
+@pytest.mark.parametrize(
+    "version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"]
+)
+@pytest.mark.parametrize(
+    ("node_does", "expected"), [("nothing", None), ("bytes", "bytes"), ("close_notify", "eof")]
+)
+async def test_unread_on_tls_tells_stray_data_from_a_close_notify(
+    version: ssl.TLSVersion, node_does: str, expected: str | None
+) -> None:
+    # In TLS 1.3 every record is "application data" on the wire, a
+    # close_notify too: only decrypting tells them apart.
+    a, b = trio.socket.socketpair()
+    sockets = (trio.SocketStream(a), trio.SocketStream(b))
+    ours, theirs = await tls_pair(sockets, version)
+    await theirs.send_all(b"answer")
+    assert await ours.receive_some(65536) == b"answer"
+    if node_does == "bytes":
+        await theirs.send_all(b"POISON-D")
+    elif node_does == "close_notify":
+        await theirs.aclose()
+    if node_does != "nothing":
+        await trio.lowlevel.wait_readable(sockets[0].socket)
+    assert unread(ours, select.poll()) == expected
+    await trio.aclose_forcefully(ours)
+    await trio.aclose_forcefully(theirs)

@@ -54,6 +54,9 @@ MALFORMED = {
     "bare lf line ends": b"GET / HTTP/1.1\nHost: proxy.test\n\n",
     "bare lf ending the head": b"GET / HTTP/1.1\r\n" + HOST + b"\n",
     "nul in a value": b"GET / HTTP/1.1\r\n" + HOST + b"X-A: one\x00two\r\n\r\n",
+    "soh in a value": b"GET / HTTP/1.1\r\n" + HOST + b"X-A: one\x01two\r\n\r\n",
+    "esc in a value": b"GET / HTTP/1.1\r\n" + HOST + b"X-A: \x1b[31mred\r\n\r\n",
+    "del in a value": b"GET / HTTP/1.1\r\n" + HOST + b"X-A: one\x7f\r\n\r\n",
     "space before the colon": b"GET / HTTP/1.1\r\n" + HOST + b"X-A : one\r\n\r\n",
     "no host in http/1.1": b"GET / HTTP/1.1\r\nX-A: one\r\n\r\n",
     "garbage request line": b"GET  / HTTP/1.1 extra\r\n" + HOST + b"\r\n",
@@ -69,6 +72,10 @@ BAD_CHUNKS = {
     "empty chunk size": b"\r\nabc\r\n0\r\n\r\n",
     "chunk longer than its size": b"3\r\nabcd\r\n0\r\n\r\n",
     "chunk size with a bare lf": b"3\nabc\r\n0\r\n\r\n",
+    "trailer ending in a bare lf": b"0\r\nX-T: y\n\n",
+    "last chunk and a bare lf": b"0\r\n\n",
+    "bare cr in an extension": b"3;a\rb\r\nabc\r\n0\r\n\r\n",
+    "trailing spaces after a size": b"3  \r\nabc\r\n0\r\n\r\n",
 }
 
 
@@ -228,6 +235,8 @@ BAD_RESPONSE_HEADS = {
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n2\r\nok\r\n0\r\n\r\n"
     ),
     "invalid chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n",
+    "control byte in the reason": b"HTTP/1.1 200 O\x01K\r\nContent-Length: 2\r\n\r\nok",
+    "esc in a value": b"HTTP/1.1 200 OK\r\nX-A: \x1b[0m\r\nContent-Length: 2\r\n\r\nok",
 }
 
 

@@ -157,12 +157,16 @@ def client_response_headers(
     """The headers the client receives with a node's response.
 
     ``keep_length`` keeps the node's ``Content-Length`` (the whole body will
-    be relayed); otherwise h11 frames the body (chunked for HTTP/1.1).
+    be relayed); otherwise h11 frames the body (chunked for HTTP/1.1). An
+    answer with a ``Transfer-Encoding`` as well was framed by its chunks
+    (h11 reads it so), and its ``Content-Length`` is dropped: RFC 9112
+    section 6.3 says a proxy must remove it, and relayed next to a body of
+    another length it would be a lie that h11 refuses to send.
     """
     headers = end_to_end(upstream_headers, PROXY_OWNED_DOWN)
     if keep_length:
         length = get(upstream_headers, b"content-length")
-        if length is not None:
+        if length is not None and get(upstream_headers, b"transfer-encoding") is None:
             headers.append((b"content-length", length))
     headers += [
         (b"x-request-id", request_id.encode("ascii")),

@@ -46,6 +46,8 @@ class Proxy:
             max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
         )
         self.report = Report(config)
+        metrics = self.report.metrics
+        self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
         # The idle timers of committed streams; ``serve()`` runs ``silence.watch``.

@@ -140,7 +140,11 @@ async def serve_admin_connection(
             conn.start_next_cycle()
     except h11.RemoteProtocolError as exc:
         if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            reply = _error(exc.error_status_hint, "bad_request", str(exc))
+            # h11's message quotes the bad line, which may hold the admin
+            # token or anything else the client sent: not echoed.
+            status = exc.error_status_hint
+            words = "request header fields too large" if status == 431 else "malformed request"
+            reply = _error(status, "bad_request", words)
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await _send_reply(conn, stream, None, reply)
     except Exception as exc:

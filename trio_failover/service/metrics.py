@@ -88,6 +88,12 @@ class Metrics:
             ["listener"],
             registry=r,
         )
+        self.stray_bytes = Counter(
+            "trio_failover_stray_bytes",
+            "Pooled node connections closed for bytes sent after a complete answer",
+            ["node"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
         )
@@ -202,6 +208,7 @@ class Metrics:
         """
         for node in nodes:
             self.commits.labels(node)
+            self.stray_bytes.labels(node)
             self.in_flight.labels(node)
             self.time_to_head.labels(node)
             self.time_to_commit.labels(node)

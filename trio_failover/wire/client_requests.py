@@ -7,10 +7,18 @@ or LF, a head over the size limit even when it arrived whole. Each request
 cycle gets a fresh h11 connection so that every head, also a pipelined one,
 passes the screen: the bytes the previous connection received beyond its
 message go back to the reader's pending buffer.
+
+A chunked body is screened as raw bytes too (``core.screen.ChunkScreen``),
+for the same reason: h11 takes a bare LF as the end of its trailers. The
+bytes that came with the head are screened as soon as the head says
+"chunked", before h11 reads a byte of the body; every later read is
+screened before it goes to h11. Header names with an ``_`` are dropped here, on their way to
+a node (nginx's ``underscores_in_headers off``).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 import attrs
@@ -19,10 +27,12 @@ import trio
 
 from ..core.errors import ClientError
 from ..core.requests import request_line_path
-from ..core.screen import check_framing, screen_head
+from ..core.screen import ChunkScreen, check_framing, screen_head, underscored
 from .client_reader import ClientReader
 
 __all__ = ["ClientRequest", "RequestReader"]
+
+logger = logging.getLogger("trio_failover")
 
 # Where a head ends, found the way h11 finds it, so that the screened bytes
 # are exactly the bytes h11 then parses as the head.
@@ -101,6 +111,11 @@ class RequestReader:
         self._header_timeout = header_timeout
         self.conn = self._new_h11()
         self._screen = _HeadScreen(max_head)
+        # The chunked body's screen, while a chunked request is read; the
+        # bytes after the head that came in the head's read, until
+        # ``read_head`` knows the framing.
+        self._chunks: ChunkScreen | None = None
+        self._after_head: memoryview | None = None
         self._eof_fed = False
         self.answering_head = False
         self.requests_read = 0
@@ -123,6 +138,7 @@ class RequestReader:
             else:  # the usual case: h11 holds nothing unscreened
                 conn.start_next_cycle()
             self._screen.reset()
+            self._chunks = self._after_head = None
             self._eof_fed = False
             self.answering_head = False
         return conn.our_state is h11.IDLE and conn.their_state is h11.IDLE
@@ -153,10 +169,21 @@ class RequestReader:
             ClientError: the head is malformed (400) or too large (431).
         """
         pending, closed = self._reader.pending, self._reader.closed
-        if not self._screen.lets_through(pending, closed is not None):
+        screen = self._screen
+        screened = screen.passed
+        if not screen.lets_through(pending, closed is not None):
             return False
         if pending:
-            self.conn.receive_data(self._reader.take())
+            chunks = self._chunks
+            if chunks is not None:  # a chunked body: screened before h11 reads it
+                chunks.feed(pending)
+            data = self._reader.take()
+            head = screen.head
+            if not screened and head is not None and len(data) > len(head):
+                # The head passed with this read: its framing is not known
+                # yet, the bytes after it wait for ``read_head`` (no copy).
+                self._after_head = memoryview(data)[len(head) :]
+            self.conn.receive_data(data)
             return True
         if closed is not None and not self._eof_fed:
             self.conn.receive_data(b"")
@@ -222,7 +249,13 @@ class RequestReader:
         # h11's Headers is a Sequence read item by item in Python: listed
         # once, then read as a list.
         headers = list(event.headers)
-        check_framing(headers, event.http_version)
+        self._after_head, after_head = None, self._after_head
+        if check_framing(headers, event.http_version):
+            chunks = self._chunks = ChunkScreen(self._max_body)
+            if after_head is not None:
+                chunks.feed(after_head)
+        if b"_" in (self._screen.head or b"") and underscored(headers):
+            headers = _without_underscores(headers)
         self.requests_read += 1
         for name, value in headers:
             if name == b"content-length" and int(value) > self._max_body:
@@ -252,6 +285,14 @@ class RequestReader:
                 return b"".join(parts)
             else:
                 raise ClientError(400, "request body incomplete", "bad_request")
+
+
+def _without_underscores(headers: Headers) -> Headers:
+    """``headers`` without the names that hold an ``_``, each drop logged at debug."""
+    for name in underscored(headers):
+        fields = {"header": name.decode("latin-1")}
+        logger.debug("request header with an underscore dropped", extra={"fields": fields})
+    return [(name, value) for name, value in headers if b"_" not in name]
 
 
 def _client_error(exc: h11.RemoteProtocolError) -> ClientError:

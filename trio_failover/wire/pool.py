@@ -33,6 +33,21 @@ path of every request. The rules, which ``upstream.open_response`` and
 - At most ``max_idle`` idle connections per node; a release beyond that
   closes the oldest one.
 - ``max_idle == 0`` or ``idle_timeout == 0`` turns pooling off.
+- Checkout looks at the connection before handing it out (``idle_sockets.unread``):
+  one ``poll`` with a zero timeout on its socket, and for TLS the bytes
+  the TLS object holds (what came is decrypted, to tell stray data from
+  the node's ``close_notify``). An idle connection has no answer pending, so
+  anything readable is an EOF, a reset, or bytes the node sent after a
+  complete answer (a buggy engine, a body after a 204 or a HEAD answer):
+  used, those bytes would be read as the *next* client's answer. Such a
+  connection is closed, never used, and the next idle one (or a fresh
+  one) is taken. Stray bytes are logged (``stray bytes after a complete
+  answer``, the node's name, never the bytes) and counted
+  (``on_stray``); so are bytes that came in the same read as the end of
+  the answer (``release``), and bytes the watcher finds. The check runs
+  once per reuse, never per chunk. What it cannot see is a stray byte
+  still on the wire when the request goes out (docs/reliability.md has
+  the measured window).
 
 A pooled connection can still turn out dead when used (the node closed it
 after the check); ``upstream.open_response`` then retries once on a fresh
@@ -45,17 +60,18 @@ The decisions (``take_idle``, ``put_idle``, ``sweep_idle``, ``next_expiry``,
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import math
-import os
 import select
 import weakref
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 import attrs
 import h11
 import trio
+
+from .idle_sockets import Readiness, detach_and_close, unread
 
 __all__ = [
     "ConnectionPool",
@@ -66,6 +82,8 @@ __all__ = [
     "sweep_idle",
     "take_idle",
 ]
+
+logger = logging.getLogger("trio_failover")
 
 
 class _Idle(Protocol):
@@ -201,16 +219,29 @@ class ConnectionPool:
         idle_timeout: seconds after which an idle connection is not reused
             (``0``: no pooling).
 
+        on_stray: called with a node's name each time one of its
+            connections is found with stray bytes (the proxy counts them).
+
     Cancellation: ``acquire`` and ``release`` never lose a connection; what
     they discard is closed with ``trio.aclose_forcefully`` even when the
     caller is being cancelled.
     """
 
-    def __init__(self, *, max_idle: int, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        max_idle: int,
+        idle_timeout: float,
+        on_stray: Callable[[str], None] | None = None,
+    ) -> None:
         self.max_idle = max_idle
         self.idle_timeout = idle_timeout
+        self.on_stray = on_stray
         self._idle: dict[str, list[IdleConnection]] = {}
-        self._readiness: _Readiness | None = None  # while ``watch`` runs
+        # One poll object for the checkout look: registering an fd in it is
+        # no system call, and its poll(0) is the only one.
+        self._poller = select.poll() if hasattr(select, "poll") else None
+        self._readiness: Readiness | None = None  # while ``watch`` runs
         self._wake = trio.Event()  # set on release: the watcher may have a deadline now
         # Released connections not yet in the epoll set, and when the
         # watcher looks for them; its wait's scope, while it waits with a
@@ -232,26 +263,44 @@ class ConnectionPool:
         return len(self._idle.get(node, ()))
 
     async def acquire(self, node: str, *, now: float | None = None) -> IdleConnection | None:
-        """The newest unexpired idle connection to ``node``, or None.
+        """The newest unexpired idle connection to ``node`` with nothing unread, or None.
 
         The h11 state is ready for the next request. ``now``: the Trio clock,
-        if the caller read it since its last checkpoint.
+        if the caller read it since its last checkpoint. A connection with
+        bytes or an EOF waiting is closed and the next one looked at.
         """
         idle = self._idle.get(node)
         if not idle:
             return None
         if now is None:
             now = trio.current_time()
-        entry, expired = take_idle(idle, now=now, idle_timeout=self.idle_timeout)
-        if entry is not None:
-            self._unwatch(entry)  # in use now: its bytes are the answer's
-        try:
-            await self._close_all(expired)
-        except BaseException:
+        for _ in range(self.max_idle + 1):  # each turn takes one out: bounded
+            entry, expired = take_idle(idle, now=now, idle_timeout=self.idle_timeout)
             if entry is not None:
-                await trio.aclose_forcefully(entry.stream)
-            raise
-        return entry
+                self._unwatch(entry)  # in use now: its bytes are the answer's
+                waiting = unread(entry.stream, self._poller)
+                if waiting is not None:
+                    if waiting == "bytes":
+                        self._stray(node)
+                    expired.append(entry)
+                    entry = None
+            try:
+                await self._close_all(expired)
+            except BaseException:
+                if entry is not None:
+                    await trio.aclose_forcefully(entry.stream)
+                raise
+            if entry is not None or not idle:
+                return entry
+        return None
+
+    def _stray(self, node: str) -> None:
+        """A connection of ``node`` had bytes after a complete answer: say so, count it."""
+        # The bytes are not logged: they may be (the end of) another
+        # client's answer.
+        logger.warning("stray bytes after a complete answer", extra={"fields": {"node": node}})
+        if self.on_stray is not None:
+            self.on_stray(node)
 
     async def release(self, node: str, stream: trio.abc.Stream, conn: h11.Connection) -> None:
         """Keep a connection whose exchange ended cleanly, or close it.
@@ -262,6 +311,8 @@ class ConnectionPool:
             conn: its client-side h11 state, after a complete response.
         """
         if not self.enabled or not is_reusable(conn):
+            if conn.their_state is h11.DONE and conn.trailing_data[0]:
+                self._stray(node)  # came in the same read as the answer's end
             await trio.aclose_forcefully(stream)
             return
         conn.start_next_cycle()
@@ -297,11 +348,11 @@ class ConnectionPool:
         """
         if not self.enabled:
             await trio.sleep_forever()
-        readiness = self._readiness = _Readiness()
+        readiness = self._readiness = Readiness()
         try:
             for entries in self._idle.values():
                 for entry in entries:
-                    readiness.add(entry)
+                    entry.fd = readiness.add(entry.stream)
             while True:
                 deadline = next_expiry(self._idle, self.idle_timeout)
                 if self._unwatched:
@@ -318,7 +369,7 @@ class ConnectionPool:
                     for entries in self._idle.values():
                         for entry in entries:
                             if entry.fd < 0:
-                                readiness.add(entry)
+                                entry.fd = readiness.add(entry.stream)
                 await self._sweep(readiness)
         finally:
             self._readiness = self._look = None
@@ -328,14 +379,18 @@ class ConnectionPool:
                     entry.fd = -1
             readiness.close()
 
-    async def _sweep(self, readiness: _Readiness) -> None:
+    async def _sweep(self, readiness: Readiness) -> None:
         ready = readiness.ready()
         now = trio.current_time()
         doomed: list[IdleConnection] = []
-        for entries in self._idle.values():
-            doomed += sweep_idle(
+        for node, entries in self._idle.items():
+            closing = sweep_idle(
                 entries, now=now, idle_timeout=self.idle_timeout, dead=lambda e: e.fd in ready
             )
+            for entry in closing:
+                if entry.fd in ready and unread(entry.stream, self._poller) == "bytes":
+                    self._stray(node)
+            doomed += closing
         for fd in ready:  # one that is no longer idle must not wake the watcher again
             readiness.forget(fd)
         await self._close_all(doomed)
@@ -358,69 +413,9 @@ class ConnectionPool:
         await self._close_all(entries)
 
 
-class _Readiness:
-    """The idle sockets in one epoll set, whose own descriptor Trio can wait on.
-
-    Where ``select.epoll`` does not exist, nothing is watched and ``wait``
-    only ends by its deadline: idle connections then close at expiry only.
-    """
-
-    def __init__(self) -> None:
-        self._epoll = select.epoll() if hasattr(select, "epoll") else None
-
-    def add(self, entry: IdleConnection) -> None:
-        fd = _socket_fd(entry.stream)
-        if self._epoll is None or fd < 0:
-            return  # an in-memory stream (tests): deadlines only
-        events = select.EPOLLIN | select.EPOLLRDHUP
-        try:
-            self._epoll.register(fd, events)
-        except FileExistsError:  # a descriptor number reused before we heard of its close
-            self._epoll.modify(fd, events)
-        entry.fd = fd
-
-    def forget(self, fd: int) -> None:
-        if self._epoll is not None and fd >= 0:
-            with contextlib.suppress(OSError, ValueError):
-                self._epoll.unregister(fd)
-
-    async def wait(self) -> None:
-        if self._epoll is None:
-            await trio.sleep_forever()
-        else:
-            await trio.lowlevel.wait_readable(self._epoll.fileno())
-
-    def ready(self) -> Collection[int]:
-        if self._epoll is None:
-            return frozenset()
-        return {fd for fd, _ in self._epoll.poll(0)}
-
-    def close(self) -> None:
-        if self._epoll is not None:
-            trio.lowlevel.notify_closing(self._epoll.fileno())
-            self._epoll.close()
-
-
-def _socket_fd(stream: trio.abc.Stream) -> int:
-    transport = getattr(stream, "transport_stream", stream)  # TLS
-    sock = getattr(transport, "socket", None)
-    return sock.fileno() if isinstance(sock, trio.socket.SocketType) else -1
-
-
 def _close_abandoned(idle: dict[str, list[IdleConnection]]) -> None:
-    """Close the sockets of a pool that was dropped, outside any Trio run.
-
-    Trio's own ``close`` needs a running Trio loop, which may be gone by
-    now; an idle socket has no task waiting on it, so detaching its file
-    descriptor and closing that is all there is to do.
-    """
+    """Close the sockets of a pool that was dropped, outside any Trio run."""
     for entries in idle.values():
         for entry in entries:
-            transport = getattr(entry.stream, "transport_stream", entry.stream)  # TLS
-            sock = getattr(transport, "socket", None)
-            if isinstance(sock, trio.socket.SocketType):
-                fd = sock.detach()
-                if fd >= 0:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+            detach_and_close(entry.stream)
     idle.clear()

@@ -32,6 +32,7 @@ from ..core.config import Config, Upstream
 from ..core.headers import Headers, get
 from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
+from ..core.screen import answer_flaw
 from ..core.sse import SseScanner, is_event_stream
 from . import first_bytes, socket_io, sockopts
 from .connect import Connector, TCPConnector, open_tcp
@@ -295,6 +296,9 @@ async def _exchange(
     scanner, progressed = None, True
     # h11's Headers is a Sequence read item by item in Python: listed once.
     headers = list(response.headers)
+    flaw = answer_flaw(response.reason, headers)
+    if flaw is not None:  # h11 let it through; relayed, it would reach the client as is
+        raise errors.UpstreamProtocolError(node.name, "head", flaw)
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
     elif not is_event_stream(get(headers, b"content-type")):

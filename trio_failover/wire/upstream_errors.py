@@ -8,6 +8,7 @@ is ``outcome.judge``'s call.
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +39,7 @@ def map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError
     if isinstance(exc, EarlyClose):
         return errors.UpstreamClosedEarly(node, phase, f"{exc}")
     if isinstance(exc, h11.RemoteProtocolError):
-        return errors.UpstreamProtocolError(node, phase, f"{exc}")
+        return errors.UpstreamProtocolError(node, phase, without_peer_bytes(f"{exc}"))
     if sockopts.is_dead_peer_error(exc):
         return errors.DeadPeer(node, phase, "peer stopped answering")
     if _caused_by(exc, ssl.SSLError):
@@ -53,6 +54,22 @@ def mapped(node: str, phase: str) -> Iterator[None]:
         yield
     except (EarlyClose, *IO_ERRORS) as exc:
         raise map_error(node, phase, exc) from exc
+
+
+# Where h11 quotes the peer's bytes in a message: "illegal status line:
+# bytearray(b'...')", "malformed chunk footer: b'..' (expected b'\\r\\n')".
+_QUOTED = re.compile(r":?\s*(?:bytearray\()?\bb['\"].*", re.DOTALL)
+
+
+def without_peer_bytes(message: str) -> str:
+    """h11's error message without the raw bytes it quotes.
+
+    On a pooled connection those bytes may be the end of another client's
+    answer (a node that sent more than it declared); they go to the
+    attempts list of a 502, ``/status``, events and logs, so only h11's
+    words for what was wrong are kept.
+    """
+    return _QUOTED.sub("", message) or "malformed answer"
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
