@@ -20,6 +20,7 @@ import trio
 
 from ..core.config import Config
 from ..core.inventory import Health
+from ..core.liveness import CheckRecord
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
@@ -42,6 +43,8 @@ class NodeStats:
 
     served: int = 0
     failed: int = 0
+    # The node's last finished check (liveness, SPEC 5.5; or discovery's).
+    last_check: CheckRecord | None = None
 
 
 @attrs.define
@@ -66,6 +69,7 @@ class Workload:
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
+    checks: int = 0  # liveness checks its attempts waited on (SPEC 5.5)
     queued_since: float | None = None  # when the current wait began, while waiting
 
     @property
@@ -175,6 +179,33 @@ class Report:
             self.metrics.attempt_ended(record.node, str(record.outcome))
         self.metrics.client_aborts.inc()
 
+    # -- checks --------------------------------------------------------------
+
+    def record_check(self, node: str, record: CheckRecord) -> None:
+        """Keep ``record`` as the node's ``last_check`` of ``/status`` (any kind of check)."""
+        self.stats[node].last_check = record
+
+    def liveness_checked(self, node: str, record: CheckRecord, *, elapsed: float) -> None:
+        """Tell a finished liveness check: ``last_check``, metric, log line, ``check`` event."""
+        self.record_check(node, record)
+        result = "passed" if record.ok else "failed"
+        self.metrics.child(self.metrics.liveness_checks, node, result).inc()
+        event = {
+            "type": "check",
+            "node": node,
+            "kind": record.kind,
+            "ok": record.ok,
+            "status": record.status,
+            "error": record.error,
+            "elapsed_ms": _ms(elapsed),
+        }
+        fields = {key: value for key, value in event.items() if key != "type"}
+        if record.ok:
+            logger.info("liveness check passed", extra={"fields": fields})
+        else:
+            logger.warning("liveness check failed", extra={"fields": fields})
+        self.events.publish(event)
+
     # -- workloads -----------------------------------------------------------
 
     def started(self, work: Workload) -> None:
@@ -229,6 +260,7 @@ class Report:
                 "duration_ms": round((now - work.started) * 1000, 1),
                 "queued_ms": round(work.waited * 1000, 1),
                 "bytes": work.body_bytes,
+                "checks": work.checks,
             }
         )
 
