@@ -170,9 +170,11 @@ def _parsed_body(conn: h11.Connection) -> tuple[bytes, bool] | None:
     event = conn.next_event()
     if event is h11.NEED_DATA:
         return None
-    if isinstance(event, h11.EndOfMessage):
-        return b"", True
+    # Data first: h11's events are ABCs, and isinstance of another class
+    # than the event's own takes the slow path.
     if not isinstance(event, h11.Data):
+        if isinstance(event, h11.EndOfMessage):
+            return b"", True
         raise EarlyClose("connection closed in the body")
     if not event.data:
         return None  # h11 makes no empty Data; were it to, the read finds the next
