@@ -376,6 +376,21 @@ async def test_a_live_node_keeps_the_attempt_only_up_to_the_unstreamed_timeout(
         assert "4 liveness checks passed" in proxy.recent[0]["attempts"][0]["detail"]
 
 
+async def test_the_unstreamed_timeout_cuts_a_check_that_runs_past_it(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(frozen()), "b": FakeNode(healthy(b"b"))}) as fleet:
+        # The check at 120 may take 10 s; the attempt's last moment is 125.
+        proxy = make_proxy(fleet, response_header_timeout=120.0, unstreamed_timeout=125.0)
+        with trio.fail_after(LIMIT):
+            response = await request(proxy, body=UNSTREAMED)
+        assert response is not None
+        assert (response.body, response.at) == (b"b", 125.0)
+        assert check_times(fleet["a"]) == [120.0]
+        assert outcomes(proxy) == [[("a", "header_timeout"), ("b", "completed")]]
+        assert status_of(proxy, "a")["last_check"] is None  # cut, not answered
+
+
 # -- the check itself -----------------------------------------------------------------------
 
 

@@ -77,6 +77,7 @@ async def wait_watched(
     now = trio.current_time()
     decision = at_window_end(now, final_deadline)
     while decision.step is Step.CHECK:
+        alive = True  # unless the check says otherwise before the final deadline
         with trio.move_on_at(final_deadline):
             alive = await liveness.still_alive(node)
         checks += 1
