@@ -109,12 +109,6 @@ async def wait_watched(
     raise error
 
 
-# Comment and blank lines of an event stream held before its first event
-# (SPEC 5.5). Pings are a few bytes every few seconds; a node that sends this
-# much and no event is not pinging, and holding more would be unbounded.
-HELD_LIMIT = 65536
-
-
 async def first_body_watched(
     node: Upstream,
     stream: trio.abc.Stream,
