@@ -69,15 +69,21 @@ def test_a_long_unstreamed_answer_at_a_live_engine_is_kept_with_one_attempt(
     fleet: Fleet, report: Report
 ) -> None:
     a, b = fleet.engines("llama-server", "a", "b")
+    # --unstreamed-timeout well above the answer: it alone may end a live
+    # node's attempt, and a loaded machine makes 6 tokens/s.
     proxy = fleet.proxy(
-        [("a", a.url), ("b", b.url)], "--response-header-timeout", f"{HEADER_TIMEOUT_S:g}s"
+        [("a", a.url), ("b", b.url)],
+        "--response-header-timeout",
+        f"{HEADER_TIMEOUT_S:g}s",
+        "--unstreamed-timeout",
+        "30m",
     )
-    # As long as one CPU thread makes it: the end tokens forbidden (chat_body's
-    # logit_bias), ignore_eos too, up to what the 4096-token context allows.
-    body = chat_body(3800, stream=False, prompt="Count from one upwards, in words.")
+    # Minutes on one CPU thread: the end tokens forbidden (chat_body's
+    # logit_bias), ignore_eos too; 1500 tokens take 50 s at 30 tokens/s.
+    body = chat_body(1500, stream=False, prompt="Count from one upwards, in words.")
     body["ignore_eos"] = True
     started = time.monotonic()
-    answer = Exchange.post(proxy.port, CHAT, body, timeout=900).read_all()
+    answer = Exchange.post(proxy.port, CHAT, body, timeout=1500).read_all()
     took = time.monotonic() - started
     assert answer.status == 200, answer.body_bytes[:300]
     assert answer.complete
