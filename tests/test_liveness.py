@@ -362,6 +362,20 @@ async def test_a_slow_live_node_keeps_the_unstreamed_attempt_up_to_its_answer(
         assert [r.fields["checks"] for r in access] == [9]  # type: ignore[attr-defined]
 
 
+async def test_a_pooled_connection_waits_watched_too(autojump_clock: trio.abc.Clock) -> None:
+    async with Fleet({"a": FakeNode(slow_prefill(5.0, b"whole")), "b": FakeNode()}) as fleet:
+        proxy = make_proxy(fleet)
+        with trio.fail_after(LIMIT):
+            first = await request(proxy, body=UNSTREAMED)
+            second = await request(proxy, body=UNSTREAMED)  # on the pooled connection, at 5
+        assert first is not None
+        assert second is not None
+        assert (first.at, second.at) == (5.0, 10.0)
+        assert check_times(fleet["a"]) == [2.0, 4.0, 7.0, 9.0]
+        assert fleet["a"].connections == 5  # one for both requests, one per check
+        assert second.header("x-failover-attempts") == "1"
+
+
 async def test_a_live_node_keeps_the_attempt_only_up_to_the_unstreamed_timeout(
     autojump_clock: trio.abc.Clock,
 ) -> None:
