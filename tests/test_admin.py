@@ -106,6 +106,7 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "models": None,  # no models configured, no inventory: discovery is not running
             "last_outcome": "header_timeout",
             "last_error": "a: head: no complete response head in 10.0s",
+            "last_check": None,  # a streamed request's head: no liveness check (SPEC 5.5)
         }
         assert nodes["b"]["state"] == "ready"
         assert (nodes["b"]["last_outcome"], nodes["b"]["last_error"]) == ("completed", None)

@@ -457,3 +457,22 @@ async def test_the_fleets_model_list_does_not_ask_a_node_with_an_attempt_in_flig
     assert [m["id"] for m in asked.json()["data"]] == [m["id"] for m in known.json()["data"]]
     assert [m["id"] for m in known.json()["data"]] == ["m1"]
     assert [r.at for r in node.received if r.target == b"/v1/models"] == [6.5]
+
+
+async def test_a_discovery_check_is_the_nodes_last_check_in_status(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # /status last_check: kind "health" for discovery's checks (beside the
+    # liveness checks' "liveness"), ok unless it found the node down.
+    node = FakeNode(routed({b"/health": OK, b"/v1/models": listing("m1")}))
+    down = FakeNode(routed({b"/health": LOADING}))
+    async with (
+        Fleet({"a": node, "b": down}) as fleet,
+        checking(fleet, interval=30.0) as proxy,
+    ):
+        await trio.sleep(3.5)
+        a, b = node_status(proxy, "a"), node_status(proxy, "b")
+    assert a["last_check"]["kind"] == b["last_check"]["kind"] == "health"
+    assert (a["last_check"]["ok"], a["last_check"]["error"]) == (True, None)
+    assert (b["state"], b["last_check"]["ok"]) == ("down", False)
+    assert b["last_check"]["error"] == b["last_error"]

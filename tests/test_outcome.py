@@ -45,6 +45,8 @@ VERDICTS: dict[Outcome, tuple[bool, float, bool]] = {
     Outcome.HEADER_TIMEOUT: (True, RHT, True),
     Outcome.FIRST_BODY_TIMEOUT: (True, RHT, True),
     Outcome.DEAD_PEER: (True, RHT, True),
+    # No head and no answer to GET /health either (SPEC 5.5): a stall.
+    Outcome.UNRESPONSIVE: (True, RHT, True),
     # Never the node's fault, or already committed: no failover.
     Outcome.CLIENT_ABORT: (False, 0.0, False),
     Outcome.SHUTDOWN: (False, 0.0, False),  # the proxy stopped (end of a drain)
@@ -262,6 +264,7 @@ TIMED_OUT = {
     Outcome.HEADER_TIMEOUT,
     Outcome.FIRST_BODY_TIMEOUT,
     Outcome.DEAD_PEER,
+    Outcome.UNRESPONSIVE,  # the node answered nothing in time: 504, as a stall
 }
 
 

@@ -158,23 +158,75 @@ def healthy(
     return behave
 
 
+def is_health(request: ReceivedRequest) -> bool:
+    """Whether ``request`` is a ``GET /health`` (under any base path): a liveness check."""
+    return request.method == b"GET" and request.target.split(b"?", 1)[0].endswith(b"/health")
+
+
+def with_health(
+    behaviour: Behaviour, *, status: int = 200, answers: int | None = None
+) -> Behaviour:
+    """``behaviour``, but ``GET /health`` answered at once with ``status``, as a live engine's.
+
+    An engine's web server answers its health route while the model works
+    (llama-server, vLLM). ``answers``: only the first that many checks are
+    answered; later ones are read and never answered (the process froze).
+    """
+    answered = 0
+
+    async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        nonlocal answered
+        if not is_health(request):
+            await behaviour(io, request)
+        elif answers is None or answered < answers:
+            answered += 1
+            await healthy(b'{"status": "ok"}', status=status)(io, request)
+        else:
+            await io.wait_closed()
+
+    return behave
+
+
 def slow_head(delay: float, body: bytes = b'{"ok": true}') -> Behaviour:
-    """Answers after ``delay`` seconds of silence (a long prefill before the head)."""
-    return healthy(body, head_delay=delay)
+    """Answers after ``delay`` seconds of silence (a long prefill before the head).
+
+    A live node: ``GET /health`` is answered at once (``with_health``).
+    """
+    return with_health(healthy(body, head_delay=delay))
 
 
 def slow_prefill(delay: float, body: bytes = b'{"ok": true}') -> Behaviour:
     """A node busy with a long prefill: silent for ``delay`` seconds, then a normal answer.
 
-    The name SPEC section 7 uses; the same node as ``slow_head``.
+    The name SPEC section 7 uses; the same node as ``slow_head`` (it answers
+    ``GET /health`` at once).
     """
     return slow_head(delay, body)
 
 
 def frozen() -> Behaviour:
-    """Accepts and reads the request, never answers."""
+    """Accepts and reads every request, answers none: ``GET /health`` included.
+
+    A stopped (SIGSTOP) or wedged process: the kernel still accepts its
+    connections, so a liveness check of it gets no answer either.
+    """
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        await io.wait_closed()
+
+    return behave
+
+
+def frozen_after_head(content_type: str = "text/event-stream") -> Behaviour:
+    """Sends a head at once, then nothing; ``GET /health`` gets no answer at all.
+
+    A process that froze right after it sent the head of a stream.
+    """
+
+    async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        if not is_health(request):
+            headers = [(b"content-type", content_type.encode())]
+            await io.send(h11.Response(status_code=200, headers=headers))
         await io.wait_closed()
 
     return behave

@@ -1,10 +1,11 @@
 """Fault-injecting fake nodes and an in-memory connector, for deterministic tests.
 
 A ``FakeNode`` reads each request with h11, records it, and answers by its
-*behaviour*: ``healthy``, ``frozen``, ``headers_then_silence``,
+*behaviour*: ``healthy``, ``frozen``, ``frozen_after_head``, ``headers_then_silence``,
 ``partial_head_then_stall``, ``drop_before_body``, ``slow_head``,
 ``slow_prefill_with_pings``, ``die_mid_stream``, ``retry_status``,
-``openai``; the fake engines ``FakeLlamaServer``, ``FakeOllama``,
+``openai`` (``with_health`` adds an answer to ``GET /health``, a liveness
+check, to any of them); the fake engines ``FakeLlamaServer``, ``FakeOllama``,
 ``FakeVllm`` and ``FakeLmStudio`` answer their signal reads from their own
 slots and loaded models. The same node serves over an in-memory stream
 (``Fleet.connector``, under ``MockClock``) or a real socket
@@ -40,6 +41,7 @@ from .fakes import (
     die_mid_stream,
     drop_before_body,
     frozen,
+    frozen_after_head,
     headers_then_silence,
     healthy,
     openai,
@@ -49,6 +51,7 @@ from .fakes import (
     slow_prefill,
     slow_prefill_with_pings,
     stream_then_silence,
+    with_health,
 )
 from .proxy.proxy import Proxy
 from .wire.http1 import send_events
@@ -70,6 +73,7 @@ __all__ = [
     "die_mid_stream",
     "drop_before_body",
     "frozen",
+    "frozen_after_head",
     "headers_then_silence",
     "healthy",
     "openai",
@@ -83,6 +87,7 @@ __all__ = [
     "slow_prefill",
     "slow_prefill_with_pings",
     "stream_then_silence",
+    "with_health",
 ]
 
 Headers = list[tuple[bytes, bytes]]

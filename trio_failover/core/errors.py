@@ -60,6 +60,9 @@ class UpstreamError(FailoverError):
     """
 
     outcome: Outcome
+    # Liveness checks the attempt waited on before it failed (SPEC 5.5);
+    # set on the instance only when there were any.
+    checks: int = 0
 
     def __init__(self, node: str, phase: str, detail: str) -> None:
         self.node = node
@@ -90,6 +93,12 @@ class HeaderTimeout(UpstreamError):
     """The request was written but no complete response head came in time."""
 
     outcome = Outcome.HEADER_TIMEOUT
+
+
+class Unresponsive(UpstreamError):
+    """No head (or first body byte) yet, and the node's liveness check got no answer either."""
+
+    outcome = Outcome.UNRESPONSIVE
 
 
 class FirstBodyTimeout(UpstreamError):

@@ -31,6 +31,9 @@ class Outcome(enum.StrEnum):
     CONNECT_TIMEOUT = "connect_timeout"
     TLS_ERROR = "tls_error"
     HEADER_TIMEOUT = "header_timeout"
+    # A liveness check (GET /health) found no answer while the attempt waited
+    # for a head or a first body byte (SPEC 5.5).
+    UNRESPONSIVE = "unresponsive"
     FIRST_BODY_TIMEOUT = "first_body_timeout"
     RESET = "reset"
     CLOSED_EARLY = "closed_early"
@@ -88,6 +91,9 @@ RULES: dict[Outcome, Rule] = {
     Outcome.CONNECT_TIMEOUT: attrs.evolve(_FAST, timed_out=True, status=504),
     Outcome.TLS_ERROR: _FAST,
     Outcome.HEADER_TIMEOUT: _STALL,
+    # The node answered neither the request nor a GET /health of its own:
+    # as stalled as one that missed its head deadline.
+    Outcome.UNRESPONSIVE: _STALL,
     Outcome.FIRST_BODY_TIMEOUT: _STALL,
     Outcome.RESET: _FAST,
     Outcome.CLOSED_EARLY: _FAST,

@@ -26,7 +26,7 @@ from ..core.rewrite import node_body, node_target
 from ..core.workload import State
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
 from .milestones import Milestones
 from .queue import take_slot
@@ -47,8 +47,11 @@ class Attempts:
         report: Report,
         milestones: Milestones,
         relay: Relay,
+        liveness: Liveness | None = None,
     ) -> None:
         self.config = config
+        # Asks a node that keeps an attempt waiting whether it is alive (SPEC 5.5).
+        self.liveness = liveness
         self.connector = connector
         self.pool = pool
         self.report = report
@@ -137,6 +140,7 @@ class Attempts:
                         config=self.config,
                         pool=self.pool,
                         started=work.attempt_started,
+                        liveness=self.liveness,
                     )
                 except UpstreamError as failure:
                     if isinstance(failure, RetryableResponse) and failure.saved is not None:

@@ -47,6 +47,7 @@ from ..core.checks import (
     tags_answer,
 )
 from ..core.config import Config, Upstream
+from ..core.liveness import CheckRecord
 from ..core.inventory import (
     CHECK_ANSWER_TIMEOUT,
     CHECK_PATH,
@@ -130,6 +131,7 @@ class Discovery:
                 verdict = CheckVerdict(Health.UNCHANGED, None, False, None, error, "internal_error")
             finished = trio.current_time()
             self.report.readiness.check_finished(node.name, verdict, finished)
+            self.report.record_check(node.name, health_check_record(verdict, finished))
             down_checks = down_checks + 1 if health.is_down(node.name) else 0
             deadline = next_check_at(
                 started=started,
@@ -214,3 +216,15 @@ class Discovery:
         if answer is None:
             return _Reply(None, sent=False)
         return _Reply(answer)
+
+
+def health_check_record(verdict: CheckVerdict, finished: float) -> CheckRecord:
+    """A discovery check as ``/status`` shows it (``last_check``, kind ``health``).
+
+    It passed unless it found the node down; its ``status`` is not kept (a
+    check asks up to three questions), its ``error`` is the verdict's.
+    """
+    ok = verdict.health is not Health.DOWN
+    return CheckRecord(
+        "health", ok=ok, status=None, error=None if ok else verdict.last_error, at=finished
+    )

@@ -49,6 +49,7 @@ class Milestones:
             status=status,
             detail=str(failure),
         )
+        work.checks += failure.checks
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
             self.report.readiness.demote(node.name, verdict.cooldown, str(failure.outcome), now)
@@ -65,6 +66,8 @@ class Milestones:
         work.committed_at = now
         work.state = State.COMMITTED
         work.status = response.status
+        if response.checks:
+            work.checks += response.checks
         self.report.committed(work, node.name, timings.head - timings.written, now)
 
     def stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:

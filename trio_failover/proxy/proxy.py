@@ -23,6 +23,7 @@ from ..wire.upstream import Connector, TCPConnector
 from .discovery import Discovery
 from .gate import ClientGate
 from .lists import FleetLists, is_list_route
+from .liveness import LivenessChecker
 from .report import NodeStats, Report
 from .silence import SilenceWatch
 from .workload import WorkloadRunner
@@ -52,8 +53,10 @@ class Proxy:
         self._gate = ClientGate(config, self.report)
         # The idle timers of committed streams; ``serve()`` runs ``silence.watch``.
         self.silence = SilenceWatch()
+        # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
+        self.liveness = LivenessChecker(config, self.connector, self.report)
         self._workloads = WorkloadRunner(
-            config, self.connector, self.pool, self.report, self.silence
+            config, self.connector, self.pool, self.report, self.silence, self.liveness
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.report)

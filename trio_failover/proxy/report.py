@@ -20,6 +20,7 @@ import trio
 
 from ..core.config import Config
 from ..core.inventory import Health
+from ..core.liveness import CheckRecord
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
 from ..service.events import EventBus
@@ -47,6 +48,8 @@ class NodeStats:
 
     served: int = 0
     failed: int = 0
+    # The node's last finished check (liveness, SPEC 5.5; or discovery's).
+    last_check: CheckRecord | None = None
 
 
 @attrs.define
@@ -69,6 +72,7 @@ class Workload:
     _state: State = attrs.field(default=State.QUEUED, alias="state")
     status: int | None = None
     body_bytes: int = 0
+    checks: int = 0  # liveness checks its attempts waited on (SPEC 5.5)
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured
     model: str | None = None  # the "model" the client asked for, if its body named one
@@ -211,6 +215,33 @@ class Report:
                 work.trace.attempt_ended(record)
         self.metrics.client_aborts.inc()
 
+    # -- checks --------------------------------------------------------------
+
+    def record_check(self, node: str, record: CheckRecord) -> None:
+        """Keep ``record`` as the node's ``last_check`` of ``/status`` (any kind of check)."""
+        self.stats[node].last_check = record
+
+    def liveness_checked(self, node: str, record: CheckRecord, *, elapsed: float) -> None:
+        """Tell a finished liveness check: ``last_check``, metric, log line, ``check`` event."""
+        self.record_check(node, record)
+        result = "passed" if record.ok else "failed"
+        self.metrics.child(self.metrics.liveness_checks, node, result).inc()
+        event = {
+            "type": "check",
+            "node": node,
+            "kind": record.kind,
+            "ok": record.ok,
+            "status": record.status,
+            "error": record.error,
+            "elapsed_ms": _ms(elapsed),
+        }
+        fields = {key: value for key, value in event.items() if key != "type"}
+        if record.ok:
+            logger.info("liveness check passed", extra={"fields": fields})
+        else:
+            logger.warning("liveness check failed", extra={"fields": fields})
+        self.events.publish(event)
+
     # -- workloads -----------------------------------------------------------
 
     def started(
@@ -274,6 +305,7 @@ class Report:
                 "status": work.status,
                 "state": str(work.state),
                 "nodes": [f"{r.node}:{r.outcome}" for r in work.attempts],
+                "checks": work.checks,
                 # _ms spelled out: three calls less on every request.
                 "commit_ms": (
                     round((work.committed_at - work.started) * 1000, 1)

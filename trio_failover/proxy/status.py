@@ -72,6 +72,9 @@ class StatusView:
                     "models": list(models) if models is not None else None,
                     "last_outcome": health.last_outcome,
                     "last_error": health.last_error,
+                    "last_check": (
+                        stats.last_check.to_json(now) if stats.last_check is not None else None
+                    ),
                 }
             )
         live = [work.summary(now) for work in self._live.values()]

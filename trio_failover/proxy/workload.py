@@ -25,7 +25,7 @@ from ..core.workload import FINAL, State
 from ..service.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector
+from ..wire.upstream import Connector, Liveness
 from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
@@ -52,6 +52,7 @@ class WorkloadRunner:
         pool: ConnectionPool,
         report: Report,
         silence: SilenceWatch | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.config = config
         # The streams' idle timers; ``serve()`` runs its ``watch``.
@@ -61,7 +62,9 @@ class WorkloadRunner:
         self.report = report
         milestones = Milestones(config, report)
         relay = Relay(config, report, milestones, self.silence)
-        attempts = Attempts(config, connector, pool, report, milestones, relay.commit_and_relay)
+        attempts = Attempts(
+            config, connector, pool, report, milestones, relay.commit_and_relay, liveness
+        )
         self._attempts = attempts
         self._milestones = milestones
 

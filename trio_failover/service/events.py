@@ -7,7 +7,8 @@ proxy with a stuck dashboard attached must serve exactly as fast as one
 without.
 
 The event shapes are the contract of SPEC section 6 and are built in
-``proxy.py``; this module only moves them.
+``proxy/`` (``workload`` and ``node`` events; ``check`` events of the
+liveness checks, SPEC 5.5, in ``report.py``); this module only moves them.
 """
 
 from __future__ import annotations

@@ -67,6 +67,12 @@ class Metrics:
             ["node", "result"],
             registry=r,
         )
+        self.liveness_checks = Counter(
+            "trio_failover_liveness_checks",
+            "Liveness checks (GET /health of a node an attempt waits on) by node and result",
+            ["node", "result"],
+            registry=r,
+        )
         self.down = Gauge(
             "trio_failover_down_nodes", "Nodes down now (last check failed)", registry=r
         )

@@ -133,3 +133,45 @@ async def _exchange(
     # Only the deadline gets here.
     assert scope.cancelled_caught
     raise errors.HeaderTimeout(node.name, "answer", f"no whole answer in {answer_timeout}s")
+
+
+async def fetch_head(
+    node: Upstream,
+    path: bytes,
+    *,
+    connector: Connector,
+    config: Config,
+    head_timeout: float,
+) -> int:
+    """``GET path`` on a fresh connection to ``node``; the status of its answer's head.
+
+    Only the head is waited for, not the body: the liveness checks of SPEC
+    5.5 ask whether the process answers at all, and any status says so.
+
+    Raises:
+        UpstreamError: ``ConnectFailed``, ``ConnectTimeout`` or ``TLSError``
+            while connecting; ``HeaderTimeout`` when no whole head came within
+            ``head_timeout`` of the connection made; ``UpstreamReset``,
+            ``UpstreamClosedEarly`` or ``UpstreamProtocolError`` before it.
+
+    Cancellation:
+        The connection is closed whatever happens, at once.
+    """
+    stream = await _connect(node, connector, config)
+    try:
+        conn = h11.Connection(h11.CLIENT)
+        with trio.move_on_after(head_timeout) as scope, mapped(node.name, "answer"):
+            await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
+            event = await next_event(stream, conn)
+            while isinstance(event, h11.InformationalResponse):
+                event = await next_event(stream, conn)
+            if not isinstance(event, h11.Response):
+                raise errors.UpstreamProtocolError(
+                    node.name, "answer", f"unexpected {type(event).__name__}"
+                )
+            return event.status_code
+    finally:
+        await trio.aclose_forcefully(stream)
+    # Only the deadline gets here.
+    assert scope.cancelled_caught
+    raise errors.HeaderTimeout(node.name, "answer", f"no response head in {head_timeout}s")

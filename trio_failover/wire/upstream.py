@@ -6,10 +6,18 @@ Each deadline wraps the smallest operation that owns it:
     connect (+TLS)         connect_timeout           -> ConnectTimeout
     write request          response_header_timeout   -> HeaderTimeout
     read the whole head    response_header_timeout   -> HeaderTimeout
-                           (unstreamed_timeout for an unstreamed request)
+                           (an unstreamed request: windows of it, each
+                           ended by a liveness check; the last at
+                           unstreamed_timeout)       -> Unresponsive
     head -> first byte     first_body_timeout (opt)  -> FirstBodyTimeout
                            (an event stream's first line that is not a
-                           comment or blank, SPEC 5.5)
+                           comment or blank, SPEC 5.5); with 0, windows
+                           of response_header_timeout, each ended by a
+                           liveness check            -> Unresponsive
+
+A liveness check is the proxy's (``Liveness``, passed down by the caller;
+``first_bytes.wait_watched`` runs the windows): the common request, whose
+head and first bytes come within one window, never sees one.
 
 Each phase is one function (``_connect``, ``_request_and_head``,
 ``_error_body``; ``first_bytes.py``'s ``first_body`` and ``first_event``).
@@ -34,18 +42,20 @@ from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.screen import answer_flaw
 from ..core.sse import SseScanner, is_event_stream
-from . import first_bytes, socket_io, sockopts
+from . import first_bytes, socket_io, sockopts, watched
 from .connect import Connector, TCPConnector, open_tcp
-from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_chunk, read_prefix
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_prefix
 from .pool import ConnectionPool
+from .response import Timings, UpstreamResponse
 
 # The one error mapper, under the names this module's phases call.
-from .upstream_errors import IO_ERRORS as _IO_ERRORS
 from .upstream_errors import map_error as _map_error
 from .upstream_errors import mapped as _mapped
+from .watched import Liveness
 
 __all__ = [
     "Connector",
+    "Liveness",
     "OutgoingRequest",
     "TCPConnector",
     "Timings",
@@ -81,103 +91,6 @@ class OutgoingRequest:
     headers: Headers
     body: bytes
     unstreamed: bool = False
-
-
-@attrs.frozen
-class Timings:
-    """Trio-clock times of one attempt's milestones."""
-
-    started: float
-    written: float
-    head: float
-    first_body: float
-
-
-class UpstreamResponse:
-    """A committed-ready response: its whole head and its first body bytes.
-
-    The rest of the body comes from ``receive_chunk``. When the body was
-    relayed to its end, ``release`` hands the connection back to the pool
-    (if it may carry another request); otherwise ``aclose`` closes it. A
-    response that was not read to its end is never pooled.
-
-    An event stream carries its ``scanner`` (``core.sse``), already fed with
-    ``first_chunk``, for the relay to go on with; ``progressed`` says whether
-    a line other than a comment or a blank one has come (always True for
-    other bodies). ``first_chunk`` then holds, in order, the comment lines
-    held before the first event.
-    """
-
-    def __init__(
-        self,
-        node: Upstream,
-        stream: trio.abc.Stream,
-        conn: h11.Connection,
-        response: h11.Response,
-        first_chunk: bytes,
-        complete: bool,
-        timings: Timings,
-        pool: ConnectionPool | None = None,
-        *,
-        scanner: SseScanner | None = None,
-        progressed: bool = True,
-        headers: Headers | None = None,
-    ) -> None:
-        self.node = node
-        self.status = response.status_code
-        self.reason = response.reason
-        # ``headers``: the caller's list of ``response.headers``, if it made one.
-        self.headers: Headers = list(response.headers) if headers is None else headers
-        self.first_chunk = first_chunk
-        self.complete = complete
-        self.timings = timings
-        self.scanner = scanner
-        self.progressed = progressed
-        self._stream = stream
-        self._conn = conn
-        self._pool = pool
-        self._open = True
-        self._starved = False  # h11 said NEED_DATA after the last bytes read
-
-    async def receive_chunk(self) -> bytes:
-        """The next body bytes: all that has arrived, at least one byte.
-
-        After it returns, ``complete`` tells whether the body has ended (the
-        bytes returned are then its last, possibly none). Bytes that came in
-        one read are returned together, so a burst of small upstream chunks
-        costs one client write, never a wait.
-
-        Raises:
-            UpstreamError: the connection broke or the node sent bad framing.
-        """
-        if self.complete:
-            return b""
-        try:
-            data, self.complete, self._starved = await read_chunk(
-                self._stream, self._conn, starved=self._starved
-            )
-        except (EarlyClose, *_IO_ERRORS) as exc:
-            raise _map_error(self.node.name, "body", exc) from exc
-        return data
-
-    async def release(self) -> None:
-        """Give the connection back to the pool after a complete response, else close it.
-
-        Cancellation: the connection is pooled or closed, never left open.
-        """
-        if not self._open:
-            return
-        self._open = False
-        if self._pool is not None:  # it checks that the exchange ended cleanly
-            await self._pool.release(self.node.name, self._stream, self._conn)
-        else:
-            await trio.aclose_forcefully(self._stream)
-
-    async def aclose(self) -> None:
-        """Close the connection to the node, forcefully (never blocks)."""
-        if self._open:
-            self._open = False
-            await trio.aclose_forcefully(self._stream)
 
 
 class _StaleConnection(Exception):
@@ -223,6 +136,7 @@ async def open_response(
     config: Config,
     pool: ConnectionPool | None = None,
     started: float | None = None,
+    liveness: Liveness | None = None,
 ) -> UpstreamResponse:
     """Run one attempt up to the commit point.
 
@@ -235,6 +149,12 @@ async def open_response(
 
     ``started``: when the attempt began, if the caller read the Trio clock
     since its last checkpoint (else read here).
+
+    ``liveness``: asks a node that keeps an unstreamed request waiting for
+    its head, or any request for its first body byte (first-body-timeout
+    0), longer than a response-header timeout whether it is alive (SPEC
+    5.5). Without it those waits run to the unstreamed timeout, and
+    without a deadline.
 
     Returns:
         The response with its head and first body bytes (or its valid empty
@@ -256,7 +176,15 @@ async def open_response(
         if idle is not None:
             try:
                 return await _exchange(
-                    node, idle.stream, idle.conn, request, config, started, pool, reused=True
+                    node,
+                    idle.stream,
+                    idle.conn,
+                    request,
+                    config,
+                    started,
+                    pool,
+                    reused=True,
+                    liveness=liveness,
                 )
             except _StaleConnection:
                 pass  # closed below, outside the handler; then a fresh connection
@@ -267,7 +195,15 @@ async def open_response(
     stream = await _connect(node, connector, config)
     try:
         return await _exchange(
-            node, stream, h11.Connection(h11.CLIENT), request, config, started, pool, reused=False
+            node,
+            stream,
+            h11.Connection(h11.CLIENT),
+            request,
+            config,
+            started,
+            pool,
+            reused=False,
+            liveness=liveness,
         )
     except BaseException:
         await trio.aclose_forcefully(stream)
@@ -284,9 +220,12 @@ async def _exchange(
     pool: ConnectionPool | None,
     *,
     reused: bool,
+    liveness: Liveness | None,
 ) -> UpstreamResponse:
     """The phases after connect: request and head, then the error body or the first byte."""
-    response, written = await _request_and_head(node.name, stream, conn, request, config, reused)
+    response, written, checks = await _request_and_head(
+        node, stream, conn, request, config, reused, liveness
+    )
     head_at = trio.current_time()
     action = classify_head(
         response.status_code,
@@ -301,19 +240,29 @@ async def _exchange(
         raise errors.UpstreamProtocolError(node.name, "head", flaw)
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
-    elif not is_event_stream(get(headers, b"content-type")):
-        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
     elif config.first_body_timeout:
-        scanner = SseScanner()
-        first, complete = await first_bytes.first_event(node.name, stream, conn, config, scanner)
+        if is_event_stream(get(headers, b"content-type")):
+            scanner = SseScanner()
+            first, complete = await first_bytes.first_event(
+                node.name, stream, conn, config, scanner
+            )
+        else:
+            first, complete = await first_bytes.first_body(node.name, stream, conn, config)
     else:
-        # Every byte commits (the pings reach the client), but the relay's
-        # stream-idle timer waits for the first event line.
-        scanner = SseScanner()
-        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
-        progressed = scanner.progress(first)
+        if liveness is None:
+            first, complete = await first_bytes.first_body(node.name, stream, conn, config)
+        else:
+            first, complete, waited_checks = await watched.first_body_watched(
+                node, stream, conn, config, liveness
+            )
+            checks += waited_checks
+        if is_event_stream(get(headers, b"content-type")):
+            # Every byte commits (the pings reach the client), but the
+            # relay's stream-idle timer waits for the first event line.
+            scanner = SseScanner()
+            progressed = scanner.progress(first)
     timings = Timings(started, written, head_at, trio.current_time())
-    return UpstreamResponse(
+    answer = UpstreamResponse(
         node,
         stream,
         conn,
@@ -326,17 +275,24 @@ async def _exchange(
         progressed=progressed,
         headers=headers,
     )
+    if checks:
+        answer.checks = checks
+    return answer
 
 
 async def _request_and_head(
-    name: str,
+    node: Upstream,
     stream: trio.abc.Stream,
     conn: h11.Connection,
     request: OutgoingRequest,
     config: Config,
     reused: bool,
-) -> tuple[h11.Response, float]:
-    """Write the request and read the whole head (1xx skipped); the head and when it was written.
+    liveness: Liveness | None,
+) -> tuple[h11.Response, float, int]:
+    """Write the request and read the whole head (1xx skipped).
+
+    Returns the head, when the request was written, and the liveness checks
+    the wait asked.
 
     Two deadlines, each set once: a write the kernel does not take at once
     must finish within one response-header timeout (a node that does not
@@ -347,9 +303,16 @@ async def _request_and_head(
     a small one on a connection with room in its send buffer) has no
     deadline to run, so a request costs one cancel scope, not one scope
     entered with a relative deadline and then moved.
+
+    An unstreamed request with ``liveness`` waits one response-header
+    timeout in that scope too; if it ends without the head, the node is
+    asked whether it is alive and the wait goes on (``_head_watched``).
     """
+    name = node.name
     header_timeout = config.response_header_timeout
-    head_timeout = config.unstreamed_timeout if request.unstreamed else header_timeout
+    asks = request.unstreamed and liveness is not None
+    head_timeout = config.unstreamed_timeout if request.unstreamed and not asks else header_timeout
+    answering = not reused  # a pooled connection's first read tells a stale one
     phase = "write"
     try:
         unsent = _write_at_once(stream, conn, request)
@@ -362,8 +325,9 @@ async def _request_and_head(
         written = trio.current_time()
         phase = "head"
         with trio.CancelScope(deadline=written + head_timeout) as scope:
-            if reused:
+            if not answering:
                 await _receive_answer_start(stream, conn)
+                answering = True
             event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):
                 event = await next_event(stream, conn)
@@ -373,11 +337,19 @@ async def _request_and_head(
         raise _map_error(name, phase, exc) from exc
     except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
         raise _map_error(name, phase, exc) from exc
+    checks = 0
     if scope.cancelled_caught:
-        raise errors.HeaderTimeout(name, "head", f"no complete response head in {head_timeout}s")
+        if liveness is None or not asks:
+            raise errors.HeaderTimeout(
+                name, "head", f"no complete response head in {head_timeout}s"
+            )
+        start = None if answering else _receive_answer_start
+        event, checks = await watched.head_watched(
+            node, stream, conn, config, liveness, written, start
+        )
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
-    return event, written
+    return event, written, checks
 
 
 def _write_at_once(

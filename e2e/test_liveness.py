@@ -1,0 +1,122 @@
+"""Liveness checks on real engines (SPEC 5.5): a stopped engine is left, a slow one is kept.
+
+A request answered whole (``"stream": false``, the OpenAI SDKs' default)
+gets its head only with the whole answer. The proxy asks a node that keeps
+it waiting for a response-header timeout ``GET /health`` on a connection of
+its own: a SIGSTOPped llama-server answers nothing (its kernel still
+accepts), so the request moves on after the header timeout plus one check;
+a llama-server busy generating answers at once, so it keeps the request to
+its end, however long.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from conftest import Fleet
+from harness import Exchange, chat_body, wait_for
+from report import Report
+
+CHAT = "/v1/chat/completions"
+HEADER_TIMEOUT_S = 3.0
+CHECK_TIMEOUT_S = min(10.0, HEADER_TIMEOUT_S)
+
+
+def test_a_stopped_engine_costs_one_header_timeout_and_a_check_for_an_unstreamed_chat(
+    fleet: Fleet, report: Report
+) -> None:
+    (a,) = fleet.engines("llama-server", "a")
+    (b,) = fleet.engines("llama-cpp-python", "b")
+    proxy = fleet.proxy(
+        [("a", a.url), ("b", b.url)], "--response-header-timeout", f"{HEADER_TIMEOUT_S:g}s"
+    )
+    a.signal(signal.SIGSTOP)  # idle; its kernel still accepts connections
+    try:
+        answer = Exchange.post(proxy.port, CHAT, chat_body(8, stream=False), timeout=120).read_all()
+        assert answer.status == 200, answer.body_bytes[:300]
+        assert answer.complete
+        assert answer.response_headers["x-failover-node"] == "b"
+        assert answer.response_headers["x-failover-attempts"] == "2"
+        assert answer.json()["choices"][0]["message"]["content"]
+        moved_on = HEADER_TIMEOUT_S + CHECK_TIMEOUT_S
+        # Served by b within the header timeout plus one check, plus b's own
+        # generation of 8 tokens (seconds on one CPU thread): not 10 minutes.
+        assert moved_on <= answer.head_at < moved_on + 30, answer.head_at
+        node = proxy.node("a")
+        assert (node["state"], node["reason"]) == ("cooling", "unresponsive"), node
+        assert node["last_check"]["kind"] == "liveness"
+        assert node["last_check"]["ok"] is False
+        assert node["last_check"]["status"] is None
+        attempts = proxy.status()["workloads"][-1]["attempts"]
+        assert [(x["node"], x["outcome"]) for x in attempts] == [
+            ("a", "unresponsive"),
+            ("b", "completed"),
+        ]
+        unresponsive_ms = attempts[0]["elapsed_ms"]
+        assert moved_on * 1000 <= unresponsive_ms < moved_on * 1000 + 1000
+    finally:
+        a.signal(signal.SIGCONT)
+    report.record(
+        "27 stopped engine (SIGSTOP), unstreamed chat, header deadline 3 s",
+        "llama-server -> llama-cpp-python",
+        left_a_after=round(unresponsive_ms),
+        answered_by_b=round(answer.head_at * 1000),
+    )
+
+
+def test_a_long_unstreamed_answer_at_a_live_engine_is_kept_with_one_attempt(
+    fleet: Fleet, report: Report
+) -> None:
+    a, b = fleet.engines("llama-server", "a", "b")
+    # --unstreamed-timeout well above the answer: it alone may end a live
+    # node's attempt, and a loaded machine makes 6 tokens/s.
+    proxy = fleet.proxy(
+        [("a", a.url), ("b", b.url)],
+        "--response-header-timeout",
+        f"{HEADER_TIMEOUT_S:g}s",
+        "--unstreamed-timeout",
+        "30m",
+    )
+    # Minutes on one CPU thread: the end tokens forbidden (chat_body's
+    # logit_bias), ignore_eos too; 1500 tokens take 50 s at 30 tokens/s.
+    body = chat_body(1500, stream=False, prompt="Count from one upwards, in words.")
+    body["ignore_eos"] = True
+    started = time.monotonic()
+    answer = Exchange.post(proxy.port, CHAT, body, timeout=1500).read_all()
+    took = time.monotonic() - started
+    assert answer.status == 200, answer.body_bytes[:300]
+    assert answer.complete
+    assert answer.response_headers["x-failover-node"] == "a"
+    assert answer.response_headers["x-failover-attempts"] == "1"
+    tokens = answer.json()["usage"]["completion_tokens"]
+    # Long enough to need many checks: the head came only with the answer.
+    assert took > 10 * HEADER_TIMEOUT_S, took
+    assert answer.head_at > 10 * HEADER_TIMEOUT_S
+    node = proxy.node("a")
+    assert node["state"] == "ready", node
+    assert node["last_check"]["ok"] is True, node
+    assert node["last_check"]["status"] == 200
+    assert proxy.node("b")["served"] == 0
+    workload = proxy.status()["workloads"][-1]
+    assert [(x["node"], x["outcome"]) for x in workload["attempts"]] == [("a", "completed")]
+    checks = wait_for(lambda: _checks_in_log(proxy.log_text()), 5, what="the access line")
+    # One check per window of 3 s from each answer on, give or take the
+    # check's own milliseconds.
+    assert checks >= int(took / (HEADER_TIMEOUT_S + 0.5)) - 1, (checks, took)
+    report.record(
+        "27 long unstreamed answer at a live engine, header deadline 3 s",
+        "llama-server",
+        answer_s=round(took, 1),
+        completion_tokens=tokens,
+        liveness_checks=checks,
+        attempts=1,
+    )
+
+
+def _checks_in_log(text: str) -> int | None:
+    """The ``checks=`` of the last access line, once it is written."""
+    for line in reversed(text.splitlines()):
+        if " request " in line and " checks=" in line:
+            return int(line.rsplit(" checks=", 1)[1].split()[0])
+    return None
