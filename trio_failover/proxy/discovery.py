@@ -47,7 +47,6 @@ from ..core.checks import (
     tags_answer,
 )
 from ..core.config import Config, Upstream
-from ..core.liveness import CheckRecord
 from ..core.inventory import (
     CHECK_ANSWER_TIMEOUT,
     CHECK_PATH,
@@ -57,6 +56,7 @@ from ..core.inventory import (
     Health,
     judge_check,
 )
+from ..core.liveness import CheckRecord
 from ..service.logs import logger
 from ..wire.connect import Connector
 from ..wire.fetch import Answer, fetch_if
