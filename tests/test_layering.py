@@ -240,7 +240,7 @@ def _package_files() -> list[Path]:
 
 # The one function that reads the wall clock (STYLE 2: "wall-clock time only
 # through one replaceable function"): the traces' epoch timestamps (SPEC 9).
-WALL_CLOCK = ("service/tracing.py", "wall_clock_ns")
+WALL_CLOCK = ("telemetry/tracing.py", "wall_clock_ns")
 
 
 def test_no_module_reads_the_os_clock() -> None:

@@ -47,17 +47,17 @@ from .core.outcome import AttemptRecord, Outcome
 
 if TYPE_CHECKING:
     from .proxy import Proxy
-    from .service.events import EventBus, Subscription
     from .service.server import BoundAddresses, run_server, serve
+    from .telemetry.events import EventBus, Subscription
     from .wire.upstream import Connector, TCPConnector
 
 # Public name -> the module that defines it, imported when first asked for.
 _LAZY = {
     "BoundAddresses": "service.server",
     "Connector": "wire.upstream",
-    "EventBus": "service.events",
+    "EventBus": "telemetry.events",
     "Proxy": "proxy",
-    "Subscription": "service.events",
+    "Subscription": "telemetry.events",
     "TCPConnector": "wire.upstream",
     "run_server": "service.server",
     "serve": "service.server",

@@ -56,7 +56,7 @@ from ..core.inventory import (
     Health,
     judge_check,
 )
-from ..service.logs import logger
+from ..telemetry.logs import logger
 from ..wire.connect import Connector
 from ..wire.fetch import Answer, fetch_if
 from .report import Report

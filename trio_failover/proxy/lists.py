@@ -31,7 +31,7 @@ from ..core.inventory import (
     parse_model_list,
     tags_document,
 )
-from ..service.logs import logger
+from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.connect import Connector
 from ..wire.fetch import fetch

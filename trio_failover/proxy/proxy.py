@@ -14,8 +14,8 @@ import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
-from ..service.events import EventBus
-from ..service.metrics import Metrics
+from ..telemetry.events import EventBus
+from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool

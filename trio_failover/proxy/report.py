@@ -22,9 +22,9 @@ from ..core.config import Config
 from ..core.inventory import Health
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
 from ..core.workload import State, transition
-from ..service.events import EventBus
-from ..service.logs import access_logger, log_access, logger
-from ..service.metrics import Metrics
+from ..telemetry.events import EventBus
+from ..telemetry.logs import access_logger, log_access, logger
+from ..telemetry.metrics import Metrics
 from ..wire.client import ClientRequest, Closed
 from .health import HealthBooks
 from .readiness import Readiness
@@ -32,7 +32,7 @@ from .status import StatusView, workload_event
 
 if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
     from ..core.config import Upstream
-    from ..service.tracing import Tracing, WorkloadTrace
+    from ..telemetry.tracing import Tracing, WorkloadTrace
     from ..wire.upstream import OutgoingRequest
 
 RECENT_WORKLOADS = 50
@@ -135,7 +135,7 @@ class Report:
         # The traces' sink (SPEC 9). None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
         if config.otel_endpoint is not None:
-            from ..service.tracing import Tracing
+            from ..telemetry.tracing import Tracing
 
             self.tracing = Tracing.to_collector(config.otel_endpoint)
 

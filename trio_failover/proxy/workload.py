@@ -22,7 +22,7 @@ from ..core.config import Config
 from ..core.outcome import AttemptRecord, Outcome
 from ..core.requests import request_document, workload_id
 from ..core.workload import FINAL, State
-from ..service.logs import logger
+from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector

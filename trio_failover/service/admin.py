@@ -38,9 +38,9 @@ from ..core.auth import admin_allowed
 from ..core.config import split_host_port
 from ..core.headers import get
 from ..proxy.proxy import Proxy
+from ..telemetry.events import SUBSCRIBER_BUFFER, Subscription
+from ..telemetry.logs import logger
 from ..wire.http1 import next_event, send_events
-from .events import SUBSCRIBER_BUFFER, Subscription
-from .logs import logger
 
 # A request head must arrive (and a keep-alive connection must show a next
 # request) within this long; the admin API has no slow clients worth waiting for.
