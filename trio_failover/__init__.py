@@ -19,10 +19,6 @@ trio_failover`` (and with it ``trio-failover check``) stays fast.
 
 from __future__ import annotations
 
-# Set before anything else: modules imported lazily below read it back with
-# ``from . import __version__``.
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +40,7 @@ from .core.errors import (
     UpstreamReset,
 )
 from .core.outcome import AttemptRecord, Outcome
+from .core.version import __version__
 
 if TYPE_CHECKING:
     from .proxy import Proxy

@@ -40,7 +40,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .. import __version__
 from ..core.config import Upstream
 from ..core.headers import TRACE_CONTEXT, with_trace_context
 from ..core.outcome import AttemptRecord
@@ -57,6 +56,7 @@ from ..core.spans import (
     workload_attributes,
     workload_end,
 )
+from ..core.version import __version__
 
 if TYPE_CHECKING:  # the proxy's types, for annotations only (proxy/ imports this module)
     from ..proxy.report import Workload
