@@ -23,7 +23,8 @@ from ..wire.upstream import Connector, TCPConnector
 from .discovery import Discovery
 from .gate import ClientGate
 from .lists import FleetLists, is_list_route
-from .report import NodeStats, Report
+from .records import NodeStats
+from .report import Report
 from .silence import SilenceWatch
 from .workload import WorkloadRunner
 

@@ -3,10 +3,10 @@ the events, metrics and log lines they make.
 
 ``Report`` is the one place that writes them; the workload shell
 (``workload.py``, ``attempts.py``, ``milestones.py``) calls it at each
-milestone. Its parts: ``Readiness`` (``readiness.py``) keeps the cooldowns
-and down flags and tells their changes, ``StatusView`` (``status.py``)
-builds ``/status`` and the recent workloads for the admin API and the demo
-(through ``Proxy``).
+milestone, with the workload's record (``records.py``). Its parts:
+``Readiness`` (``readiness.py``) keeps the cooldowns and down flags and
+tells their changes, ``StatusView`` (``status.py``) builds ``/status`` and
+the recent workloads for the admin API and the demo (through ``Proxy``).
 """
 
 from __future__ import annotations
@@ -15,105 +15,29 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
 from ..core.config import Config
 from ..core.inventory import Health
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
-from ..core.workload import State, transition
 from ..telemetry.events import EventBus
 from ..telemetry.logs import access_logger, log_access, logger
 from ..telemetry.metrics import Metrics
-from ..wire.client import ClientRequest, Closed
+from ..wire.client import ClientRequest
 from .health import HealthBooks
 from .readiness import Readiness
+from .records import NodeStats, Workload, ms
 from .status import StatusView, workload_event
 
 if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
     from ..core.config import Upstream
-    from ..telemetry.tracing import Tracing, WorkloadTrace
+    from ..telemetry.tracing import Tracing
     from ..wire.upstream import OutgoingRequest
 
 RECENT_WORKLOADS = 50
 # The ``client`` label of the workloads metric when no key is configured
 # (with keys, every workload has its key's name; the two never mix).
 ANONYMOUS = "anonymous"
-
-
-@attrs.define
-class NodeStats:
-    """Counters of one node, as ``/status`` shows them (``in_flight``: the slot ledger)."""
-
-    served: int = 0
-    failed: int = 0
-
-
-@attrs.define
-class Workload:
-    """One client request across all its attempts."""
-
-    id: str
-    method: str
-    path: str
-    started: float
-    attempts: list[AttemptRecord] = attrs.Factory(list)
-    node: str | None = None  # the node of the current (or serving) attempt
-    attempt: int = 0  # the number of the current attempt, from 1
-    attempt_started: float = 0.0
-    committed_at: float | None = None
-    trace: WorkloadTrace | None = None  # its spans, with traces on (``Report.tracing``)
-    # Behind the ``state`` property: an ``on_setattr`` hook would make attrs
-    # route every attribute assignment of the class (some 25 per request)
-    # through a Python-level ``__setattr__``.
-    _state: State = attrs.field(default=State.QUEUED, alias="state")
-    status: int | None = None
-    body_bytes: int = 0
-    client_left: Closed | None = None
-    client: str | None = None  # the name of the client's key; None: no keys configured
-    waited: float = 0.0  # seconds spent in the queue so far, all waits together
-    queued_since: float | None = None  # when the current wait began, while waiting
-    # Why a cancelled workload was: "client_abort" or "shutdown"; None otherwise.
-    reason: str | None = None
-
-    @property
-    def state(self) -> State:
-        """Where the workload is; every assignment goes through the transition table."""
-        return self._state
-
-    @state.setter
-    def state(self, new: State) -> None:
-        self._state = transition(self._state, new)
-
-    def queued_for(self, now: float) -> float:
-        """Seconds in the queue by ``now``, the current wait included."""
-        current = now - self.queued_since if self.queued_since is not None else 0.0
-        return self.waited + current
-
-    def summary(self, now: float) -> dict[str, Any]:
-        """The JSON form used by events, ``/status`` and the dashboard."""
-        summary = {
-            "id": self.id,
-            "method": self.method,
-            "path": self.path,
-            "client": self.client,
-            "state": str(self.state),
-            "status": self.status,
-            "node": self.node,
-            "attempts": [record.to_json() for record in self.attempts],
-            "ttfb_ms": (
-                _ms(self.committed_at - self.started) if self.committed_at is not None else None
-            ),
-            "duration_ms": _ms(now - self.started),
-            "queued_ms": _ms(self.queued_for(now)),
-        }
-        if self.reason is not None:
-            summary["reason"] = self.reason
-        return summary
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
 
 
 class Report:
@@ -304,7 +228,7 @@ class Report:
                 "state": "unauthorized",
                 "nodes": [],
                 "commit_ms": None,
-                "duration_ms": _ms(trio.current_time() - started),
+                "duration_ms": ms(trio.current_time() - started),
                 "bytes": sent,  # the 401's own body
             }
         )

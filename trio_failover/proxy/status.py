@@ -19,7 +19,7 @@ from ..core.version import __version__
 from .readiness import Readiness
 
 if TYPE_CHECKING:
-    from .report import NodeStats, Workload
+    from .records import NodeStats, Workload
 
 
 class StatusView:

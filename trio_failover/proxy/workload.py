@@ -30,8 +30,9 @@ from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
 from .queue import REFUSALS
+from .records import Workload
 from .relay import Relay
-from .report import Report, Workload
+from .report import Report
 from .silence import SilenceWatch
 
 # How long a workload that the proxy's stop cuts short may still take to

@@ -59,7 +59,7 @@ from ..core.spans import (
 from ..core.version import __version__
 
 if TYPE_CHECKING:  # the proxy's types, for annotations only (proxy/ imports this module)
-    from ..proxy.report import Workload
+    from ..proxy.records import Workload
     from ..wire.upstream import OutgoingRequest
 
 __all__ = ["Tracing", "WorkloadTrace", "wall_clock_ns"]
