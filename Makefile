@@ -28,6 +28,7 @@ lint: install
 	$(BIN)/ruff format --check trio_failover tests scripts examples e2e
 	$(BIN)/ruff check trio_failover tests scripts examples e2e
 	$(BIN)/mypy --strict trio_failover
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/pytest

@@ -19,8 +19,8 @@ import trio
 
 from trio_failover import ClientKey, Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.service.events import Subscription
 from trio_failover.service.server import BoundAddresses, serve
+from trio_failover.telemetry.events import Subscription
 from trio_failover.testing import FakeNode, Fleet, NodeIO, ReceivedRequest, healthy, openai
 
 # None of them shaped like "Bearer <token>" where it stands alone: the log

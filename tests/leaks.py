@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import attrs
 
-from trio_failover.service.logs import JSONFormatter, TextFormatter
+from trio_failover.telemetry.logs import JSONFormatter, TextFormatter
 
 
 class RawRecords(logging.Handler):

@@ -3,7 +3,9 @@
 Checked on the source with ``ast`` (importing would prove nothing about one
 module). A shell author may import them from anywhere: they import nothing
 of the package outside ``core``, so a restructured package cannot pull Trio
-in behind them.
+in behind them. import-linter's contracts (pyproject.toml) forbid the I/O
+modules by name, across the whole import graph; what they cannot say is
+"the standard library and attrs only" and "no ``__import__``": that is here.
 """
 
 from __future__ import annotations

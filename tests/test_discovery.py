@@ -27,7 +27,7 @@ from trio_failover.core.inventory import (
     judge_check,
 )
 from trio_failover.proxy.discovery import Discovery
-from trio_failover.service.events import Subscription
+from trio_failover.telemetry.events import Subscription
 from trio_failover.testing import (
     Behaviour,
     FakeNode,

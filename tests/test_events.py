@@ -23,13 +23,13 @@ from trio_failover.service.admin import (
     CLOSE_GRACE,
     serve_admin_connection,
 )
-from trio_failover.service.events import EventBus
 from trio_failover.service.server import (
     EXPIRY_TICK,
     BoundAddresses,
     expire_cooldowns_every,
     serve,
 )
+from trio_failover.telemetry.events import EventBus
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
 # Streamed: the response-header timeout bounds the wait for its head (an

@@ -1,183 +1,107 @@
 """Guards for the layering rules of STYLE.md sections 1 and 2.
 
-1. The pure modules (and what they import from the package, transitively)
-   import neither Trio, h11, sockets, asyncio nor ``time``: they decide from
-   data and a ``now`` handed in.
+1. The layers, the core's freedom from I/O and the clock, and the absence
+   of import cycles are import-linter's contracts (``[tool.importlinter]``
+   in pyproject.toml, run by ``make lint``). Here they are run once on the
+   package, and once on copies of it with one import added, so each
+   contract is seen to break when it should.
 2. No module of the package reads or waits on the OS clock: deadlines use
    Trio's clock, log stamps logging's record time, and a Retry-After date
-   is measured against the response's own Date header.
+   is measured against the response's own Date header. import-linter
+   cannot say that: ``logs.py`` imports ``time`` to format, not to read
+   the clock. Checked on the source with ``ast``, never by importing; the
+   checker is also run on small made-up sources.
 
-Both are checked on the source with ``ast``, never by importing: an import
-would run the package's ``__init__`` and prove nothing about one module. The
-package ``__init__`` itself is not followed (it re-exports everything); every
-import statement counts, including those under ``if TYPE_CHECKING:``.
-Each checker is also run on small made-up sources, so the guard is seen to
-fail when it should.
+What else import-linter cannot say, the core's use of the standard library
+and ``attrs`` only, is ``tests/test_core_purity.py``.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 PACKAGE = "trio_failover"
-PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = ROOT / PACKAGE
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
-# Every module of core/, also those added later: the folder is the rule.
-PURE_MODULES = sorted(
-    f"core.{path.stem}" for path in (PACKAGE_DIR / "core").glob("*.py") if path.stem != "__init__"
-)
-# Known members, so that an emptied or renamed folder cannot pass vacuously.
-KNOWN_PURE = ["ranking", "cooldown", "outcome", "headers", "units", "config", "workload"]
-FORBIDDEN = frozenset({"trio", "h11", "socket", "time", "asyncio", "trio_websocket"})
+# -- the import contracts -----------------------------------------------------------
 
-# -- the import graph -------------------------------------------------------------------
-
-
-def _imports(source: str, module: str) -> Iterator[tuple[str, bool]]:
-    """``(absolute name, certain)`` for every module an import in ``source`` names.
-
-    ``from .x import y`` gives ``pkg.x`` (certain) and ``pkg.x.y`` (not
-    certain: ``y`` may be a submodule or just a name in ``pkg.x``).
-    """
-    package = module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield alias.name, True
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base_parts = parts[: len(parts) - (node.level - 1)]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            yield base, True
-            for alias in node.names:
-                yield f"{base}.{alias.name}", False
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "__import__"
-        ):
-            yield "__import__", True  # a dynamic import: not allowed in a pure module
+LAYERS = "Each folder is one layer; imports only go down"
+CORE = "The core does no I/O and reads no clock"
+SETTINGS = "The settings need no Trio, sockets or clock"
+CYCLES = "No import cycles, in the package or in any of its folders"
 
 
-def _package_source(module: str) -> str | None:
-    """The source of a package module, or None for anything else."""
-    if module == PACKAGE or not module.startswith(PACKAGE + "."):
-        return None
-    path = PACKAGE_DIR / (module.removeprefix(PACKAGE + ".").replace(".", "/") + ".py")
-    return path.read_text(encoding="utf-8") if path.is_file() else None
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` on the package and pyproject.toml under ``root``."""
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=root,  # lint-imports puts the working directory first on sys.path
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
-def forbidden_chains(
-    root: str, read: Callable[[str], str | None] = _package_source
-) -> list[list[str]]:
-    """Import chains from ``root`` that reach a forbidden module.
-
-    Follows the package's own modules (those ``read`` returns a source for)
-    breadth first; each chain ends at the forbidden name.
-    """
-    chains: list[list[str]] = []
-    seen = {root}
-    queue: list[list[str]] = [[root]]
-    while queue:
-        chain = queue.pop(0)
-        source = read(chain[-1])
-        assert source is not None, chain
-        for name, certain in _imports(source, chain[-1]):
-            top = name.partition(".")[0]
-            if top in FORBIDDEN or name in ("__import__", "importlib"):
-                if certain:  # "from time import x" is reported once, as "time"
-                    chains.append([*chain, name])
-            elif name not in seen and read(name) is not None:
-                seen.add(name)
-                queue.append([*chain, name])
-    return chains
+def test_the_import_contracts_hold() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in (LAYERS, CORE, SETTINGS, CYCLES):
+        assert f"{name} KEPT" in result.stdout
+    assert "Contracts: 4 kept, 0 broken." in result.stdout
 
 
-@pytest.mark.parametrize("module", PURE_MODULES)
-def test_pure_module_reaches_no_io(module: str) -> None:
-    assert forbidden_chains(f"{PACKAGE}.{module}") == []
-
-
-def test_pure_modules_exist() -> None:
-    # A renamed module would otherwise make its guard pass vacuously.
-    for name in KNOWN_PURE:
-        assert f"core.{name}" in PURE_MODULES, name
-    for module in PURE_MODULES:
-        assert (PACKAGE_DIR / f"{module.replace('.', '/')}.py").is_file(), module
-
-
-# The settings package decides too (precedence, validation): it reads files
-# but needs no Trio, sockets or clock, so it stays importable by a plain CLI.
-SETTINGS_MODULES = sorted(
-    f"cli.settings.{path.stem}" for path in (PACKAGE_DIR / "cli" / "settings").glob("*.py")
-)
-
-
-@pytest.mark.parametrize("module", SETTINGS_MODULES)
-def test_settings_module_reaches_no_io(module: str) -> None:
-    assert len(SETTINGS_MODULES) > 5  # the package, not a leftover module
-    # "settings.__init__" as the name: its relative imports are then resolved
-    # against the package itself.
-    assert forbidden_chains(f"{PACKAGE}.{module}") == []
-
-
-def test_the_core_package_init_imports_nothing() -> None:
-    # Importing any core module runs core/__init__.py first.
-    tree = ast.parse((PACKAGE_DIR / "core" / "__init__.py").read_text(encoding="utf-8"))
-    assert list(_imports(ast.unparse(tree), f"{PACKAGE}.core.__init__")) == []
-
-
-FAKE_PACKAGES = [
-    pytest.param({"a": "import trio"}, [["a", "trio"]], id="direct"),
-    pytest.param({"a": "import trio.lowlevel"}, [["a", "trio.lowlevel"]], id="submodule"),
-    pytest.param({"a": "from time import monotonic"}, [["a", "time"]], id="from-import"),
-    pytest.param({"a": "import socket as s"}, [["a", "socket"]], id="aliased"),
+BREAKS = [
+    pytest.param("core/ranking.py", "from ..proxy import proxy", [LAYERS, CORE, CYCLES], id="up"),
+    pytest.param("wire/fetch.py", "from ..service import server", [LAYERS, CYCLES], id="up-two"),
     pytest.param(
-        {"a": "from .b import thing", "b": "import h11"},
-        [["a", "b", "h11"]],
-        id="transitive-relative",
+        "wire/client.py", "from ..telemetry import logs", [LAYERS], id="sibling-telemetry"
     ),
+    pytest.param("telemetry/events.py", "from ..wire import http1", [LAYERS], id="sibling-wire"),
+    pytest.param("core/cooldown.py", "import time", [CORE], id="core-clock"),
     pytest.param(
-        {"a": "from . import b", "b": "from trio_failover import c", "c": "import asyncio"},
-        [["a", "b", "c", "asyncio"]],
-        id="two-hops-module-imports",
+        "core/units.py",
+        "import typing\nif typing.TYPE_CHECKING:\n    import trio",
+        [CORE, SETTINGS],  # the settings import core/units.py
+        id="core-type-checking",
     ),
-    pytest.param(
-        {"a": "import typing\nif typing.TYPE_CHECKING:\n    import trio_websocket"},
-        [["a", "trio_websocket"]],
-        id="type-checking-counts",
-    ),
-    pytest.param(
-        {"a": "def f():\n    import trio\n    return trio"},
-        [["a", "trio"]],
-        id="inside-a-function",
-    ),
-    pytest.param({"a": "m = __import__('trio')"}, [["a", "__import__"]], id="dynamic"),
-    pytest.param({"a": "import importlib"}, [["a", "importlib"]], id="importlib"),
-    pytest.param({"a": "from .b import x", "b": "from .a import y"}, [], id="cycle-is-fine"),
-    pytest.param(
-        {"a": "import datetime, trio_failover_extra, timeit\nfrom .b import x", "b": "import re"},
-        [],
-        id="look-alike-names-are-fine",
-    ),
+    pytest.param("cli/settings/kinds.py", "import trio", [SETTINGS], id="settings-trio"),
+    pytest.param("core/errors.py", "from .config import Config", [CYCLES], id="cycle-core"),
+    pytest.param("proxy/queue.py", "from .report import Report", [CYCLES], id="cycle-proxy-queue"),
+    pytest.param("extra/__init__.py", "", [LAYERS], id="folder-without-a-layer"),
 ]
 
 
-@pytest.mark.parametrize(("sources", "chains"), FAKE_PACKAGES)
-def test_forbidden_chains_finds_violations(
-    sources: dict[str, str], chains: list[list[str]]
+@pytest.mark.parametrize(("module", "line", "broken"), BREAKS)
+def test_a_bad_import_breaks_its_contract(
+    tmp_path: Path, module: str, line: str, broken: list[str]
 ) -> None:
-    full = {f"{PACKAGE}.{name}": text for name, text in sources.items()}
-    found = forbidden_chains(f"{PACKAGE}.a", full.get)
-    short = [[name.removeprefix(PACKAGE + ".") for name in chain] for chain in found]
-    assert short == chains
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    shutil.copytree(PACKAGE_DIR, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / PACKAGE / module
+    path.parent.mkdir(exist_ok=True)
+    source = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(f"{source}\n{line}  # noqa\n", encoding="utf-8")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    expected = {name: name in broken for name in (LAYERS, CORE, SETTINGS, CYCLES)}
+    found = {name: f"{name} BROKEN" in result.stdout for name in expected}
+    assert found == expected, result.stdout
+
+
+def test_the_core_package_init_imports_nothing() -> None:
+    # Importing any core module runs core/__init__.py first; the contracts
+    # allow it sibling imports, this keeps it empty.
+    tree = ast.parse((PACKAGE_DIR / "core" / "__init__.py").read_text(encoding="utf-8"))
+    assert [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)] == []
 
 
 # -- the OS clock ---------------------------------------------------------------------------
@@ -240,7 +164,7 @@ def _package_files() -> list[Path]:
 
 # The one function that reads the wall clock (STYLE 2: "wall-clock time only
 # through one replaceable function"): the traces' epoch timestamps (SPEC 9).
-WALL_CLOCK = ("service/tracing.py", "wall_clock_ns")
+WALL_CLOCK = ("telemetry/tracing.py", "wall_clock_ns")
 
 
 def test_no_module_reads_the_os_clock() -> None:

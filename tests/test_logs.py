@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from trio_failover import ClientKey, Config, Upstream
 from trio_failover.core.workload import State
 from trio_failover.proxy import Proxy
-from trio_failover.service.logs import (
+from trio_failover.telemetry.logs import (
     BatchedStreamHandler,
     FlushLogs,
     JSONFormatter,

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trio_failover.service.metrics import Metrics
+from trio_failover.telemetry.metrics import Metrics
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -22,8 +22,8 @@ from trio_failover import Config
 from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.ranking import affinity_key, rendezvous_choice
 from trio_failover.proxy import Proxy
-from trio_failover.service.events import Subscription
 from trio_failover.service.server import EXPIRY_TICK, expire_cooldowns_every
+from trio_failover.telemetry.events import Subscription
 from trio_failover.testing import (
     Behaviour,
     ClientResponse,

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.service.tracing import Tracing
+from trio_failover.telemetry.tracing import Tracing
 from trio_failover.testing import (
     FakeNode,
     Fleet,

@@ -65,7 +65,7 @@ def test_a_walk_through_a_failover_then_a_queue_wait_then_a_stream() -> None:
 
 
 def test_the_shell_s_workload_moves_only_through_the_table() -> None:
-    from trio_failover.proxy.report import Workload
+    from trio_failover.proxy.records import Workload
 
     work = Workload(id="w", method="GET", path="/", started=0.0)
     with pytest.raises(IllegalTransition):

@@ -19,10 +19,6 @@ trio_failover`` (and with it ``trio-failover check``) stays fast.
 
 from __future__ import annotations
 
-# Set before anything else: modules imported lazily below read it back with
-# ``from . import __version__``.
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -44,20 +40,21 @@ from .core.errors import (
     UpstreamReset,
 )
 from .core.outcome import AttemptRecord, Outcome
+from .core.version import __version__
 
 if TYPE_CHECKING:
     from .proxy import Proxy
-    from .service.events import EventBus, Subscription
     from .service.server import BoundAddresses, run_server, serve
+    from .telemetry.events import EventBus, Subscription
     from .wire.upstream import Connector, TCPConnector
 
 # Public name -> the module that defines it, imported when first asked for.
 _LAZY = {
     "BoundAddresses": "service.server",
     "Connector": "wire.upstream",
-    "EventBus": "service.events",
+    "EventBus": "telemetry.events",
     "Proxy": "proxy",
-    "Subscription": "service.events",
+    "Subscription": "telemetry.events",
     "TCPConnector": "wire.upstream",
     "run_server": "service.server",
     "serve": "service.server",

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import trio
 
 from .proxy.proxy import Proxy
-from .service.logs import logger
+from .telemetry.logs import logger
 from .testing import ClientResponse
 
 Event = dict[str, Any]

@@ -19,9 +19,9 @@ from typing import Any
 
 import typer
 
-from .. import __version__
 from ..core.config import Config
 from ..core.errors import ConfigError, ConfigErrors
+from ..core.version import __version__
 from .settings import OPTIONS, Source, describe, resolve
 
 __all__ = ["app", "main"]

@@ -1,6 +1,6 @@
 """Pure: what a workload's trace says (SPEC 9), as plain names and values.
 
-``service/tracing.py`` hands these to the OpenTelemetry SDK; nothing here
+``telemetry/tracing.py`` hands these to the OpenTelemetry SDK; nothing here
 imports it. Attribute names follow OpenTelemetry's semantic conventions
 where one fits (HTTP: ``http.request.method``, ``url.path``,
 ``server.address``, ``http.response.status_code``, ``error.type``; GenAI:

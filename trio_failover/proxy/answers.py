@@ -19,7 +19,8 @@ from ..core.outcome import SavedResponse
 from ..core.workload import State
 from ..wire.client import ClientConnection, ClientGone
 from .queue import REFUSALS
-from .report import Report, Workload
+from .records import Workload
+from .report import Report
 
 
 async def send_saved(client: ClientConnection, work: Workload, saved: SavedResponse) -> bool:

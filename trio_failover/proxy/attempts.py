@@ -1,7 +1,8 @@
 """The attempts of one workload: candidates, slots, failover, the final answer.
 
 ``Attempts.serve`` is the body of a workload's nursery (``workload.py``):
-it takes a slot on the next candidate (``queue.take_slot``), sends the
+it takes a slot on the next candidate (``take_slot``, from ``queue.py``'s
+``SlotQueue``), sends the
 request as that node gets it, and either hands a committed response to the
 relay or executes the failure's verdict (``milestones.py``) and moves on.
 When no node is left it answers itself (``answers.py``). The order of the
@@ -23,14 +24,15 @@ from ..core.outcome import SavedResponse, failure_code, failure_status
 from ..core.ranking import affinity_key, resolve_candidates
 from ..core.requests import is_unstreamed, request_model
 from ..core.rewrite import node_body, node_target
+from ..core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
 from ..core.workload import State
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
 from .milestones import Milestones
-from .queue import take_slot
-from .report import Report, Workload
+from .records import Workload
+from .report import Report
 
 # Commit a response and stream it to the client; True: relayed to its end.
 Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Awaitable[bool]]
@@ -190,6 +192,52 @@ def request_for(
         body=body,
         unstreamed=is_unstreamed(work.path, document),
     )
+
+
+async def take_slot(
+    report: Report,
+    work: Workload,
+    order: list[str],
+    tried: set[str],
+    preferred: str | None,
+    now: float | None = None,
+) -> Slot | str | None:
+    """A slot for the workload's next attempt, at once or after waiting in the queue.
+
+    Publishes the workload's ``queued`` event: a plain one before its first
+    attempt if it never waits, one with ``position`` each time it waits.
+
+    ``now``: the Trio clock, if read since the caller's last checkpoint.
+
+    Returns:
+        The slot; None when every candidate was tried; else why the queue
+        turned the workload away (a key of ``queue.REFUSALS``).
+
+    Cancellation: a waiting workload leaves the queue (the client left).
+    """
+    queue = report.readiness.queue
+    result = queue.acquire(order, tried=tried, preferred=preferred, now=now)
+    if isinstance(result, Granted | QueueFull | Exhausted):
+        if work.attempt == 0:
+            report.publish_workload(work)
+        if isinstance(result, Granted):
+            return result.slot
+        return "queue_full" if isinstance(result, QueueFull) else None
+    waiter = result.waiter
+    if work.state is not State.QUEUED:
+        work.state = State.QUEUED  # failed over into a full fleet
+    started = trio.current_time()
+    work.node, work.queued_since = None, started
+    report.publish_workload(work, position=waiter.position)
+    # One budget for all of a workload's waits; no node deadline runs.
+    budget = QueueBudget(report.config.queue_timeout, work.waited)
+    try:
+        slot = await queue.wait(waiter, budget.deadline(started))
+    finally:
+        report.waited(work, started, trio.current_time())
+    if slot is not None:
+        return slot
+    return "shutdown" if queue.closed else "queue_timeout"
 
 
 def _never(_node: str) -> bool:

@@ -57,7 +57,7 @@ from ..core.inventory import (
     judge_check,
 )
 from ..core.liveness import CheckRecord
-from ..service.logs import logger
+from ..telemetry.logs import logger
 from ..wire.connect import Connector
 from ..wire.fetch import Answer, fetch_if
 from .report import Report

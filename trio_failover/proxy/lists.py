@@ -45,7 +45,7 @@ from ..core.inventory import (
     tags_document,
 )
 from ..core.requests import workload_id
-from ..service.logs import logger
+from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest
 from ..wire.connect import Connector
 from ..wire.fetch import fetch

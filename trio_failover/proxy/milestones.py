@@ -16,7 +16,8 @@ from ..core.errors import RetryableResponse, UpstreamError
 from ..core.outcome import AttemptRecord, Outcome, judge, retry_after_of
 from ..core.workload import State
 from ..wire.upstream import UpstreamResponse
-from .report import Report, Workload
+from .records import Workload
+from .report import Report
 
 
 class Milestones:

@@ -14,8 +14,8 @@ import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
-from ..service.events import EventBus
-from ..service.metrics import Metrics
+from ..telemetry.events import EventBus
+from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool
@@ -24,7 +24,8 @@ from .discovery import Discovery
 from .gate import ClientGate
 from .lists import FleetLists, is_list_route
 from .liveness import LivenessChecker
-from .report import NodeStats, Report
+from .records import NodeStats
+from .report import Report
 from .silence import SilenceWatch
 from .workload import WorkloadRunner
 

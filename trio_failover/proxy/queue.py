@@ -16,27 +16,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
 
 import trio
 
 from ..core.config import Config
 from ..core.slots import (
     Acquired,
-    Exhausted,
-    Granted,
     Handoff,
-    QueueBudget,
     Queued,
-    QueueFull,
     Slot,
     SlotScheduler,
     Waiter,
 )
-from ..core.workload import State
-
-if TYPE_CHECKING:  # report.py builds the queue; this module needs its types only
-    from .report import Report, Workload
 
 Demoted = Callable[[str, float], bool]
 
@@ -175,49 +166,3 @@ class SlotQueue:
     def _wake(handoffs: list[Handoff[trio.Event]]) -> None:
         for handoff in handoffs:
             handoff.waiter.token.set()
-
-
-async def take_slot(
-    report: Report,
-    work: Workload,
-    order: list[str],
-    tried: set[str],
-    preferred: str | None,
-    now: float | None = None,
-) -> Slot | str | None:
-    """A slot for the workload's next attempt, at once or after waiting in the queue.
-
-    Publishes the workload's ``queued`` event: a plain one before its first
-    attempt if it never waits, one with ``position`` each time it waits.
-
-    ``now``: the Trio clock, if read since the caller's last checkpoint.
-
-    Returns:
-        The slot; None when every candidate was tried; else why the queue
-        turned the workload away (a key of ``REFUSALS``).
-
-    Cancellation: a waiting workload leaves the queue (the client left).
-    """
-    queue = report.readiness.queue
-    result = queue.acquire(order, tried=tried, preferred=preferred, now=now)
-    if isinstance(result, Granted | QueueFull | Exhausted):
-        if work.attempt == 0:
-            report.publish_workload(work)
-        if isinstance(result, Granted):
-            return result.slot
-        return "queue_full" if isinstance(result, QueueFull) else None
-    waiter = result.waiter
-    if work.state is not State.QUEUED:
-        work.state = State.QUEUED  # failed over into a full fleet
-    started = trio.current_time()
-    work.node, work.queued_since = None, started
-    report.publish_workload(work, position=waiter.position)
-    # One budget for all of a workload's waits; no node deadline runs.
-    budget = QueueBudget(report.config.queue_timeout, work.waited)
-    try:
-        slot = await queue.wait(waiter, budget.deadline(started))
-    finally:
-        report.waited(work, started, trio.current_time())
-    if slot is not None:
-        return slot
-    return "shutdown" if queue.closed else "queue_timeout"

@@ -18,9 +18,9 @@ import trio
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
 from ..core.inventory import DOWN_REASON, READY_REASON_CHECK, CheckVerdict, Health
-from ..service.events import EventBus
-from ..service.logs import logger
-from ..service.metrics import Metrics
+from ..telemetry.events import EventBus
+from ..telemetry.logs import logger
+from ..telemetry.metrics import Metrics
 from .health import HealthBooks
 from .queue import SlotQueue
 

@@ -23,7 +23,8 @@ from ..core.outcome import Outcome, after_commit, may_pool
 from ..wire.client import ClientConnection, ClientGone, Closed
 from ..wire.upstream import UpstreamResponse
 from .milestones import Milestones
-from .report import Report, Workload
+from .records import Workload
+from .report import Report
 from .silence import SilenceTimer, SilenceWatch
 
 

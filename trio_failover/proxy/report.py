@@ -3,10 +3,10 @@ the events, metrics and log lines they make.
 
 ``Report`` is the one place that writes them; the workload shell
 (``workload.py``, ``attempts.py``, ``milestones.py``) calls it at each
-milestone. Its parts: ``Readiness`` (``readiness.py``) keeps the cooldowns
-and down flags and tells their changes, ``StatusView`` (``status.py``)
-builds ``/status`` and the recent workloads for the admin API and the demo
-(through ``Proxy``).
+milestone, with the workload's record (``records.py``). Its parts:
+``Readiness`` (``readiness.py``) keeps the cooldowns and down flags and
+tells their changes, ``StatusView`` (``status.py``) builds ``/status`` and
+the recent workloads for the admin API and the demo (through ``Proxy``).
 """
 
 from __future__ import annotations
@@ -15,111 +15,31 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import trio
 
 from ..core.config import Config
 from ..core.inventory import Health
 from ..core.liveness import CheckRecord
 from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
-from ..core.workload import State, transition
-from ..service.events import EventBus
-from ..service.logs import access_logger, log_access, logger
-from ..service.metrics import Metrics
-from ..wire.client import ClientRequest, Closed
+from ..core.workload import State
+from ..telemetry.events import EventBus
+from ..telemetry.logs import access_logger, log_access, logger
+from ..telemetry.metrics import Metrics
+from ..wire.client import ClientRequest
 from .health import HealthBooks
 from .readiness import Readiness
+from .records import NodeStats, Workload, ms
 from .status import StatusView, workload_event
 
 if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
     from ..core.config import Upstream
-    from ..service.tracing import Tracing, WorkloadTrace
+    from ..telemetry.tracing import Tracing
     from ..wire.upstream import OutgoingRequest
 
 RECENT_WORKLOADS = 50
 # The ``client`` label of the workloads metric when no key is configured
 # (with keys, every workload has its key's name; the two never mix).
 ANONYMOUS = "anonymous"
-
-
-@attrs.define
-class NodeStats:
-    """Counters of one node, as ``/status`` shows them (``in_flight``: the slot ledger)."""
-
-    served: int = 0
-    failed: int = 0
-    # The node's last finished check (liveness, SPEC 5.5; or discovery's).
-    last_check: CheckRecord | None = None
-
-
-@attrs.define
-class Workload:
-    """One client request across all its attempts."""
-
-    id: str
-    method: str
-    path: str
-    started: float
-    attempts: list[AttemptRecord] = attrs.Factory(list)
-    node: str | None = None  # the node of the current (or serving) attempt
-    attempt: int = 0  # the number of the current attempt, from 1
-    attempt_started: float = 0.0
-    committed_at: float | None = None
-    trace: WorkloadTrace | None = None  # its spans, with traces on (``Report.tracing``)
-    # Behind the ``state`` property: an ``on_setattr`` hook would make attrs
-    # route every attribute assignment of the class (some 25 per request)
-    # through a Python-level ``__setattr__``.
-    _state: State = attrs.field(default=State.QUEUED, alias="state")
-    status: int | None = None
-    body_bytes: int = 0
-    checks: int = 0  # liveness checks its attempts waited on (SPEC 5.5)
-    client_left: Closed | None = None
-    client: str | None = None  # the name of the client's key; None: no keys configured
-    model: str | None = None  # the "model" the client asked for, if its body named one
-    waited: float = 0.0  # seconds spent in the queue so far, all waits together
-    queued_since: float | None = None  # when the current wait began, while waiting
-    # Why a cancelled workload was: "client_abort" or "shutdown"; None otherwise.
-    reason: str | None = None
-
-    @property
-    def state(self) -> State:
-        """Where the workload is; every assignment goes through the transition table."""
-        return self._state
-
-    @state.setter
-    def state(self, new: State) -> None:
-        self._state = transition(self._state, new)
-
-    def queued_for(self, now: float) -> float:
-        """Seconds in the queue by ``now``, the current wait included."""
-        current = now - self.queued_since if self.queued_since is not None else 0.0
-        return self.waited + current
-
-    def summary(self, now: float) -> dict[str, Any]:
-        """The JSON form used by events, ``/status`` and the dashboard."""
-        summary = {
-            "id": self.id,
-            "method": self.method,
-            "path": self.path,
-            "client": self.client,
-            "model": self.model,
-            "state": str(self.state),
-            "status": self.status,
-            "node": self.node,
-            "attempts": [record.to_json() for record in self.attempts],
-            "ttfb_ms": (
-                _ms(self.committed_at - self.started) if self.committed_at is not None else None
-            ),
-            "duration_ms": _ms(now - self.started),
-            "queued_ms": _ms(self.queued_for(now)),
-        }
-        if self.reason is not None:
-            summary["reason"] = self.reason
-        return summary
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
 
 
 class Report:
@@ -141,7 +61,7 @@ class Report:
         # The traces' sink (SPEC 9). None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
         if config.otel_endpoint is not None:
-            from ..service.tracing import Tracing
+            from ..telemetry.tracing import Tracing
 
             self.tracing = Tracing.to_collector(config.otel_endpoint)
 
@@ -233,7 +153,7 @@ class Report:
             "ok": record.ok,
             "status": record.status,
             "error": record.error,
-            "elapsed_ms": _ms(elapsed),
+            "elapsed_ms": ms(elapsed),
         }
         fields = {key: value for key, value in event.items() if key != "type"}
         if record.ok:
@@ -346,7 +266,7 @@ class Report:
                 "state": str(State.COMPLETED if status < 400 else State.FAILED),
                 "nodes": nodes,
                 "commit_ms": None,
-                "duration_ms": _ms(trio.current_time() - started),
+                "duration_ms": ms(trio.current_time() - started),
                 "queued_ms": 0.0,
                 "bytes": sent,
             }
@@ -371,7 +291,7 @@ class Report:
                 "state": "unauthorized",
                 "nodes": [],
                 "commit_ms": None,
-                "duration_ms": _ms(trio.current_time() - started),
+                "duration_ms": ms(trio.current_time() - started),
                 "bytes": sent,  # the 401's own body
             }
         )

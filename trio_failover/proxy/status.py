@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .. import __version__
 from ..core.config import Config, redact_url
 from ..core.inventory import DOWN_REASON, advertised_ids
+from ..core.version import __version__
 from .readiness import Readiness
 
 if TYPE_CHECKING:
-    from .report import NodeStats, Workload
+    from .records import NodeStats, Workload
 
 
 class StatusView:

@@ -22,7 +22,7 @@ from ..core.config import Config
 from ..core.outcome import AttemptRecord, Outcome
 from ..core.requests import request_document, request_model, workload_id
 from ..core.workload import FINAL, State
-from ..service.logs import logger
+from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness
@@ -30,8 +30,9 @@ from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
 from .queue import REFUSALS
+from .records import Workload
 from .relay import Relay
-from .report import Report, Workload
+from .report import Report
 from .silence import SilenceWatch
 
 # How long a workload that the proxy's stop cuts short may still take to

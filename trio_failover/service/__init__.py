@@ -1,1 +1,1 @@
-"""The Service layer: listeners, the admin endpoints, events, metrics and logs."""
+"""The Service layer: the listeners, their drain, and the admin endpoints."""

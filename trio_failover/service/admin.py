@@ -40,10 +40,10 @@ from ..core.auth import admin_allowed
 from ..core.config import split_host_port
 from ..core.headers import get
 from ..proxy.proxy import Proxy
+from ..telemetry.events import SUBSCRIBER_BUFFER, Subscription
+from ..telemetry.logs import logger
 from ..wire.http1 import next_event, send_events
-from .events import SUBSCRIBER_BUFFER, Subscription
 from .history import History
-from .logs import logger
 from .sampler import sample_history
 
 # A request head must arrive (and a keep-alive connection must show a next

@@ -25,11 +25,11 @@ import trio
 from ..core.config import Config, split_host_port
 from ..core.errors import ConfigError
 from ..proxy.proxy import Proxy
+from ..telemetry.logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 from ..wire import sockopts
 from ..wire.upstream import Connector
 from .admin import serve_admin
 from .history import History
-from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 
 # Errors of accept() that mean "out of resources, try again later" rather
 # than "this listener is broken" (as trio.serve_listeners treats them).

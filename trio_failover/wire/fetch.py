@@ -22,10 +22,10 @@ import attrs
 import h11
 import trio
 
-from .. import __version__
 from ..core import errors
 from ..core.config import Config, Upstream
 from ..core.rewrite import node_target
+from ..core.version import __version__
 from .connect import Connector
 from .http1 import next_event, read_prefix, send_events
 from .upstream import _connect  # one connect step

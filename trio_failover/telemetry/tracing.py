@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 from opentelemetry import trace
@@ -40,9 +40,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .. import __version__
 from ..core.config import Upstream
-from ..core.headers import TRACE_CONTEXT, with_trace_context
+from ..core.headers import TRACE_CONTEXT, Headers, with_trace_context
 from ..core.outcome import AttemptRecord
 from ..core.requests import request_model
 from ..core.spans import (
@@ -57,16 +56,60 @@ from ..core.spans import (
     workload_attributes,
     workload_end,
 )
-
-if TYPE_CHECKING:  # the proxy's types, for annotations only (proxy/ imports this module)
-    from ..proxy.report import Workload
-    from ..wire.upstream import OutgoingRequest
+from ..core.version import __version__
+from ..core.workload import State
 
 __all__ = ["Tracing", "WorkloadTrace", "wall_clock_ns"]
 
 WallClock = Callable[[], int]
 # The W3C propagator itself, not the global one: SPEC 9 names traceparent.
 _PROPAGATOR = TraceContextTextMapPropagator()
+
+
+class TracedWorkload(Protocol):
+    """What a trace reads of the shell's ``proxy/records.py`` ``Workload``.
+
+    A protocol, not an import: telemetry/ sits below proxy/ and imports
+    only core/ (import-linter's layers contract).
+    """
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def client(self) -> str | None: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def attempt_started(self) -> float: ...
+    @property
+    def attempts(self) -> Sequence[AttemptRecord]: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def committed_at(self) -> float | None: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def waited(self) -> float: ...
+
+
+class TracedRequest(Protocol):
+    """What a trace reads and writes of ``wire/upstream.py``'s ``OutgoingRequest``."""
+
+    @property
+    def method(self) -> bytes: ...
+    @property
+    def target(self) -> bytes: ...
+    @property
+    def headers(self) -> Headers: ...  # the attempt's traceparent is written into it
 
 
 def wall_clock_ns() -> int:
@@ -116,7 +159,7 @@ class Tracing:
 
     def workload(
         self,
-        work: Workload,
+        work: TracedWorkload,
         headers: Sequence[tuple[bytes, bytes]],
         document: Any,
         client_address: str | None,
@@ -168,7 +211,7 @@ class WorkloadTrace:
         self._attempt_started = 0.0
         self._records = 0  # the workload's attempt records when the open attempt began
 
-    def attempt_started(self, work: Workload, node: Upstream, request: OutgoingRequest) -> None:
+    def attempt_started(self, work: TracedWorkload, node: Upstream, request: TracedRequest) -> None:
         """Start the attempt's span and put its ``traceparent`` into ``request.headers``.
 
         The client's own ``traceparent`` and ``tracestate`` are replaced:
@@ -226,7 +269,7 @@ class WorkloadTrace:
         attributes = {"trio_failover.wait_ms": round((now - started) * 1000, 1)}
         self.span.add_event(QUEUE_WAIT, attributes, timestamp=self._tracing.epoch_ns(started))
 
-    def finished(self, work: Workload, now: float) -> None:
+    def finished(self, work: TracedWorkload, now: float) -> None:
         """End the workload's span, and the attempt's if still open.
 
         An attempt is still open when its end was recorded without a

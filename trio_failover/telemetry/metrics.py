@@ -21,7 +21,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import choose_encoder
 
-from .. import __version__
+from ..core.version import __version__
 from .held import FlushingRegistry, HeldCounter, HeldHistograms
 
 # Seconds; spans fast local nodes to long cold prefills.

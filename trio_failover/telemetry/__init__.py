@@ -1,0 +1,1 @@
+"""Telemetry: events, metrics, logs and traces, the sinks the shell writes to."""
