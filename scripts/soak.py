@@ -10,7 +10,9 @@ stall, close, reset, send a head and close, or answer 503); node ``c``
 never does, so every request can be served and a lost response is the
 proxy's fault. Clients abort some requests at random (FIN or RST, before the
 answer or mid-stream). Every other response must arrive whole, with the
-exact body its request asked for.
+exact body its request asked for. The nodes answer the proxy's own ``GET``
+questions (discovery, ``/health``) without faults: ``200`` on ``/health``,
+an empty model list on ``/v1/models``, ``404`` elsewhere.
 
 The nodes close a keep-alive connection idle for ``--node-keepalive``
 (2 s), as uvicorn does after 5 s; the proxy's pool keeps idle connections
@@ -56,7 +58,14 @@ FD_MARGIN = 2
 FD_SETTLE = 1.0  # seconds after the last node close for the proxy to close its side
 RSS_GROWTH_LIMIT = 10 * 1024 * 1024
 REQUEST_TIMEOUT = 30.0
-RESPONSE_HEADER_TIMEOUT = 1.0  # what a stall costs: short, so a run stays short
+RESPONSE_HEADER_TIMEOUT = 1.0  # short, so a run stays short
+# The soak's requests are unstreamed (no "stream": true), so a stalled node
+# is waited for up to --unstreamed-timeout (10 min by default), not the
+# header timeout (SPEC 5.5: an unstreamed answer's head comes only when the
+# whole answer is ready; SPEC's liveness check would not cut it either, as
+# the stalled node's /health answers). Left at 10 min, every stall outlived
+# the client's REQUEST_TIMEOUT and counted as a lost response.
+UNSTREAMED_TIMEOUT = 2.0  # what a stall costs
 FAULTS = ("stall", "close", "reset", "head_then_close", "status_503")
 NODES = ("a", "b", "c")
 FAULTY = ("a", "b")
@@ -109,6 +118,7 @@ class Fleet:
     keepalive: float  # a node closes a connection idle this long
     injected: collections.Counter[str] = field(default_factory=collections.Counter)
     served: collections.Counter[str] = field(default_factory=collections.Counter)
+    checks: collections.Counter[str] = field(default_factory=collections.Counter)  # by path
     open: int = 0
     last_close: float = 0.0
     closed: trio.Event = field(default_factory=trio.Event)
@@ -126,9 +136,20 @@ class Fleet:
         try:
             while True:
                 with trio.move_on_after(self.keepalive) as idle:
-                    spec = await read_spec(stream, conn)
-                if idle.cancelled_caught or spec is None:
+                    request = await read_request(stream, conn)
+                if idle.cancelled_caught or request is None:
                     return  # idle too long (the node's keep-alive), or the proxy left
+                head, body = request
+                if head.method != b"POST":
+                    # The proxy's own questions (discovery, liveness): no
+                    # spec in them, never a fault.
+                    self.checks[head.target.decode("ascii", "replace")] += 1
+                    await answer_check(stream, conn, head.target)
+                    if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                        return
+                    conn.start_next_cycle()
+                    continue
+                spec = Spec(**json.loads(body))
                 fault = self.fault_for(node, spec)
                 if fault == "stall":
                     # Never answer; the proxy gives up after its header timeout.
@@ -172,18 +193,46 @@ async def send(stream: trio.abc.Stream, conn: h11.Connection, *events: h11.Event
     await stream.send_all(b"".join(conn.send(event) or b"" for event in events))
 
 
-async def read_spec(stream: trio.abc.Stream, conn: h11.Connection) -> Spec | None:
+async def read_request(
+    stream: trio.abc.Stream, conn: h11.Connection
+) -> tuple[h11.Request, bytes] | None:
+    """One whole request: its head and body (None: the proxy closed the connection)."""
+    head: h11.Request | None = None
     body = b""
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             conn.receive_data(bytes(await stream.receive_some(65536)))
+        elif isinstance(event, h11.Request):
+            head = event
         elif isinstance(event, h11.Data):
             body += event.data
-        elif isinstance(event, h11.EndOfMessage):
-            return Spec(**json.loads(body))
-        elif not isinstance(event, h11.Request):
+        elif isinstance(event, h11.EndOfMessage) and head is not None:
+            return head, body
+        else:
             return None
+
+
+# What a node says to the proxy's checks (SPEC 5a): ready, with an empty
+# model list (inventory unknown: a candidate for every model); any other
+# route (/api/tags, an engine's signal routes) is not there.
+CHECK_ANSWERS = {
+    b"/health": (200, b'{"status": "ok"}'),
+    b"/v1/models": (200, b'{"object": "list", "data": []}'),
+}
+NO_ROUTE = (404, b'{"error": {"message": "not found", "code": "not_found"}}')
+
+
+async def answer_check(stream: trio.abc.Stream, conn: h11.Connection, target: bytes) -> None:
+    status, body = CHECK_ANSWERS.get(target.partition(b"?")[0], NO_ROUTE)
+    headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
+    await send(
+        stream,
+        conn,
+        h11.Response(status_code=status, headers=headers),
+        h11.Data(data=body),
+        h11.EndOfMessage(),
+    )
 
 
 async def answer(stream: trio.abc.Stream, conn: h11.Connection, spec: Spec) -> None:
@@ -402,10 +451,9 @@ async def settle(pid: int, fleet: Fleet, target: int | None, limit: float) -> Se
     return Settled(sample, reached if sample.fds <= target else None)
 
 
-async def start_proxy(
-    nodes: dict[str, int], log: Path, pool_idle_timeout: float, extra: list[str]
-) -> tuple[trio.Process, tuple[str, int]]:
-    command = [
+def proxy_command(nodes: dict[str, int], pool_idle_timeout: float, extra: list[str]) -> list[str]:
+    """The proxy's command line, in front of the nodes on these ports."""
+    return [
         sys.executable,
         "-m",
         "trio_failover",
@@ -414,11 +462,18 @@ async def start_proxy(
         "--admin-listen=off",
         *[f"--upstream={name}=http://127.0.0.1:{port}" for name, port in nodes.items()],
         f"--response-header-timeout={RESPONSE_HEADER_TIMEOUT}s",
+        f"--unstreamed-timeout={UNSTREAMED_TIMEOUT}s",
         "--connect-timeout=2s",
         f"--pool-idle-timeout={pool_idle_timeout}s",
         "--shutdown-timeout=10s",
         *extra,
     ]
+
+
+async def start_proxy(
+    nodes: dict[str, int], log: Path, pool_idle_timeout: float, extra: list[str]
+) -> tuple[trio.Process, tuple[str, int]]:
+    command = proxy_command(nodes, pool_idle_timeout, extra)
     process = await trio.lowlevel.open_process(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb")
     )
@@ -474,6 +529,8 @@ class Report:
         yield f"  faults     {sum(self.fleet.injected.values())} injected: {faults}"
         served = ", ".join(f"{name} {self.fleet.served[name]}" for name in NODES)
         yield f"  served by  {served}"
+        checks = ", ".join(f"{path} {count}" for path, count in sorted(self.fleet.checks.items()))
+        yield f"  checks     {sum(self.fleet.checks.values())} from the proxy: {checks or 'none'}"
         yield (
             f"  proxy fds  startup {self.startup.fds}, baseline {self.baseline.fds}, "
             f"after {self.after.fds} (limit: startup + {FD_MARGIN})"

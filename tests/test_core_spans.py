@@ -122,6 +122,24 @@ def test_workload_end(
     assert end.attributes.get("http.response.status_code") == status
 
 
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [("cancelled", "client_abort"), ("cancelled", "shutdown"), ("completed", None)],
+)
+def test_workload_end_says_why_a_workload_was_cancelled(state: str, reason: str | None) -> None:
+    end = workload_end(
+        state,
+        None,
+        committed=False,
+        last_outcome=None,
+        node=None,
+        attempts=1,
+        queued=0.0,
+        reason=reason,
+    )
+    assert end.attributes.get("trio_failover.reason") == reason
+
+
 def test_span_end_defaults_to_no_error() -> None:
     assert SpanEnd({}).error is None
 

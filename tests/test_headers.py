@@ -316,7 +316,7 @@ UPSTREAM_RESPONSE = _h(
 )
 def test_client_response_headers(upstream: Headers, keep_length: bool, length: list[bytes]) -> None:
     headers = client_response_headers(
-        upstream, request_id="wid-1", node="gpu-a", attempts=2, keep_length=keep_length
+        upstream, 200, request_id="wid-1", node="gpu-a", attempts=2, keep_length=keep_length
     )
     body_headers = [(n, v) for n, v in upstream if n in (b"content-type", b"server", b"set-cookie")]
     assert headers == [
@@ -326,3 +326,30 @@ def test_client_response_headers(upstream: Headers, keep_length: bool, length: l
         (b"x-failover-node", b"gpu-a"),
         (b"x-failover-attempts", b"2"),
     ]
+
+
+NODE_LENGTH = _h("content-type: text/plain", "content-length: 5")
+
+
+@pytest.mark.parametrize(
+    ("status", "length"),
+    [
+        pytest.param(200, [b"5"], id="200"),
+        pytest.param(206, [b"5"], id="206"),
+        # RFC 9110 section 8.6: a server MUST NOT send Content-Length in a
+        # 1xx or 204 response; the node's is dropped, never relayed.
+        pytest.param(204, [], id="204-never"),
+        pytest.param(100, [], id="1xx-never"),
+        pytest.param(199, [], id="1xx-never-199"),
+        # A 304 may carry the length its 200 would have had (section 8.6):
+        # kept, and no body follows (h11 frames a 304 as empty).
+        pytest.param(304, [b"5"], id="304-kept"),
+        pytest.param(404, [b"5"], id="404"),
+    ],
+)
+def test_client_response_length_by_status(status: int, length: list[bytes]) -> None:
+    headers = client_response_headers(
+        NODE_LENGTH, status, request_id="wid-1", node="gpu-a", attempts=1, keep_length=True
+    )
+    assert _values(headers, b"content-length") == length
+    assert _values(headers, b"content-type") == [b"text/plain"]

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from test_shutdown import drained, streaming
 
 from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
@@ -268,10 +269,43 @@ async def test_a_client_that_leaves_ends_its_span_cancelled(
     assert root.status.description == "cancelled"
     assert dict(root.attributes or {})["trio_failover.outcome"] == "cancelled"
     assert dict(root.attributes or {})["error.type"] == "cancelled"
+    assert dict(root.attributes or {})["trio_failover.reason"] == "client_abort"
     assert "http.response.status_code" not in dict(root.attributes or {})
     assert attempt.end_time == at(30)
     assert attempt.status.status_code is StatusCode.ERROR
     assert dict(attempt.attributes or {})["trio_failover.outcome"] == "client_abort"
+
+
+async def test_a_stream_cut_at_the_end_of_a_drain_ends_its_span_with_reason_shutdown(
+    autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
+) -> None:
+    # As in test_shutdown: a chunk every 10 s for 60 s; the drain begins at
+    # t=12 with 5 s, and cuts the stream at t=17.
+    async with Fleet({"a": streaming(60.0)}) as fleet:
+        proxy = traced(fleet, exporter)
+        response, _ = await drained(proxy, STREAMED, drain_at=12.0, shutdown_timeout=5.0)
+    assert (response.status, response.complete) == (200, False)
+
+    root, (attempt,) = tree(exporter)
+    assert root.end_time == at(17)
+    assert root.status.status_code is StatusCode.ERROR
+    attributes = dict(root.attributes or {})
+    assert attributes["trio_failover.outcome"] == "cancelled"
+    assert attributes["trio_failover.reason"] == "shutdown"
+    assert attributes["http.response.status_code"] == 200
+    assert dict(attempt.attributes or {})["trio_failover.outcome"] == "shutdown"
+    assert attempt.end_time == at(17)
+
+
+async def test_a_workload_that_completes_has_no_reason_on_its_span(
+    autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
+) -> None:
+    async with Fleet({"a": FakeNode()}) as fleet:
+        proxy = traced(fleet, exporter)
+        response = await request(proxy, body=STREAMED)
+        assert response is not None
+    root, _ = tree(exporter)
+    assert "trio_failover.reason" not in dict(root.attributes or {})
 
 
 async def test_the_first_token_of_a_stream_after_pings_is_its_first_event(

@@ -146,8 +146,18 @@ def with_trace_context(headers: Headers, fields: Mapping[str, str]) -> Headers:
     return kept
 
 
+def may_carry_length(status: int) -> bool:
+    """Whether a response with ``status`` may carry a ``Content-Length``.
+
+    RFC 9110 section 8.6: never a 1xx or a 204. A 304 may (the length its
+    200 would have had); its body is empty all the same, as h11 frames it.
+    """
+    return status >= 200 and status != 204
+
+
 def client_response_headers(
     upstream_headers: Sequence[tuple[bytes, bytes]],
+    status: int,
     *,
     request_id: str,
     node: str,
@@ -161,10 +171,12 @@ def client_response_headers(
     answer with a ``Transfer-Encoding`` as well was framed by its chunks
     (h11 reads it so), and its ``Content-Length`` is dropped: RFC 9112
     section 6.3 says a proxy must remove it, and relayed next to a body of
-    another length it would be a lie that h11 refuses to send.
+    another length it would be a lie that h11 refuses to send. A ``204``
+    (or a ``1xx``) never carries one, whatever the node sent
+    (``may_carry_length``).
     """
     headers = end_to_end(upstream_headers, PROXY_OWNED_DOWN)
-    if keep_length:
+    if keep_length and may_carry_length(status):
         length = get(upstream_headers, b"content-length")
         if length is not None and get(upstream_headers, b"transfer-encoding") is None:
             headers.append((b"content-length", length))

@@ -164,10 +164,13 @@ def workload_end(
     node: str | None,
     attempts: int,
     queued: float,
+    reason: str | None = None,
 ) -> SpanEnd:
     """The end of a workload's span, from its final state and the status it answered.
 
-    ``cancelled`` (the client left) is an error of type ``cancelled``. A
+    ``cancelled`` (the client left, or the drain's end cut it) is an error
+    of type ``cancelled``, with ``reason`` (``client_abort``, ``shutdown``)
+    as ``trio_failover.reason``, the access line's and events' ``reason``. A
     ``failed`` workload is one after the HTTP conventions for a server: a
     stream cut after commit has its cut's outcome as ``error.type``; an
     answer of the proxy's own, its status (``"502"``, ``"503"``, ``"504"``),
@@ -183,6 +186,8 @@ def workload_end(
         attributes["http.response.status_code"] = status
     if node is not None:
         attributes["trio_failover.node"] = node
+    if reason is not None:
+        attributes["trio_failover.reason"] = reason
     if state == "cancelled":
         attributes["error.type"] = "cancelled"
         return SpanEnd(attributes, "cancelled")

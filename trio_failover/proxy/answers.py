@@ -27,6 +27,7 @@ async def send_saved(client: ClientConnection, work: Workload, saved: SavedRespo
     """Relay the last retryable answer as the node sent it (SPEC 5.7)."""
     headers = client_response_headers(
         saved.headers,
+        saved.status,
         request_id=work.id,
         node=saved.node,
         attempts=len(work.attempts),

@@ -63,6 +63,7 @@ class Relay:
             work.trace.first_token(response.timings.first_body)
         headers = client_response_headers(
             response.headers,
+            response.status,
             request_id=work.id,
             node=node.name,
             attempts=len(work.attempts) + 1,

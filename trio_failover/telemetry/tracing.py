@@ -292,6 +292,7 @@ class WorkloadTrace:
             node=work.node,
             attempts=work.attempt,
             queued=work.waited,
+            reason=work.reason,
         )
         _end(self.span, end, ends)
 
