@@ -7,7 +7,7 @@ take's ``retry_after``, never guessed).
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 
 import pytest
 import trio
@@ -42,10 +42,12 @@ async def test_capacity_one_refuses_a_second_take_and_release_frees_it(
     redis_server: RedisServer,
 ) -> None:
     with trio.fail_after(LIMIT):
-        subscription = await open_subscription(
-            redis_server.address, ["trio-failover:freed"], deadline=soon()
-        )
-        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+        async with (
+            await open_subscription(
+                redis_server.address, ["trio-failover:freed"], deadline=soon()
+            ) as subscription,
+            await open_redis(redis_server.address, deadline=soon()) as redis,
+        ):
             leases = SlotLeases(redis)
             take = await leases.take("gpu-1", "a", capacity=1, ttl=TTL, deadline=soon())
             assert take == LeaseTake(taken=True, in_flight=1)
@@ -65,7 +67,6 @@ async def test_capacity_one_refuses_a_second_take_and_release_frees_it(
             assert await leases.release("gpu-1", "a", deadline=soon()) is False
             assert await leases.release("gpu-1", "b", deadline=soon()) is True
             assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
-        await subscription.aclose()
 
 
 async def test_taking_a_held_lease_again_does_not_count_twice(redis_server: RedisServer) -> None:
@@ -95,10 +96,12 @@ async def test_a_lease_past_its_ttl_frees_itself_and_is_announced(
 ) -> None:
     ttl = 0.3
     with trio.fail_after(LIMIT):
-        subscription = await open_subscription(
-            redis_server.address, ["trio-failover:freed"], deadline=soon()
-        )
-        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+        async with (
+            await open_subscription(
+                redis_server.address, ["trio-failover:freed"], deadline=soon()
+            ) as subscription,
+            await open_redis(redis_server.address, deadline=soon()) as redis,
+        ):
             leases = SlotLeases(redis)
             # The holder takes and then dies: nobody releases.
             assert (await leases.take("gpu-1", "dead", capacity=1, ttl=ttl, deadline=soon())).taken
@@ -111,7 +114,6 @@ async def test_a_lease_past_its_ttl_frees_itself_and_is_announced(
             # The take that found the dead lease expired said so to every replica.
             assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
             assert await leases.renew("gpu-1", "dead", ttl=ttl, deadline=soon()) is False
-        await subscription.aclose()
 
 
 async def test_renewal_keeps_the_lease_and_a_lapsed_one_is_gone(redis_server: RedisServer) -> None:
@@ -187,18 +189,24 @@ async def test_a_waiter_on_every_replica_hears_of_the_freed_slot(
     redis_server: RedisServer,
 ) -> None:
     with trio.fail_after(LIMIT):
-        subscriptions = [
-            await open_subscription(redis_server.address, ["trio-failover:freed"], deadline=soon())
-            for _ in range(3)
-        ]
-        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+        async with contextlib.AsyncExitStack() as stack:
+            subscriptions = [
+                await stack.enter_async_context(
+                    await open_subscription(
+                        redis_server.address, ["trio-failover:freed"], deadline=soon()
+                    )
+                )
+                for _ in range(3)
+            ]
+            redis = await stack.enter_async_context(
+                await open_redis(redis_server.address, deadline=soon())
+            )
             leases = SlotLeases(redis)
-            for lease in itertools.islice(itertools.count(), 2):
-                await leases.take("gpu-1", f"l{lease}", capacity=2, ttl=TTL, deadline=soon())
+            for lease in ("l0", "l1"):
+                await leases.take("gpu-1", lease, capacity=2, ttl=TTL, deadline=soon())
             await leases.release("gpu-1", "l0", deadline=soon())
             for subscription in subscriptions:
                 assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
-                await subscription.aclose()
 
 
 @pytest.mark.parametrize("capacity", [1, 3])

@@ -313,10 +313,12 @@ async def _calls(redis: RedisConnection, command: str) -> int:
 
 async def test_subscription_delivers_messages_in_order(redis_server: RedisServer) -> None:
     with trio.fail_after(LIMIT):
-        subscription = await open_subscription(
-            redis_server.address, ["fleet:freed", "fleet:other"], deadline=soon()
-        )
-        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+        async with (
+            await open_subscription(
+                redis_server.address, ["fleet:freed", "fleet:other"], deadline=soon()
+            ) as subscription,
+            await open_redis(redis_server.address, deadline=soon()) as redis,
+        ):
             # Subscribed once open_subscription returns: nothing is missed.
             assert await redis.execute("PUBLISH", "fleet:freed", "gpu-1", deadline=soon()) == 1
             await redis.execute("PUBLISH", "fleet:other", b"x", deadline=soon())
@@ -338,12 +340,13 @@ async def test_subscription_delivers_messages_in_order(redis_server: RedisServer
 
 async def test_subscription_raises_when_the_server_goes(redis_server: RedisServer) -> None:
     with trio.fail_after(LIMIT):
-        subscription = await open_subscription(redis_server.address, ["c"], deadline=soon())
-        await trio.to_thread.run_sync(redis_server.stop)
-        with pytest.raises(StateUnavailable):
-            async for _ in subscription:
-                pass
-        await subscription.aclose()
+        async with await open_subscription(
+            redis_server.address, ["c"], deadline=soon()
+        ) as subscription:
+            await trio.to_thread.run_sync(redis_server.stop)
+            with pytest.raises(StateUnavailable):
+                async for _ in subscription:
+                    pass
 
 
 async def test_subscription_to_a_silent_server_is_bounded() -> None:

@@ -474,9 +474,10 @@ async def open_redis(
     return RedisConnection(link, address)
 
 
-class Subscription:
+class Subscription(trio.abc.AsyncResource):
     """A connection in subscribe mode; get one from ``open_subscription``.
 
+    ``async with await open_subscription(...) as subscription:``, then
     ``async for message in subscription`` yields every message of the
     channels, with no deadline of its own (wrap it if you want one). The
     iteration raises ``StateUnavailable`` when the connection is lost and
