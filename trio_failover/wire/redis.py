@@ -40,7 +40,7 @@ import trio
 
 from ..core.errors import StateError, StateReplyError, StateTimeout, StateUnavailable
 from ..core.redis_url import RedisAddress
-from . import connect, sockopts
+from . import connect, socket_io, sockopts
 
 __all__ = [
     "Arg",
@@ -243,9 +243,9 @@ class RedisConnection(trio.abc.AsyncResource):
 
     No reader task: a caller whose replies are not in yet reads the socket
     itself, unless another caller already does, and hands every reply it
-    reads to the call it belongs to. One command alone costs what writing
-    and reading it by hand costs (two scheduler passes); a reader task would
-    double that (docs/performance.md). When a reading caller leaves (its
+    reads to the call it belongs to. One command alone costs one scheduler
+    pass (the wait for its reply; ``socket_io`` writes without one); a
+    reader task would add two (docs/performance.md). When a reading caller leaves (its
     replies are in, its deadline passed, it was cancelled) the next waiting
     one takes over. Cancelling a read loses nothing: Trio's socket and
     (after its handshake) TLS streams give up before taking any bytes.
@@ -332,11 +332,14 @@ class RedisConnection(trio.abc.AsyncResource):
         """Write the commands, then wait for their replies, all by ``deadline``."""
         start = trio.current_time()
         if self._closed_reason is not None:
+            await trio.lowlevel.checkpoint()
             raise StateUnavailable(operation, self._closed_reason)
         call = _Call(len(commands))
         with trio.move_on_at(deadline):
             if await self._send(call, _pack(commands), deadline, operation):
                 await self._wait(call)
+            else:
+                await trio.lowlevel.checkpoint()  # cancelled at once: the deadline passed
         if call.error is not None:
             raise call.error
         if not call.done:
@@ -367,7 +370,9 @@ class RedisConnection(trio.abc.AsyncResource):
             await trio.lowlevel.checkpoint_if_cancelled()
             self._pending.append(call)
             try:
-                await self._link.stream.send_all(payload)
+                # socket_io: the write the kernel takes whole (the usual case)
+                # costs no scheduler pass; the reply's wait is the checkpoint.
+                await socket_io.send(self._link.stream, payload)
             except _IO_ERRORS as exc:
                 self._lose(f"connection lost: {exc.__cause__ or exc}")
             except trio.Cancelled:
@@ -407,11 +412,12 @@ class RedisConnection(trio.abc.AsyncResource):
         """One read from the socket; every whole reply in it goes to its call."""
         link = self._link
         try:
-            data = await link.stream.receive_some(_READ_SIZE)
+            # socket_io waits before it reads: the reply is never there yet.
+            data = await socket_io.receive(link.stream, _READ_SIZE)
             if not data:
                 self._lose("the server closed the connection")
                 return
-            link.parser.feed(data)  # type: ignore[arg-type]  # bytearray is fine too
+            link.parser.feed(data)
             while (reply := link.parser.gets()) is not False:
                 self._deliver(reply)
         except hiredis.ProtocolError as exc:
