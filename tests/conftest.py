@@ -98,7 +98,7 @@ class RedisServer:
         assert REDIS_SERVER is not None
         assert self.process is None
         for _ in range(5):
-            port = self.port or _free_port()
+            port = self.port or free_port()
             command = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
             command += ["--appendonly", "no", "--dir", str(self.directory), *self.extra]
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -162,7 +162,7 @@ class RedisServer:
         self.process = None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]

@@ -8,16 +8,19 @@ every test is bounded by ``trio.fail_after``.
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import pytest
 import trio
 import trio.testing
-from conftest import RedisServer
+import trustme
+from conftest import RedisServer, free_port
 
 from trio_failover.core.errors import StateReplyError, StateTimeout, StateUnavailable
-from trio_failover.core.redis_url import RedisAddress
+from trio_failover.core.redis_url import RedisAddress, parse_redis_url
 from trio_failover.wire.redis import (
     Message,
     RedisConnection,
@@ -359,3 +362,39 @@ async def test_subscription_to_a_silent_server_is_bounded() -> None:
                 await open_subscription(silent.address, ["c"], deadline=start + 0.25)
             assert 0.25 <= trio.current_time() - start < 0.25 + SLACK
             nursery.cancel_scope.cancel()
+
+
+async def test_rediss_connects_over_tls_and_checks_the_certificate(
+    start_redis: Callable[..., RedisServer], tmp_path: Path
+) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(tmp_path / "key.pem")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "cert.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    tls_port = free_port()
+    start_redis(
+        *("--tls-port", str(tls_port), "--tls-auth-clients", "no"),
+        *(
+            "--tls-cert-file",
+            str(tmp_path / "cert.pem"),
+            "--tls-key-file",
+            str(tmp_path / "key.pem"),
+        ),
+        *("--tls-ca-cert-file", str(tmp_path / "ca.pem")),
+    )
+    address = parse_redis_url(f"rediss://127.0.0.1:{tls_port}")
+    trusted = ssl.create_default_context()
+    ca.configure_trust(trusted)
+    with trio.fail_after(LIMIT):
+        async with await open_redis(address, deadline=soon(), ssl_context=trusted) as redis:
+            assert await redis.execute("PING", deadline=soon()) == b"PONG"
+        async with await open_subscription(
+            address, ["c"], deadline=soon(), ssl_context=trusted
+        ) as subscription:
+            assert subscription.channels == ("c",)
+        # The system's trust store does not know this CA.
+        with pytest.raises(StateUnavailable) as caught:
+            await open_redis(address, deadline=soon())
+        assert caught.value.operation == "connect"
+        assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
