@@ -398,3 +398,22 @@ async def test_rediss_connects_over_tls_and_checks_the_certificate(
             await open_redis(address, deadline=soon())
         assert caught.value.operation == "connect"
         assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+
+
+async def test_closing_a_subscription_ends_an_iteration_in_another_task(
+    redis_server: RedisServer,
+) -> None:
+    ended = trio.Event()
+    with trio.fail_after(LIMIT):
+        subscription = await open_subscription(redis_server.address, ["c"], deadline=soon())
+
+        async def listen() -> None:
+            async for _ in subscription:
+                pass  # nothing is published
+            ended.set()  # StopAsyncIteration, not StateUnavailable
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listen)
+            await trio.testing.wait_all_tasks_blocked()
+            await subscription.aclose()
+        assert ended.is_set()
