@@ -221,17 +221,17 @@ class RedisConnection(trio.abc.AsyncResource):
                 raise StateUnavailable(operation, self._closed_reason)
             if trio.current_time() >= deadline:
                 return False
-            # A cancelled send_all leaves the stream in an unknown state. Past
-            # this check, though, Trio can cancel it only while it is blocked
-            # half-way (the kernel's buffer full: a server that stopped
-            # reading), because a write that goes through at once ends in a
-            # shielded checkpoint. So a cancellation here breaks the
-            # connection only when it is broken anyway.
+            # A write cancelled half-way leaves the stream in an unknown state.
+            # Past this check, though, Trio can cancel it only while it waits
+            # for the kernel to take the rest (its buffer full: a server that
+            # stopped reading). socket_io.send writes what the kernel takes at
+            # once without a checkpoint (the usual case: the reply's wait is
+            # the call's scheduler pass), and Trio's own send_all (TLS) ends a
+            # write that went through in a shielded checkpoint. So a
+            # cancellation here breaks the connection only when it is broken.
             await trio.lowlevel.checkpoint_if_cancelled()
             self._pending.append(call)
             try:
-                # socket_io: the write the kernel takes whole (the usual case)
-                # costs no scheduler pass; the reply's wait is the checkpoint.
                 await socket_io.send(self._link.stream, payload)
             except IO_ERRORS as exc:
                 self._lose(f"connection lost: {exc.__cause__ or exc}")
