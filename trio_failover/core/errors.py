@@ -166,3 +166,38 @@ class IllegalTransition(FailoverError, RuntimeError):
         self.current = current
         self.new = new
         super().__init__(f"illegal workload transition {current} -> {new}")
+
+
+class StateError(FailoverError):
+    """The shared state (Redis, SPEC 8) failed one operation; ``operation`` names it.
+
+    Raised by ``wire/redis.py`` only, where Trio, OS, TLS and RESP errors are
+    mapped once. The callers of the shared state decide what it means (go on
+    alone with the local state); a request never sees one.
+    """
+
+    def __init__(self, operation: str, detail: str) -> None:
+        self.operation = operation
+        self.detail = detail
+        super().__init__(f"shared state: {operation}: {detail}")
+
+
+class StateUnavailable(StateError):
+    """Redis cannot be reached, or the connection to it was lost or is closed."""
+
+
+class StateTimeout(StateError):
+    """Redis did not answer within the deadline the caller passed in."""
+
+    def __init__(self, operation: str, timeout: float) -> None:
+        self.timeout = timeout
+        super().__init__(operation, f"no answer within {timeout:g}s")
+
+
+class StateReplyError(StateError):
+    """Redis answered with an error reply; ``code`` is its first word (``NOSCRIPT``...)."""
+
+    def __init__(self, operation: str, message: str) -> None:
+        self.code = message.partition(" ")[0]
+        self.message = message
+        super().__init__(operation, message)

@@ -1,0 +1,249 @@
+"""The slot lease's Lua scripts against a real redis-server (SPEC 8: capacity holds fleet-wide).
+
+Real sockets and the real clock: a lease's expiry is Redis' own ``TIME``,
+so the TTL tests wait for it (a fraction of a second, told by the refused
+take's ``retry_after``, never guessed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from conftest import RedisServer
+
+from trio_failover.core.lease_script import LeaseTake, slots_key
+from trio_failover.wire.redis import (
+    Message,
+    RedisConnection,
+    Subscription,
+    open_redis,
+    open_subscription,
+)
+from trio_failover.wire.slot_lease import SlotLeases
+
+LIMIT = 10.0
+TTL = 30.0
+
+
+def soon() -> float:
+    return trio.current_time() + 5.0
+
+
+async def next_message(subscription: Subscription) -> Message:
+    with trio.fail_after(5):
+        return await subscription.__anext__()
+
+
+async def test_capacity_one_refuses_a_second_take_and_release_frees_it(
+    redis_server: RedisServer,
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with (
+            await open_subscription(
+                redis_server.address, ["trio-failover:freed"], deadline=soon()
+            ) as subscription,
+            await open_redis(redis_server.address, deadline=soon()) as redis,
+        ):
+            leases = SlotLeases(redis)
+            take = await leases.take("gpu-1", "a", capacity=1, ttl=TTL, deadline=soon())
+            assert take == LeaseTake(taken=True, in_flight=1)
+            refused = await leases.take("gpu-1", "b", capacity=1, ttl=TTL, deadline=soon())
+            assert not refused.taken
+            assert refused.in_flight == 1
+            assert TTL - 1 < refused.retry_after <= TTL
+            # Another node's slots are its own.
+            assert (await leases.take("gpu-2", "b", capacity=1, ttl=TTL, deadline=soon())).taken
+            assert await leases.in_flight("gpu-1", deadline=soon()) == 1
+
+            assert await leases.release("gpu-1", "a", deadline=soon()) is True
+            assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+            assert await leases.in_flight("gpu-1", deadline=soon()) == 0
+            assert (await leases.take("gpu-1", "b", capacity=1, ttl=TTL, deadline=soon())).taken
+            # A second release of the same lease finds nothing and announces nothing.
+            assert await leases.release("gpu-1", "a", deadline=soon()) is False
+            assert await leases.release("gpu-1", "b", deadline=soon()) is True
+            assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+
+
+async def test_taking_a_held_lease_again_does_not_count_twice(redis_server: RedisServer) -> None:
+    with trio.fail_after(LIMIT):
+        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+            leases = SlotLeases(redis)
+            for _ in range(3):
+                take = await leases.take("n", "same", capacity=2, ttl=TTL, deadline=soon())
+                assert take == LeaseTake(taken=True, in_flight=1)
+            # At capacity, the holder's retry is still taken: it is a renewal.
+            assert (await leases.take("n", "other", capacity=2, ttl=TTL, deadline=soon())).taken
+            assert (await leases.take("n", "same", capacity=2, ttl=TTL, deadline=soon())).taken
+            assert not (await leases.take("n", "third", capacity=2, ttl=TTL, deadline=soon())).taken
+
+
+async def test_capacity_zero_has_no_limit_but_counts(redis_server: RedisServer) -> None:
+    with trio.fail_after(LIMIT):
+        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+            leases = SlotLeases(redis)
+            for index in range(5):
+                take = await leases.take("n", f"l{index}", capacity=0, ttl=TTL, deadline=soon())
+                assert take == LeaseTake(taken=True, in_flight=index + 1)
+
+
+async def test_a_lease_past_its_ttl_frees_itself_and_is_announced(
+    redis_server: RedisServer,
+) -> None:
+    ttl = 0.3
+    with trio.fail_after(LIMIT):
+        async with (
+            await open_subscription(
+                redis_server.address, ["trio-failover:freed"], deadline=soon()
+            ) as subscription,
+            await open_redis(redis_server.address, deadline=soon()) as redis,
+        ):
+            leases = SlotLeases(redis)
+            # The holder takes and then dies: nobody releases.
+            assert (await leases.take("gpu-1", "dead", capacity=1, ttl=ttl, deadline=soon())).taken
+            refused = await leases.take("gpu-1", "waiter", capacity=1, ttl=ttl, deadline=soon())
+            assert not refused.taken
+            assert 0 < refused.retry_after <= ttl
+            await trio.sleep(refused.retry_after + 0.002)  # Redis counts in whole ms
+            take = await leases.take("gpu-1", "waiter", capacity=1, ttl=ttl, deadline=soon())
+            assert take == LeaseTake(taken=True, in_flight=1)
+            # The take that found the dead lease expired said so to every replica.
+            assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+            assert await leases.renew("gpu-1", "dead", ttl=ttl, deadline=soon()) is False
+
+
+async def test_renewal_keeps_the_lease_and_a_lapsed_one_is_gone(redis_server: RedisServer) -> None:
+    ttl = 0.3
+    with trio.fail_after(LIMIT):
+        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+            leases = SlotLeases(redis)
+            assert (await leases.take("n", "kept", capacity=1, ttl=ttl, deadline=soon())).taken
+            assert await leases.renew("n", "kept", ttl=TTL, deadline=soon()) is True
+            await trio.sleep(ttl + 0.05)
+            refused = await leases.take("n", "other", capacity=1, ttl=ttl, deadline=soon())
+            assert not refused.taken  # renewed past the first TTL
+            assert refused.retry_after > TTL - 1
+            assert await leases.renew("n", "never-taken", ttl=TTL, deadline=soon()) is False
+
+
+async def test_the_set_outlives_its_last_lease_by_one_ttl(redis_server: RedisServer) -> None:
+    with trio.fail_after(LIMIT):
+        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+            leases = SlotLeases(redis, prefix="fleet-b:")
+            await leases.take("n", "a", capacity=1, ttl=10.0, deadline=soon())
+            key = slots_key("fleet-b:", "n")
+            assert await redis.execute("EXISTS", key, deadline=soon()) == 1
+            pttl = await redis.execute("PTTL", key, deadline=soon())
+            assert isinstance(pttl, int)
+            assert 19_000 < pttl <= 20_000
+            assert (
+                await redis.execute("EXISTS", slots_key("trio-failover:", "n"), deadline=soon())
+                == 0
+            )
+
+
+async def test_two_concurrent_takers_never_both_get_the_last_slot(
+    redis_server: RedisServer,
+) -> None:
+    """Two connections (two replicas) race for one slot, round after round.
+
+    Each round starts on both at once (a barrier), two takes per replica,
+    so four takes of one slot are in flight together.
+    """
+    rounds = 40
+    winners: dict[int, list[str]] = {index: [] for index in range(rounds)}
+    with trio.fail_after(LIMIT):
+        async with (
+            await open_redis(redis_server.address, deadline=soon()) as one,
+            await open_redis(redis_server.address, deadline=soon()) as two,
+        ):
+            arrived = 0
+            go = [trio.Event() for _ in range(rounds)]
+
+            async def take(leases: SlotLeases, index: int, lease: str) -> None:
+                result = await leases.take(
+                    f"node-{index}", lease, capacity=1, ttl=TTL, deadline=soon()
+                )
+                if result.taken:
+                    winners[index].append(lease)
+
+            async def replica(name: str, redis: RedisConnection) -> None:
+                nonlocal arrived
+                leases = SlotLeases(redis)
+                for index in range(rounds):
+                    arrived += 1
+                    if arrived % 2 == 0:
+                        go[index].set()  # the second replica at this round starts both
+                    await go[index].wait()
+                    async with trio.open_nursery() as nursery:
+                        for attempt in range(2):
+                            nursery.start_soon(take, leases, index, f"{name}-{attempt}")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(replica, "a", one)
+                nursery.start_soon(replica, "b", two)
+    assert all(len(won) == 1 for won in winners.values()), winners
+
+
+async def test_a_waiter_on_every_replica_hears_of_the_freed_slot(
+    redis_server: RedisServer,
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with contextlib.AsyncExitStack() as stack:
+            subscriptions = [
+                await stack.enter_async_context(
+                    await open_subscription(
+                        redis_server.address, ["trio-failover:freed"], deadline=soon()
+                    )
+                )
+                for _ in range(3)
+            ]
+            redis = await stack.enter_async_context(
+                await open_redis(redis_server.address, deadline=soon())
+            )
+            leases = SlotLeases(redis)
+            for lease in ("l0", "l1"):
+                await leases.take("gpu-1", lease, capacity=2, ttl=TTL, deadline=soon())
+            await leases.release("gpu-1", "l0", deadline=soon())
+            for subscription in subscriptions:
+                assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+
+
+@pytest.mark.parametrize("capacity", [1, 3])
+async def test_the_count_never_passes_capacity_under_churn(
+    redis_server: RedisServer, capacity: int
+) -> None:
+    """Many tasks on two connections take, hold a moment and release, at random."""
+    held: set[str] = set()
+    most = 0
+    with trio.fail_after(LIMIT):
+        async with (
+            await open_redis(redis_server.address, deadline=soon()) as one,
+            await open_redis(redis_server.address, deadline=soon()) as two,
+        ):
+
+            async def worker(name: str, redis: RedisConnection) -> None:
+                nonlocal most
+                leases = SlotLeases(redis)
+                for turn in range(15):
+                    lease = f"{name}-{turn}"
+                    take = await leases.take(
+                        "n", lease, capacity=capacity, ttl=TTL, deadline=soon()
+                    )
+                    if not take.taken:
+                        await trio.lowlevel.checkpoint()
+                        continue
+                    held.add(lease)
+                    most = max(most, len(held))
+                    await trio.lowlevel.checkpoint()
+                    held.discard(lease)
+                    assert await leases.release("n", lease, deadline=soon())
+
+            async with trio.open_nursery() as nursery:
+                for index in range(8):
+                    nursery.start_soon(worker, f"w{index}", one if index % 2 else two)
+    assert 1 <= most <= capacity

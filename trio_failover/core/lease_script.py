@@ -1,0 +1,173 @@
+"""Pure: the slot lease of the shared state (SPEC 8), as Lua run inside Redis.
+
+A node's slots held by all replicas are one sorted set, ``PREFIX slots:NODE``:
+each member a lease id, scored by its expiry in Redis' own milliseconds
+(``TIME``, so the replicas' clocks never enter). Every script first drops
+the leases past their expiry, then acts, all in one atomic step: a take is
+never two round trips (count, then add) that two replicas could interleave.
+
+Expiry is noticed lazily, by the next script that touches the node's set.
+A refused take therefore says when the oldest lease ends (``retry_after``),
+so a waiter whose holder died asks again then; whichever script drops
+expired leases or releases one announces it: ``PUBLISH PREFIX freed NODE``.
+The set itself expires one TTL after its last lease, so nodes that are gone
+leave nothing behind, while a waiter still sees (and announces) the expiry.
+
+Requires Redis 5 or later: a script that reads ``TIME`` and then writes is
+replicated by its effects, the default since 5.0 (the only way since 7.0).
+
+``wire/slot_lease.py`` runs these (``EVALSHA``, then ``EVAL`` once the
+server says ``NOSCRIPT``); this module holds the text, the key names and
+the reading of the replies, so that all of it is tested without Redis.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+__all__ = [
+    "IN_FLIGHT",
+    "RELEASE",
+    "RENEW",
+    "TAKE",
+    "LeaseTake",
+    "freed_channel",
+    "lease_ms",
+    "read_take",
+    "slots_key",
+]
+
+# KEYS[1] the node's lease set; ARGV[1] lease id, ARGV[2] node name (the
+# message), ARGV[3] the freed channel. `freed` counts the leases that end
+# in this script; `now` is Redis' clock in milliseconds.
+_PROLOGUE = """
+local key, id, node, channel = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local freed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local function keep_until_last(ttl)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIREAT', key, tonumber(last[2]) + ttl) end
+end
+local function announce()
+  if freed > 0 then redis.call('PUBLISH', channel, node) end
+end
+"""
+
+TAKE = (
+    _PROLOGUE
+    + """
+-- ARGV[4] capacity (0 = no limit), ARGV[5] ttl in ms.
+-- Returns {1, in_flight, 0} taken (a lease already held is renewed, so a
+-- take retried after a lost reply does not count twice), or
+-- {0, in_flight, ms until the oldest lease ends} refused.
+local capacity, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local held = redis.call('ZSCORE', key, id)
+local count = redis.call('ZCARD', key)
+local result
+if held or capacity <= 0 or count < capacity then
+  redis.call('ZADD', key, now + ttl, id)
+  if not held then count = count + 1 end
+  keep_until_last(ttl)
+  result = {1, count, 0}
+else
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  result = {0, count, tonumber(first[2]) - now}
+end
+announce()
+return result
+"""
+)
+
+RENEW = (
+    _PROLOGUE
+    + """
+-- ARGV[4] ttl in ms. Returns 1 renewed, 0 the lease was gone (expired).
+local ttl = tonumber(ARGV[4])
+local result = 0
+if redis.call('ZSCORE', key, id) then
+  redis.call('ZADD', key, now + ttl, id)
+  keep_until_last(ttl)
+  result = 1
+end
+announce()
+return result
+"""
+)
+
+RELEASE = (
+    _PROLOGUE
+    + """
+-- Returns 1 released, 0 the lease was already gone (expired, or released).
+local removed = redis.call('ZREM', key, id)
+freed = freed + removed
+announce()
+return removed
+"""
+)
+
+IN_FLIGHT = (
+    _PROLOGUE
+    + """
+-- Returns the leases held now at the node, by every replica.
+announce()
+return redis.call('ZCARD', key)
+"""
+)
+
+
+@attrs.frozen
+class LeaseTake:
+    """What a take said.
+
+    Attributes:
+        taken: the slot is ours until renewed or released.
+        in_flight: leases held at the node now, by every replica, ours included.
+        retry_after: seconds until the oldest lease ends when refused (a waiter
+            asks again then, in case its holder died); ``0.0`` when taken.
+    """
+
+    taken: bool
+    in_flight: int
+    retry_after: float = 0.0
+
+
+def slots_key(prefix: str, node: str) -> str:
+    """The sorted set of ``node``'s leases (``--state-prefix`` first)."""
+    return f"{prefix}slots:{node}"
+
+
+def freed_channel(prefix: str) -> str:
+    """The channel on which a freed slot is announced; the message is the node's name."""
+    return f"{prefix}freed"
+
+
+def lease_ms(ttl: float) -> int:
+    """``--lease-ttl`` in the scripts' whole milliseconds, rounded up, at least 1.
+
+    Raises:
+        ValueError: ``ttl`` is not a positive finite number of seconds.
+    """
+    if not (math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"a lease TTL must be a positive duration, not {ttl!r}")
+    return max(1, math.ceil(ttl * 1000 - 1e-9))
+
+
+def read_take(reply: object) -> LeaseTake:
+    """The ``TAKE`` script's reply as a ``LeaseTake``.
+
+    Raises:
+        ValueError: the reply is not ``[0|1, count, ms]``; the script under
+            that SHA is not ours.
+    """
+    if not (
+        isinstance(reply, list)
+        and len(reply) == 3
+        and all(isinstance(item, int) and not isinstance(item, bool) for item in reply)
+        and reply[0] in (0, 1)
+    ):
+        raise ValueError(f"unexpected reply to the take script: {reply!r}")
+    taken, count, wait_ms = reply
+    return LeaseTake(taken=taken == 1, in_flight=count, retry_after=max(0, wait_ms) / 1000)

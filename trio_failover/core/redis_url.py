@@ -1,0 +1,111 @@
+"""Pure: the address of the shared state, ``redis://[USER:PASS@]HOST:PORT[/DB]`` (SPEC 8).
+
+``rediss://`` is the same over TLS. The parser raises ``ValueError`` whose
+message says what was expected, as ``units.py`` does; ``cli/settings/`` will
+add the option name (``--state``) and the source.
+
+What is refused, and why: a query or fragment (redis-py reads options from
+the query; we have flags for those, and an ignored ``?timeout=`` would
+mislead), a user without a password (``AUTH`` needs one, and sending none
+would hide the mistake until the first ``NOAUTH``), and a path that is not
+one database number.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+import attrs
+
+__all__ = ["DEFAULT_PORT", "RedisAddress", "parse_redis_url"]
+
+DEFAULT_PORT = 6379
+# Redis' own limit: `databases` is 16 by default; a server may be set
+# higher, so only the form is checked here and SELECT tells the rest.
+_EXPECTED = "redis://[USER:PASS@]HOST[:PORT][/DB] or rediss://... for TLS"
+
+
+@attrs.frozen(kw_only=True)
+class RedisAddress:
+    """Where the shared state lives and how to log in.
+
+    The password is kept out of ``repr`` (and so out of logs and tracebacks);
+    ``display()`` is the form to show.
+    """
+
+    host: str
+    port: int = DEFAULT_PORT
+    tls: bool = False
+    username: str | None = None
+    password: str | None = attrs.field(default=None, repr=False)
+    db: int = 0
+
+    def display(self) -> str:
+        """The URL with the password masked, for logs and ``/status``."""
+        scheme = "rediss" if self.tls else "redis"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        login = ""
+        if self.password is not None:
+            login = f"{self.username or ''}:***@"
+        db = f"/{self.db}" if self.db else ""
+        return f"{scheme}://{login}{host}:{self.port}{db}"
+
+
+def parse_redis_url(text: str) -> RedisAddress:
+    """Parse a ``redis://`` or ``rediss://`` URL.
+
+    Args:
+        text: ``redis://10.0.0.5:6379/2``, ``rediss://app:s3cret@redis:6380``,
+            ``redis://:s3cret@[::1]``... User and password may be
+            percent-encoded (``%40`` for ``@``).
+
+    Returns:
+        The address; the port defaults to 6379 and the database to 0.
+
+    Raises:
+        ValueError: the text is not such a URL; the message says why.
+    """
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"expected {_EXPECTED}")
+    if parts.query or parts.fragment or text.rstrip().endswith(("?", "#")):
+        raise ValueError(f"a query or fragment is not accepted; expected {_EXPECTED}")
+    try:
+        port = parts.port  # raises on a non-number or out of range
+        host = parts.hostname
+    except ValueError as exc:
+        raise ValueError(f"bad port ({exc}); expected {_EXPECTED}") from exc
+    if not host:
+        raise ValueError(f"no host; expected {_EXPECTED}")
+    if port == 0:
+        raise ValueError(f"port 0; expected {_EXPECTED}")
+    username, password = _login(parts.username, parts.password)
+    return RedisAddress(
+        host=host,
+        port=DEFAULT_PORT if port is None else port,
+        tls=parts.scheme == "rediss",
+        username=username,
+        password=password,
+        db=_db(parts.path),
+    )
+
+
+def _login(user: str | None, password: str | None) -> tuple[str | None, str | None]:
+    """The decoded user and password; an empty user is none (``:PASS@`` = default user)."""
+    if user is None and password is None:
+        return None, None
+    if password is None:
+        raise ValueError(f"a user needs a password (USER:PASS@); expected {_EXPECTED}")
+    if password == "":
+        raise ValueError(f"an empty password; expected {_EXPECTED}")
+    return (unquote(user) or None) if user else None, unquote(password)
+
+
+def _db(path: str) -> int:
+    """The database number of the URL's path (``""`` and ``/`` are 0)."""
+    number = path.removeprefix("/")
+    if not number:
+        return 0
+    if not (number.isascii() and number.isdigit()):
+        raise ValueError(f"the path must be a database number, not {path!r}; expected {_EXPECTED}")
+    return int(number)

@@ -1,0 +1,89 @@
+"""The slot lease in the shared state: take, renew, release (SPEC 8).
+
+A thin shell over ``core/lease_script.py``'s Lua: one script, one round
+trip, per verb. Lease ids are the caller's (unique per attempt, e.g. the
+replica's id and a counter), so that a take retried after a lost reply, or
+a release after a take that timed out, finds the same lease.
+
+Not wired into the proxy yet: the node board (issue 29) will call these
+where the local ledger takes and releases slots today.
+"""
+
+from __future__ import annotations
+
+from ..core import lease_script
+from ..core.errors import StateReplyError
+from ..core.lease_script import LeaseTake
+from .redis import RedisConnection, Script
+
+__all__ = ["LeaseTake", "SlotLeases"]
+
+_TAKE = Script(lease_script.TAKE)
+_RENEW = Script(lease_script.RENEW)
+_RELEASE = Script(lease_script.RELEASE)
+_IN_FLIGHT = Script(lease_script.IN_FLIGHT)
+
+
+class SlotLeases:
+    """The lease verbs over one Redis connection, under one ``--state-prefix``.
+
+    Every verb raises what ``RedisConnection.execute`` raises (``StateTimeout``
+    by ``deadline``, ``StateUnavailable``, ``StateReplyError``).
+    """
+
+    def __init__(self, connection: RedisConnection, prefix: str = "trio-failover:") -> None:
+        self.connection = connection
+        self.prefix = prefix
+        self.freed_channel = lease_script.freed_channel(prefix)
+
+    def _args(self, node: str, lease_id: str) -> tuple[list[str], list[str]]:
+        return [lease_script.slots_key(self.prefix, node)], [lease_id, node, self.freed_channel]
+
+    async def take(
+        self, node: str, lease_id: str, *, capacity: int, ttl: float, deadline: float
+    ) -> LeaseTake:
+        """Take a slot at ``node`` if fewer than ``capacity`` are held fleet-wide.
+
+        Args:
+            node: the node's name.
+            lease_id: this attempt's lease; taking one already held renews it.
+            capacity: the node's capacity; ``0`` = no limit (the lease is
+                still counted in the fleet-wide in-flight count).
+            ttl: seconds the lease lasts unless renewed (``--lease-ttl``).
+            deadline: Trio time by which Redis must have answered.
+
+        Returns:
+            Taken or not, the in-flight count, and when refused, the seconds
+            until the oldest lease ends (ask again then, or on a ``freed``
+            message, whichever is first).
+        """
+        keys, args = self._args(node, lease_id)
+        reply = await self.connection.run_script(
+            _TAKE, keys, [*args, capacity, lease_script.lease_ms(ttl)], deadline=deadline
+        )
+        try:
+            return lease_script.read_take(reply)
+        except ValueError as exc:
+            raise StateReplyError("take", f"{exc}") from exc
+
+    async def renew(self, node: str, lease_id: str, *, ttl: float, deadline: float) -> bool:
+        """Extend the lease by ``ttl`` from now; False when it had already expired."""
+        keys, args = self._args(node, lease_id)
+        reply = await self.connection.run_script(
+            _RENEW, keys, [*args, lease_script.lease_ms(ttl)], deadline=deadline
+        )
+        return reply == 1
+
+    async def release(self, node: str, lease_id: str, *, deadline: float) -> bool:
+        """End the lease and announce the freed slot; False when it was already gone."""
+        keys, args = self._args(node, lease_id)
+        reply = await self.connection.run_script(_RELEASE, keys, args, deadline=deadline)
+        return reply == 1
+
+    async def in_flight(self, node: str, *, deadline: float) -> int:
+        """The leases held at ``node`` now, by every replica."""
+        keys, args = self._args(node, "")
+        reply = await self.connection.run_script(_IN_FLIGHT, keys, args, deadline=deadline)
+        if not isinstance(reply, int):
+            raise StateReplyError("in_flight", f"unexpected reply {reply!r}")
+        return reply
