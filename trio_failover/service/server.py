@@ -15,8 +15,10 @@ import functools
 import ipaddress
 import logging
 import signal
+import socket
 import ssl
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -257,9 +259,15 @@ async def _accept_loop(
 ) -> None:
     # Accept only while below max_connections: further clients wait in the
     # kernel's backlog instead of being accepted and dropped.
+    def start(stream: trio.SocketStream, token: object) -> None:
+        connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
+
     while True:
         token = object()
-        await limiter.acquire_on_behalf_of(token)
+        try:
+            limiter.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            await limiter.acquire_on_behalf_of(token)
         try:
             stream = await listener.accept()
         except OSError as exc:
@@ -272,7 +280,54 @@ async def _accept_loop(
         except BaseException:
             limiter.release_on_behalf_of(token)
             raise
-        connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
+        start(stream, token)
+        accept_pending(listener, limiter, start)
+
+
+def accept_pending(
+    listener: trio.SocketListener,
+    limiter: trio.CapacityLimiter,
+    start: Callable[[trio.SocketStream, object], None],
+) -> int:
+    """Accept every connection already in ``listener``'s backlog, within the limit.
+
+    Not a checkpoint. Each awaited ``accept`` is a pass through the
+    scheduler, and under load one pass runs every ready stream's chunk
+    first: one connection per pass let new clients queue in the backlog
+    for seconds while running streams flowed (issue 33). So after the
+    awaited accept, the loop takes the rest here, until ``EAGAIN`` or
+    until ``limiter`` has no token left. Any error ends the batch: the
+    next awaited accept meets it again and handles it.
+
+    Args:
+        listener: the listening socket.
+        limiter: ``--max-connections``; a token is taken per connection.
+        start: called with each accepted stream and its token.
+
+    Returns:
+        how many connections were accepted.
+    """
+    listening = listener.socket
+    # A stdlib socket object over the same descriptor, detached at the end:
+    # Trio's own accept always yields. The descriptor is non-blocking.
+    raw = socket.socket(listening.family, listening.type, listening.proto, listening.fileno())
+    accepted = 0
+    try:
+        while True:
+            token = object()
+            try:
+                limiter.acquire_on_behalf_of_nowait(token)
+            except trio.WouldBlock:
+                return accepted
+            try:
+                client, _ = raw.accept()
+            except OSError:  # BlockingIOError (the backlog is empty) or any other
+                limiter.release_on_behalf_of(token)
+                return accepted
+            start(trio.SocketStream(trio.socket.from_stdlib_socket(client)), token)
+            accepted += 1
+    finally:
+        raw.detach()
 
 
 async def _handle(
