@@ -141,6 +141,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's descriptor limit (children inherit it); the new limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    return max(soft, wanted)
+
+
 def pin(pid: int, cpu: int | None) -> None:
     if cpu is not None and hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > cpu:
         os.sched_setaffinity(pid, {cpu})
@@ -315,6 +323,13 @@ def goals(rows: list[Row], system: str = SYSTEMS[1]) -> list[tuple[str, str, boo
     for n in GOAL_NS:
         pairs = pairs_at(rows, "churn", n, system)
         if not pairs:
+            results.append(
+                (
+                    f"{prefix}churn {n}: first-byte p99 <= {GOAL_FIRST_BYTE_RATIO} x bare relay",
+                    "not measured",
+                    False,
+                )
+            )
             continue
         first = statistics.median(ratio(p.get("first_p99"), r.get("first_p99")) for r, p in pairs)
         rate = statistics.median(ratio(p.rate, r.rate) for r, p in pairs)
@@ -351,9 +366,7 @@ def run_churn(
     proxy_args: list[str],
 ) -> list[tuple[str, str, bool]]:
     """Every row, printed as it comes; returns the goals."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
+    wanted = raise_fd_limit()
     ladder = [n for n in args.churn_ladder if 2 * n + 200 <= wanted]
     scenarios = args.churn_scenarios.split(",")
     load_cpu = 1 if args.churn_pin else None

@@ -6,11 +6,11 @@ Plain ``selectors`` loop, non-blocking connects, standard library only (as
 ``bench_stream.py``'s clients), so that the client is never where a new
 stream waits. Two modes, chosen by the first command on stdin:
 
-- ``churn``: N streams at once, each asking for ``CHUNKS`` events
-  (``"max_tokens"`` in the request body; ``bench_stream.py``'s upstream
-  honours it). The first N ask for a random number between 1 and CHUNKS, so
-  that their ends are spread evenly from the start; each stream that ends
-  is replaced by a new one on a new connection at once. ``go`` starts the
+- ``churn``: N streams, each asking for ``CHUNKS`` events (``"max_tokens"``
+  in the request body; ``bench_stream.py``'s upstream honours it). The
+  first N open over one second and ask for a random number between 1 and
+  CHUNKS, so that their ends are spread evenly from the start; each stream
+  that ends is replaced by a new one on a new connection at once. ``go`` starts the
   measured window, ``stop`` ends it and prints the figures.
 - ``burst``: N streams opened at once from idle, CHUNKS events each, not
   replaced; the figures are printed when the last has ended (or after a
@@ -43,6 +43,7 @@ import time
 STAMP = b"t="
 BODY_END = b"\r\n0\r\n\r\n"
 BURST_LIMIT_S = 60.0
+RAMP_S = 1.0
 # A file to write each measured stream's times to (local port, start,
 # connected, first event; ns), for matching with a proxy's own stamps.
 TRACE = os.environ.get("BENCH_CHURN_TRACE")
@@ -260,9 +261,16 @@ def command(clients: ChurnClients, limit: float | None = None) -> str:
 
 
 def run_churn(clients: ChurnClients) -> None:
-    chunks = clients.chunks
-    for _ in range(clients.count):
-        clients.start(random.randint(1, chunks))
+    # The first N open over RAMP_S (their own burst is the other scenario),
+    # with lengths spread so that their ends, and so the new streams, come
+    # evenly from the start.
+    chunks, began, opened = clients.chunks, time.monotonic(), 0
+    while opened < clients.count:
+        due = min(clients.count, int(clients.count * (time.monotonic() - began) / RAMP_S) + 1)
+        for _ in range(due - opened):
+            clients.start(random.randint(1, chunks))
+        opened = due
+        clients.poll(0.01)
     if command(clients) != "go":
         return
     clients.counting, cpu, began = True, cpu_now(), time.monotonic()
