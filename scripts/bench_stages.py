@@ -32,6 +32,7 @@ import contextvars
 import itertools
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -231,9 +232,9 @@ def report(system: str, stamps: dict[str, dict[str, int]], trace: Path) -> None:
         sequence.append(("client_first", first))
         for (_, earlier), (name, later) in itertools.pairwise(sequence):
             deltas.setdefault(name, []).append(later - earlier)
-    print(
-        f"{system}: ms since the previous stage, over {len(deltas.get('client_first', []))} streams"
-    )
+    cpu = stamps.get("0", {}).get("cpu_us", 0) / 1e6
+    streams = len(deltas.get("client_first", []))
+    print(f"{system}: ms since the previous stage, over {streams} streams ({cpu:.2f} s of CPU)")
     for name in ["client connected", *stages, "client_first"]:
         values = deltas.get(name)
         if values:
@@ -246,6 +247,8 @@ def report(system: str, stamps: dict[str, dict[str, int]], trace: Path) -> None:
 
 def dump_on_term(path: str) -> None:
     def dump(*_: object) -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        STAMPS[0] = {"cpu_us": int((usage.ru_utime + usage.ru_stime) * 1e6)}
         Path(path).write_text(json.dumps(STAMPS))
         os._exit(0)
 

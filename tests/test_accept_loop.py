@@ -200,8 +200,8 @@ async def test_accept_pending_takes_the_whole_backlog_without_a_checkpoint() -> 
     started: list[tuple[trio.SocketStream, object]] = []
     async with listener:
         # Synchronous: nothing else runs between the accepts.
-        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t))) == 5
-        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t))) == 0
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 5
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 0
         assert limiter.borrowed_tokens == 5
         peers = {stream.socket.getpeername() for stream, _ in started}
         assert peers == {client.socket.getsockname() for client in clients}
@@ -221,14 +221,31 @@ async def test_accept_pending_stops_at_the_connection_limit() -> None:
     limiter = trio.CapacityLimiter(3)
     started: list[tuple[trio.SocketStream, object]] = []
     async with listener:
-        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t))) == 3
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 3
         assert limiter.available_tokens == 0  # the other two stay in the backlog
         for stream, token in started[:2]:
             limiter.release_on_behalf_of(token)
             await stream.aclose()
-        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t))) == 2
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 2
         assert len(started) == 5
         for stream, token in started[2:]:
+            limiter.release_on_behalf_of(token)
+            await stream.aclose()
+    for client in clients:
+        await client.aclose()
+
+
+async def test_accept_pending_takes_at_most_the_batch() -> None:
+    listener, clients = await pending_connections(5)
+    limiter = trio.CapacityLimiter(10)
+    started: list[tuple[trio.SocketStream, object]] = []
+
+    def start(stream: trio.SocketStream, token: object) -> None:
+        started.append((stream, token))
+
+    async with listener:
+        assert [accept_pending(listener, limiter, start, 2) for _ in range(4)] == [2, 2, 1, 0]
+        for stream, token in started:
             limiter.release_on_behalf_of(token)
             await stream.aclose()
     for client in clients:
@@ -247,8 +264,9 @@ class StepCounter(trio.abc.Instrument):
             self.steps += 1
 
 
+@pytest.mark.parametrize(("batch", "passes"), [(100, (1, 2)), (3, (3, 4))])
 async def test_the_accept_loop_takes_a_backlog_in_one_pass(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, batch: int, passes: tuple[int, int]
 ) -> None:
     # Main of 2026-12-01 took two passes per connection (the limiter's
     # checkpoint and Trio's accept); under load each pass waits for every
@@ -272,6 +290,7 @@ async def test_the_accept_loop_takes_a_backlog_in_one_pass(
         await stream.aclose()
 
     monkeypatch.setattr(server, "_handle", handle)
+    monkeypatch.setattr(server, "ACCEPT_BATCH", batch)
     counter = StepCounter("._accept_loop")
     trio.lowlevel.add_instrument(counter)
     try:
@@ -287,7 +306,8 @@ async def test_the_accept_loop_takes_a_backlog_in_one_pass(
     finally:
         trio.lowlevel.remove_instrument(counter)
     # One step to the first accept's checkpoint, one that takes the other
-    # seven and parks in the wait for more.
-    assert steps <= 2, steps
+    # seven and parks in the wait for more; in batches of three, a step per
+    # batch (and the one that finds the backlog empty).
+    assert passes[0] <= steps <= passes[1], steps
     for client in clients:
         await client.aclose()

@@ -36,6 +36,11 @@ from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 # than "this listener is broken" (as trio.serve_listeners treats them).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_RETRY_PAUSE = 0.1
+# Connections accepted in one pass of the scheduler at most (asyncio's
+# default backlog, which it also takes per wake-up): enough for any churn,
+# while a burst larger than that goes through in waves, so that its first
+# streams reach their first byte before the last are accepted.
+ACCEPT_BATCH = 100
 
 
 @attrs.frozen
@@ -281,28 +286,30 @@ async def _accept_loop(
             limiter.release_on_behalf_of(token)
             raise
         start(stream, token)
-        accept_pending(listener, limiter, start)
+        accept_pending(listener, limiter, start, ACCEPT_BATCH - 1)
 
 
 def accept_pending(
     listener: trio.SocketListener,
     limiter: trio.CapacityLimiter,
     start: Callable[[trio.SocketStream, object], None],
+    most: int,
 ) -> int:
-    """Accept every connection already in ``listener``'s backlog, within the limit.
+    """Accept the connections already in ``listener``'s backlog, up to ``most``.
 
     Not a checkpoint. Each awaited ``accept`` is a pass through the
     scheduler, and under load one pass runs every ready stream's chunk
     first: one connection per pass let new clients queue in the backlog
     for seconds while running streams flowed (issue 33). So after the
-    awaited accept, the loop takes the rest here, until ``EAGAIN`` or
-    until ``limiter`` has no token left. Any error ends the batch: the
-    next awaited accept meets it again and handles it.
+    awaited accept, the loop takes the rest here, until ``EAGAIN``,
+    ``most`` connections, or ``limiter`` without a token. Any error ends
+    the batch: the next awaited accept meets it again and handles it.
 
     Args:
         listener: the listening socket.
         limiter: ``--max-connections``; a token is taken per connection.
         start: called with each accepted stream and its token.
+        most: how many connections to accept at most.
 
     Returns:
         how many connections were accepted.
@@ -313,7 +320,7 @@ def accept_pending(
     raw = socket.socket(listening.family, listening.type, listening.proto, listening.fileno())
     accepted = 0
     try:
-        while True:
+        while accepted < most:
             token = object()
             try:
                 limiter.acquire_on_behalf_of_nowait(token)
@@ -326,6 +333,7 @@ def accept_pending(
                 return accepted
             start(trio.SocketStream(trio.socket.from_stdlib_socket(client)), token)
             accepted += 1
+        return accepted
     finally:
         raw.detach()
 
