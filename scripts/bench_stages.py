@@ -13,10 +13,12 @@ private names of the package (``server._handle``, ``upstream._connect``...),
 so a refactoring may need them adjusted. The package itself carries no
 instrumentation.
 
-Stages, each printed as the time since the previous one present:
+Stages, each printed as the time since the previous one present, and as
+the passes of the system's run loop (Trio's I/O checks, noted by an
+instrument) begun meanwhile, which do not depend on how busy the host is:
 
-- proxy: client connected (the kernel's handshake) -> accepted (an awaited
-  accept returned; batch accepts have no stamp) -> task (the connection's
+- proxy: client connected (the kernel's handshake) -> accepted (taken from
+  the backlog) -> task (the connection's
   handler runs) -> read (first bytes read) -> head (request parsed) ->
   pool_ask -> pooled or connected (a node connection) -> request ->
   nodehead (the node's head) -> first (first write to the client) ->
@@ -28,6 +30,7 @@ Stages, each printed as the time since the previous one present:
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextvars
 import itertools
 import json
@@ -63,6 +66,23 @@ RELAY_STAGES = ["accepted", "task", "connected", "read", "request", "nodehead", 
 
 STAMPS: dict[int, dict[str, int]] = {}
 CURRENT: contextvars.ContextVar[dict[str, int]] = contextvars.ContextVar("stage")
+PASSES: list[int] = []  # when each pass of Trio's run loop began (its I/O check)
+
+
+class PassClock:
+    """A Trio instrument noting the time of every pass of the run loop."""
+
+    def before_io_wait(self, timeout: float) -> None:
+        PASSES.append(time.monotonic_ns())
+
+
+def count_passes() -> None:
+    """Start noting passes (from inside the run, once)."""
+    import trio
+
+    if not PASSES:
+        PASSES.append(time.monotonic_ns())
+        trio.lowlevel.add_instrument(PassClock())  # type: ignore[arg-type]
 
 
 def mark(name: str) -> None:
@@ -93,7 +113,11 @@ def wrap_accept() -> None:
 
 def begin(stream: Any) -> None:
     """The connection's task starts: its stamps become the context's."""
-    stamps = STAMPS.setdefault(stream.socket.getpeername()[1], {})
+    count_passes()
+    port = stream.socket.getpeername()[1]
+    stamps = STAMPS.get(port)
+    if stamps is None or "task" in stamps:  # a new connection from a reused port
+        stamps = STAMPS[port] = {}
     stamps["task"], stamps["fd"] = time.monotonic_ns(), stream.socket.fileno()
     CURRENT.set(stamps)
 
@@ -125,6 +149,17 @@ def serve_proxy(port: int, upstream_port: int) -> None:
         await handle(stream, *args)
 
     server._handle = stamped_handle  # type: ignore[assignment]
+    pending = getattr(server, "accept_pending", None)  # absent before issue 33's fix
+    if pending is not None:
+
+        def stamped_pending(listener: Any, limiter: Any, start: Any, most: int) -> int:
+            def stamped_start(stream: trio.SocketStream, token: object) -> None:
+                STAMPS[stream.socket.getpeername()[1]] = {"accepted": time.monotonic_ns()}
+                start(stream, token)
+
+            return int(pending(listener, limiter, stamped_start, most))
+
+        server.accept_pending = stamped_pending
     receive, write_now, send = socket_io.receive, socket_io.write_now, socket_io.send
 
     async def stamped_receive(stream: Any, size: int = socket_io.RECEIVE_SIZE) -> bytes:
@@ -219,37 +254,51 @@ def quantile(values: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
 
 
-def report(system: str, stamps: dict[str, dict[str, int]], trace: Path) -> None:
+def report(system: str, dumped: dict[str, Any], trace: Path) -> None:
     stages = PROXY_STAGES if system == "proxy" else RELAY_STAGES
+    stamps: dict[str, dict[str, int]] = dumped["stamps"]
+    passes: list[int] = dumped["passes"]
     deltas: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {}  # passes of the run loop begun in each stage
     for line in trace.read_text().splitlines():
         port, began, connected, first = (int(field) for field in line.split())
         own_stamps = stamps.get(str(port))
-        if own_stamps is None:
+        # Ports are reused: only the connection that ran within this stream.
+        if own_stamps is None or not began <= own_stamps.get("task", 0) <= first:
             continue
         sequence = [("start", began), ("client connected", connected)]
         sequence += [(name, own_stamps[name]) for name in stages if name in own_stamps]
         sequence.append(("client_first", first))
         for (_, earlier), (name, later) in itertools.pairwise(sequence):
             deltas.setdefault(name, []).append(later - earlier)
+            crossed = bisect.bisect(passes, later) - bisect.bisect(passes, earlier)
+            counts.setdefault(name, []).append(crossed)
     cpu = stamps.get("0", {}).get("cpu_us", 0) / 1e6
     streams = len(deltas.get("client_first", []))
     print(f"{system}: ms since the previous stage, over {streams} streams ({cpu:.2f} s of CPU)")
     for name in ["client connected", *stages, "client_first"]:
         values = deltas.get(name)
         if values:
+            crossed = [count * 1_000_000 for count in counts[name]]  # quantile() divides
             print(
                 f"  {name:17s} n={len(values):5d}  p50 {quantile(values, 0.5):8.1f}  "
                 f"p90 {quantile(values, 0.9):8.1f}  p99 {quantile(values, 0.99):8.1f}  "
-                f"max {quantile(values, 1.0):8.1f}"
+                f"max {quantile(values, 1.0):8.1f}   passes p50 {quantile(crossed, 0.5):4.0f}"
+                f"  p99 {quantile(crossed, 0.99):4.0f}"
             )
+    gaps = [later - earlier for earlier, later in itertools.pairwise(passes[1:])]
+    if gaps:
+        print(
+            f"  passes of the run loop: {len(gaps) + 1}, each p50 {quantile(gaps, 0.5):.1f} ms,"
+            f" p99 {quantile(gaps, 0.99):.1f} ms"
+        )
 
 
 def dump_on_term(path: str) -> None:
     def dump(*_: object) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         STAMPS[0] = {"cpu_us": int((usage.ru_utime + usage.ru_stime) * 1e6)}
-        Path(path).write_text(json.dumps(STAMPS))
+        Path(path).write_text(json.dumps({"stamps": STAMPS, "passes": PASSES}))
         os._exit(0)
 
     signal.signal(signal.SIGTERM, dump)

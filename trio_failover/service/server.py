@@ -36,10 +36,11 @@ from .logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 # than "this listener is broken" (as trio.serve_listeners treats them).
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 ACCEPT_RETRY_PAUSE = 0.1
-# Connections accepted in one pass of the scheduler at most (asyncio's
-# default backlog, which it also takes per wake-up): enough for any churn,
-# while a burst larger than that goes through in waves, so that its first
-# streams reach their first byte before the last are accepted.
+# Connections accepted in one pass of the scheduler at most (asyncio takes
+# as many per wake-up): far above what steady churn leaves waiting between
+# two passes, and it keeps a burst's new work in one pass in proportion, so
+# that the running streams' next chunks wait for a hundred first steps at
+# most, not for thousands.
 ACCEPT_BATCH = 100
 
 
