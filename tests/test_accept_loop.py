@@ -22,7 +22,8 @@ from support import serve_process
 from trio_failover.core.config import Config
 from trio_failover.proxy import Proxy
 from trio_failover.service import server
-from trio_failover.service.server import BoundAddresses, accept_pending, serve
+from trio_failover.service.accept import accept_pending
+from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 
 GET = b"GET /health HTTP/1.1\r\nHost: proxy.test\r\nConnection: close\r\n\r\n"
