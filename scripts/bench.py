@@ -18,6 +18,10 @@ direct in the same run:
   N climbing 100, 250, 500, ... until the p99 delay of a chunk passes
   25 ms, with each system's CPU per relayed chunk and RSS per open stream
   (load generators in bench_stream.py, processes of their own);
+- churn (bench_churn.py): N streams of 40 events replaced on new
+  connections as they end, and a burst of N new streams at once, through
+  the bare relay and the proxy alternated: the wait for the first byte and
+  the chunks delivered (issue 33);
 - with valgrind installed: instructions per small JSON request, and per
   relayed SSE chunk, of the proxy and of the reference relays, counted by
   callgrind, ratios that do not depend on how busy the machine is.
@@ -70,6 +74,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_churn  # noqa: E402  (beside this script, not a package)
+
 JSON_REQUEST_BODY = (
     b'{"model":"bench","messages":[{"role":"user","content":"Say ok."}],'
     b'"max_tokens":4,"stream":false}'
@@ -1506,6 +1513,12 @@ def run_failover(s: Setup) -> None:
     )
 
 
+def run_churn(s: Setup) -> None:
+    for name, measured, met in bench_churn.run_churn(s.args, s.report.out, s.args.proxy_arg):
+        s.report.target(name, measured, met)
+    s.report.out()
+
+
 def run(args: argparse.Namespace) -> int:
     import h11
     import trio
@@ -1583,6 +1596,7 @@ def run(args: argparse.Namespace) -> int:
             ("memory", run_memory),
             ("failover", run_failover),
             ("stream", run_stream),
+            ("churn", run_churn),
             ("instructions", run_instructions),
         ):
             if name in parts:
@@ -1641,9 +1655,10 @@ def main() -> int:
     parser.add_argument("--stalls", type=int, default=10, help="stalls to time (default 10)")
     parser.add_argument(
         "--only",
-        default="json,sse,memory,failover,stream,instructions",
-        help="comma-separated parts to run (default: all six; instructions needs valgrind)",
+        default="json,sse,memory,failover,stream,churn,instructions",
+        help="comma-separated parts to run (default: all seven; instructions needs valgrind)",
     )
+    bench_churn.add_arguments(parser)
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out even if installed")
     parser.add_argument(
         "--no-wrk",

@@ -15,6 +15,9 @@ streams spread over them, so the events go out evenly rather than in bursts).
 Each event is an OpenAI-style chunk of about 100 bytes whose content is
 ``t=NANOSECONDS;``: the CLOCK_MONOTONIC time (system-wide on Linux) just
 before it was written, so a proxy that re-encodes chunks keeps the stamp.
+A request whose body says ``"max_tokens":K`` gets a finite stream instead:
+K events (the first with the head), then the chunked body's end, and the
+connection stays open for the next request (``bench_churn.py`` uses it).
 
 The client process opens N streams, then on ``go`` starts counting, and on
 ``stop`` prints what it saw since: chunks, the delay of each (its read time
@@ -49,6 +52,8 @@ MODELS_ANSWER = (
 )
 REQUEST_BODY = b'{"model":"bench","messages":[{"role":"user","content":"Count."}],"stream":true}'
 STAMP = re.compile(rb"t=(\d+);")
+MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
+BODY_END = b"0\r\n\r\n"
 
 
 def event() -> bytes:
@@ -78,6 +83,7 @@ class Upstream:
         self.requests: dict[socket.socket, bytes] = {}  # heads still arriving
         self.wheel: list[set[socket.socket]] = [set() for _ in range(SLOTS)]
         self.slot_of: dict[socket.socket, int] = {}
+        self.left: dict[socket.socket, int] = {}  # events still to send, finite streams
         self.opened = 0
 
     def serve(self) -> None:
@@ -93,7 +99,7 @@ class Upstream:
             now = time.monotonic_ns()
             while tick_at <= now:  # when late, catch up: every slot is served
                 for sock in list(self.wheel[tick % SLOTS]):
-                    self.send(sock, event())
+                    self.tick(sock)
                 tick += 1
                 tick_at += SLOT_NS
 
@@ -134,7 +140,24 @@ class Upstream:
         self.opened += 1
         self.wheel[slot].add(sock)
         self.slot_of[sock] = slot
-        self.send(sock, STREAM_HEAD + event())
+        tokens = MAX_TOKENS.search(body)
+        if tokens:
+            self.left[sock] = int(tokens.group(1))
+        self.tick(sock, STREAM_HEAD)
+
+    def tick(self, sock: socket.socket, head: bytes = b"") -> None:
+        """The stream's next event; after a finite stream's last, the body's end."""
+        left = self.left.get(sock)
+        if left is None:
+            self.send(sock, head + event())
+        elif left > 1:
+            self.left[sock] = left - 1
+            self.send(sock, head + event())
+        else:  # the last event and the end; then wait for the next request
+            del self.left[sock]
+            self.wheel[self.slot_of.pop(sock)].discard(sock)
+            self.requests[sock] = b""
+            self.send(sock, head + event() + BODY_END)
 
     def send(self, sock: socket.socket, data: bytes) -> None:
         # A full socket buffer means the reader stopped reading; a partial
@@ -150,6 +173,7 @@ class Upstream:
         if sock.fileno() < 0:
             return
         self.requests.pop(sock, None)
+        self.left.pop(sock, None)
         slot = self.slot_of.pop(sock, None)
         if slot is not None:
             self.wheel[slot].discard(sock)

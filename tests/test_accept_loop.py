@@ -21,6 +21,8 @@ from support import serve_process
 
 from trio_failover.core.config import Config
 from trio_failover.proxy import Proxy
+from trio_failover.service import server
+from trio_failover.service.accept import accept_pending
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 
@@ -176,3 +178,137 @@ async def test_process_out_of_descriptors_keeps_serving_without_spinning() -> No
                 assert answer.endswith(BODY)
                 process.terminate()
                 assert await process.wait() == 0
+
+
+# -- one pass takes every pending connection (issue 33) ----------------------------------------
+
+
+async def pending_connections(count: int) -> tuple[trio.SocketListener, list[trio.SocketStream]]:
+    """A loopback listener with ``count`` connections in its backlog, none accepted.
+
+    On loopback the whole handshake runs inside the client's ``connect``, so
+    each connection is in the listener's accept queue once it returns.
+    """
+    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    clients = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(count)]
+    return listener, clients
+
+
+async def test_accept_pending_takes_the_whole_backlog_without_a_checkpoint() -> None:
+    listener, clients = await pending_connections(5)
+    limiter = trio.CapacityLimiter(10)
+    started: list[tuple[trio.SocketStream, object]] = []
+    async with listener:
+        # Synchronous: nothing else runs between the accepts.
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 5
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 0
+        assert limiter.borrowed_tokens == 5
+        peers = {stream.socket.getpeername() for stream, _ in started}
+        assert peers == {client.socket.getsockname() for client in clients}
+        # The accepted streams work: a byte crosses each.
+        for client in clients:
+            await client.send_all(b"x")
+        assert [await stream.receive_some(1) for stream, _ in started] == [b"x"] * 5
+        for stream, token in started:
+            limiter.release_on_behalf_of(token)
+            await stream.aclose()
+    for client in clients:
+        await client.aclose()
+
+
+async def test_accept_pending_stops_at_the_connection_limit() -> None:
+    listener, clients = await pending_connections(5)
+    limiter = trio.CapacityLimiter(3)
+    started: list[tuple[trio.SocketStream, object]] = []
+    async with listener:
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 3
+        assert limiter.available_tokens == 0  # the other two stay in the backlog
+        for stream, token in started[:2]:
+            limiter.release_on_behalf_of(token)
+            await stream.aclose()
+        assert accept_pending(listener, limiter, lambda s, t: started.append((s, t)), 100) == 2
+        assert len(started) == 5
+        for stream, token in started[2:]:
+            limiter.release_on_behalf_of(token)
+            await stream.aclose()
+    for client in clients:
+        await client.aclose()
+
+
+async def test_accept_pending_takes_at_most_the_batch() -> None:
+    listener, clients = await pending_connections(5)
+    limiter = trio.CapacityLimiter(10)
+    started: list[tuple[trio.SocketStream, object]] = []
+
+    def start(stream: trio.SocketStream, token: object) -> None:
+        started.append((stream, token))
+
+    async with listener:
+        assert [accept_pending(listener, limiter, start, 2) for _ in range(4)] == [2, 2, 1, 0]
+        for stream, token in started:
+            limiter.release_on_behalf_of(token)
+            await stream.aclose()
+    for client in clients:
+        await client.aclose()
+
+
+class StepCounter(trio.abc.Instrument):
+    """How many times tasks of one function name were stepped."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.name):
+            self.steps += 1
+
+
+@pytest.mark.parametrize(("batch", "passes"), [(100, (1, 2)), (3, (3, 4))])
+async def test_the_accept_loop_takes_a_backlog_in_one_pass(
+    monkeypatch: pytest.MonkeyPatch, batch: int, passes: tuple[int, int]
+) -> None:
+    # Main of 2026-12-01 took two passes per connection (the limiter's
+    # checkpoint and Trio's accept); under load each pass waits for every
+    # ready stream's chunk, and new clients queued in the backlog.
+    count = 8
+    listener, clients = await pending_connections(count)
+    handled: list[trio.SocketStream] = []
+    all_handled = trio.Event()
+
+    async def handle(
+        stream: trio.SocketStream,
+        proxy: object,
+        limiter: trio.CapacityLimiter,
+        token: object,
+        *rest: object,
+    ) -> None:
+        handled.append(stream)
+        if len(handled) == count:
+            all_handled.set()
+        limiter.release_on_behalf_of(token)
+        await stream.aclose()
+
+    monkeypatch.setattr(server, "_handle", handle)
+    monkeypatch.setattr(server, "ACCEPT_BATCH", batch)
+    counter = StepCounter("._accept_loop")
+    trio.lowlevel.add_instrument(counter)
+    try:
+        with trio.fail_after(10):
+            async with listener, trio.open_nursery() as nursery:
+                limiter = trio.CapacityLimiter(100)
+                nursery.start_soon(
+                    server._accept_loop, listener, nursery, None, limiter, None, "http"
+                )
+                await all_handled.wait()
+                steps = counter.steps
+                nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+    # One step to the first accept's checkpoint, one that takes the other
+    # seven and parks in the wait for more; in batches of three, a step per
+    # batch (and the one that finds the backlog empty).
+    assert passes[0] <= steps <= passes[1], steps
+    for client in clients:
+        await client.aclose()

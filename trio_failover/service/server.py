@@ -28,6 +28,7 @@ from ..proxy.proxy import Proxy
 from ..telemetry.logs import BatchedStreamHandler, FlushLogs, configure_logging, logger
 from ..wire import sockopts
 from ..wire.upstream import Connector
+from .accept import ACCEPT_BATCH, accept_pending
 from .admin import serve_admin
 from .history import History
 
@@ -265,9 +266,15 @@ async def _accept_loop(
 ) -> None:
     # Accept only while below max_connections: further clients wait in the
     # kernel's backlog instead of being accepted and dropped.
+    def start(stream: trio.SocketStream, token: object) -> None:
+        connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
+
     while True:
         token = object()
-        await limiter.acquire_on_behalf_of(token)
+        try:
+            limiter.acquire_on_behalf_of_nowait(token)
+        except trio.WouldBlock:
+            await limiter.acquire_on_behalf_of(token)
         try:
             stream = await listener.accept()
         except OSError as exc:
@@ -280,7 +287,8 @@ async def _accept_loop(
         except BaseException:
             limiter.release_on_behalf_of(token)
             raise
-        connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
+        start(stream, token)
+        accept_pending(listener, limiter, start, ACCEPT_BATCH - 1)
 
 
 async def _handle(
