@@ -26,16 +26,15 @@ engine is used again within seconds.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from .inventory import (
     DOWN_REASON,
-    MAX_LISTING_BYTES,
     READY_REASON_CHECK,
     CheckFailure,
     CheckVerdict,
     Health,
+    tags_entries,
 )
 
 HEALTH_PATH = "/health"
@@ -147,20 +146,7 @@ def tags_answer(status: int, body: bytes) -> list[dict[str, object]] | None:
     python's or vLLM's ``404``, HTML, a body too large) gives None: the node
     does not answer this route.
     """
-    if not 200 <= status < 300 or len(body) > MAX_LISTING_BYTES:
-        return None
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(document, dict):
-        return None
-    models = document.get("models", False)  # False: missing, told from null
-    if models is None:
-        return []
-    if not isinstance(models, list):
-        return None
-    return [entry for entry in models if isinstance(entry, dict)]
+    return tags_entries(body) if 200 <= status < 300 else None
 
 
 # -- the schedule -----------------------------------------------------------------------

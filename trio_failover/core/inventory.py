@@ -363,7 +363,7 @@ def tags_document(bodies: Iterable[bytes | None]) -> dict[str, object] | None:
     merged: dict[str, object] = {}
     answered = False
     for body in bodies:
-        entries = _tags_entries(body)
+        entries = tags_entries(body)
         if entries is None:
             continue
         answered = True
@@ -374,7 +374,8 @@ def tags_document(bodies: Iterable[bytes | None]) -> dict[str, object] | None:
     return {"models": list(merged.values())} if answered else None
 
 
-def _tags_entries(body: bytes | None) -> list[dict[str, object]] | None:
+def tags_entries(body: bytes | None) -> list[dict[str, object]] | None:
+    """The entries of an Ollama ``/api/tags`` body (``null``: none); None when it is not one."""
     if body is None or len(body) > MAX_LISTING_BYTES:
         return None
     try:
