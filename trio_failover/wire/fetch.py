@@ -120,16 +120,9 @@ async def _exchange(
 ) -> Answer:
     conn = h11.Connection(h11.CLIENT)
     with trio.move_on_after(answer_timeout) as scope, mapped(node.name, "answer"):
-        await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
-        event = await next_event(stream, conn)
-        while isinstance(event, h11.InformationalResponse):
-            event = await next_event(stream, conn)
-        if not isinstance(event, h11.Response):
-            raise errors.UpstreamProtocolError(
-                node.name, "answer", f"unexpected {type(event).__name__}"
-            )
+        head = await _ask_head(stream, conn, node, path)
         body, complete = await read_prefix(stream, conn, limit)
-        return Answer(event.status_code, body, complete)
+        return Answer(head.status_code, body, complete)
     # Only the deadline gets here.
     assert scope.cancelled_caught
     raise errors.HeaderTimeout(node.name, "answer", f"no whole answer in {answer_timeout}s")
@@ -161,17 +154,24 @@ async def fetch_head(
     try:
         conn = h11.Connection(h11.CLIENT)
         with trio.move_on_after(head_timeout) as scope, mapped(node.name, "answer"):
-            await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
-            event = await next_event(stream, conn)
-            while isinstance(event, h11.InformationalResponse):
-                event = await next_event(stream, conn)
-            if not isinstance(event, h11.Response):
-                raise errors.UpstreamProtocolError(
-                    node.name, "answer", f"unexpected {type(event).__name__}"
-                )
-            return event.status_code
+            return (await _ask_head(stream, conn, node, path)).status_code
     finally:
         await trio.aclose_forcefully(stream)
     # Only the deadline gets here.
     assert scope.cancelled_caught
     raise errors.HeaderTimeout(node.name, "answer", f"no response head in {head_timeout}s")
+
+
+async def _ask_head(
+    stream: trio.abc.Stream, conn: h11.Connection, node: Upstream, path: bytes
+) -> h11.Response:
+    """Send ``GET path`` and read its answer's final head (interim ``1xx`` skipped)."""
+    await send_events(stream, conn, request_head(node, path), h11.EndOfMessage())
+    event = await next_event(stream, conn)
+    while isinstance(event, h11.InformationalResponse):
+        event = await next_event(stream, conn)
+    if not isinstance(event, h11.Response):
+        raise errors.UpstreamProtocolError(
+            node.name, "answer", f"unexpected {type(event).__name__}"
+        )
+    return event
