@@ -14,11 +14,11 @@ import trio
 
 __all__ = ["ACCEPT_BATCH", "accept_pending"]
 
-# Connections accepted in one pass of the scheduler at most (asyncio takes
-# as many per wake-up): far above what steady churn leaves waiting between
-# two passes, and it keeps a burst's new work in one pass in proportion, so
-# that the running streams' next chunks wait for a hundred first steps at
-# most, not for thousands.
+# Connections accepted in one pass of the scheduler at most (the standard
+# library's event loop takes as many per wake-up): far above what steady
+# churn leaves waiting between two passes, and it keeps a burst's new work
+# in one pass in proportion, so that the running streams' next chunks wait
+# for a hundred first steps at most, not for thousands.
 ACCEPT_BATCH = 100
 
 
