@@ -105,9 +105,17 @@ async def read_chunk(
             return b"", True, False
         else:
             raise EarlyClose("connection closed in the body")
-    data = event.data  # h11's own copy: relayed as is, not copied again
+    return gather_data(conn, event.data)  # h11's own copy: relayed as is, not copied again
+
+
+def gather_data(conn: h11.Connection, data: bytes) -> tuple[bytes, bool, bool]:
+    """``data`` joined with the body bytes h11 has parsed after it; ended; starved.
+
+    One read often holds several chunks of a chunked body (or a whole small
+    answer): they go on together. ``starved``: h11 was left wanting data.
+    """
     parts: list[bytes] | None = None
-    ended = False
+    ended = starved = False
     try:
         while True:
             more = conn.next_event()

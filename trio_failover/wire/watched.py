@@ -28,7 +28,7 @@ from ..core import errors
 from ..core.config import Config, Upstream
 from ..core.liveness import Step, after_check, at_window_end, window_end
 from ..core.outcome import Outcome
-from .http1 import EarlyClose, next_event, read_body, read_chunk
+from .http1 import EarlyClose, gather_data, next_event, read_body, read_chunk
 from .upstream_errors import IO_ERRORS, map_error, mapped
 
 _T = TypeVar("_T")
@@ -173,22 +173,8 @@ def _parsed_body(conn: h11.Connection) -> tuple[bytes, bool] | None:
         raise EarlyClose("connection closed in the body")
     if not event.data:
         return None  # h11 makes no empty Data; were it to, the read finds the next
-    data = event.data
-    parts: list[bytes] | None = None
-    ended = False
-    try:
-        while True:
-            more = conn.next_event()
-            if isinstance(more, h11.Data):
-                if parts is None:
-                    parts = [data]
-                parts.append(more.data)
-            else:
-                ended = isinstance(more, h11.EndOfMessage)
-                break
-    except h11.RemoteProtocolError:
-        pass  # h11 stays in ERROR and raises again on the next read
-    return (data if parts is None else b"".join(parts)), ended
+    data, ended, _ = gather_data(conn, event.data)
+    return data, ended
 
 
 async def head_watched(
