@@ -21,7 +21,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -199,20 +199,8 @@ async def request(
     ``leave_after`` closes the client connection after that many seconds
     (a client that gives up); the function then returns None.
     """
-    client, server = trio.testing.memory_stream_pair()
-    conn = h11.Connection(h11.CLIENT)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(proxy.handle_connection, server)
-        await send_events(
-            client, conn, *_request_events(method, target, b"proxy.test", headers, body)
-        )
-        if leave_after is not None:
-            await trio.sleep(leave_after)
-            await client.aclose()
-            return None
-        response = await read_response(client, conn)
-        await client.aclose()
-    return response
+    events = _request_events(method, target, b"proxy.test", headers, body)
+    return await _exchange_in_memory(proxy.handle_connection, events, leave_after)
 
 
 async def request_node(
@@ -230,13 +218,21 @@ async def request_node(
     proxy's count does not, and to read a fake engine's answers in tests.
     ``leave_after`` as for ``request``.
     """
+    events = _request_events(method, target, b"node.test", headers, body)
+    return await _exchange_in_memory(node.serve_connection, events, leave_after)
+
+
+async def _exchange_in_memory(
+    serve: Callable[[trio.abc.Stream], Awaitable[object]],
+    events: Sequence[h11.Event],
+    leave_after: float | None,
+) -> ClientResponse | None:
+    """One request over an in-memory connection that ``serve`` answers (None: the client left)."""
     client, server = trio.testing.memory_stream_pair()
     conn = h11.Connection(h11.CLIENT)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(node.serve_connection, server)
-        await send_events(
-            client, conn, *_request_events(method, target, b"node.test", headers, body)
-        )
+        nursery.start_soon(serve, server)
+        await send_events(client, conn, *events)
         if leave_after is not None:
             await trio.sleep(leave_after)
             await client.aclose()
