@@ -2,7 +2,8 @@
 
 It listens on its own address (``--admin-listen``), apart from the client
 listener, so exposing the proxy never exposes the admin API. Requests are
-read with h11 (keep-alive, GET and HEAD only). ``GET /events`` with
+read as the client listener reads its own (``wire/client.py``: keep-alive,
+the same screen, limits and deadlines), answered for GET and HEAD only. ``GET /events`` with
 ``Upgrade: websocket`` hands the connection to trio-websocket, which
 streams one JSON text message per event (SPEC 6).
 
@@ -21,7 +22,6 @@ listener that shows it.
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import hashlib
 import importlib.resources
@@ -42,7 +42,7 @@ from ..core.headers import get
 from ..proxy.proxy import Proxy
 from ..telemetry.events import SUBSCRIBER_BUFFER, Subscription
 from ..telemetry.logs import logger
-from ..wire.http1 import next_event, send_events
+from ..wire.client import ClientConnection, ClientGone, ClientRequest
 from .history import History
 from .sampler import sample_history
 
@@ -113,40 +113,28 @@ async def serve_admin_connection(
 ) -> None:
     """Serve one admin connection on any stream until it closes; closes ``stream``.
 
+    The connection is read as the client listener reads its own
+    (``wire.client.ClientConnection``: one reader task, the head screen,
+    the size limits and deadlines), so a bad request gets the same answer
+    on both listeners: ``400``, ``408``, ``413`` or ``431`` with a JSON error.
     Tests drive this on in-memory streams; ``serve_admin`` on accepted sockets.
     Without a ``history`` (nobody samples one), ``/history`` is a ``404``.
     """
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=ADMIN_MAX_HEAD)
+    connection = ClientConnection(
+        stream,
+        max_head=ADMIN_MAX_HEAD,
+        # No admin route takes a body: a small one is read and dropped.
+        max_body=ADMIN_MAX_HEAD,
+        client_header_timeout=ADMIN_HEAD_TIMEOUT,
+        keepalive_timeout=ADMIN_HEAD_TIMEOUT,
+        admin=True,
+    )
+
+    async def answer(client: ClientConnection, request: ClientRequest) -> bool:
+        return await _answer(proxy, client, request, event_buffer, history)
+
     try:
-        while True:
-            request = await _read_request(conn, stream)
-            if request is None:
-                return
-            path = request.target.split(b"?", 1)[0]
-            if not _authorized(proxy, request, path):
-                proxy.metrics.child(proxy.metrics.unauthorized, "admin").inc()
-                reply = _UNAUTHORIZED
-            elif path == b"/events" and _wants_websocket(request):
-                refusal = _check_websocket(request)
-                if refusal is None:
-                    await _serve_events(proxy, conn, stream, request, event_buffer)
-                    return
-                reply = refusal
-            else:
-                reply = _route(proxy, request, path, history)
-            await _send_reply(conn, stream, request, reply)
-            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                return
-            conn.start_next_cycle()
-    except h11.RemoteProtocolError as exc:
-        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            # h11's message quotes the bad line, which may hold the admin
-            # token or anything else the client sent: not echoed.
-            status = exc.error_status_hint
-            words = "request header fields too large" if status == 431 else "malformed request"
-            reply = _error(status, "bad_request", words)
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await _send_reply(conn, stream, None, reply)
+        await connection.serve(answer)
     except Exception as exc:
         # The boundary of one admin connection: trio.serve_listeners would
         # take the whole admin listener down with an escaping error.
@@ -158,36 +146,37 @@ async def serve_admin_connection(
         await trio.aclose_forcefully(stream)
 
 
+async def _answer(
+    proxy: Proxy,
+    client: ClientConnection,
+    request: ClientRequest,
+    event_buffer: int,
+    history: History | None,
+) -> bool:
+    """Answer one admin request; returns whether the connection may carry another."""
+    path = request.target.split(b"?", 1)[0]
+    if not _authorized(proxy, request, path):
+        proxy.metrics.child(proxy.metrics.unauthorized, "admin").inc()
+        reply = _UNAUTHORIZED
+    elif path == b"/events" and _wants_websocket(request):
+        refusal = _check_websocket(request)
+        if refusal is None:
+            await _serve_events(proxy, client, request, event_buffer)
+            return False
+        reply = refusal
+    else:
+        reply = _route(proxy, request, path, history)
+    await _send_reply(client, reply)
+    return True
+
+
 def _is_disconnect(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_is_disconnect(inner) for inner in exc.exceptions)
-    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError)
+    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError | ClientGone)
 
 
-async def _read_request(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
-    """The next request, its body read and discarded; None: the client left.
-
-    A body larger than ``ADMIN_MAX_HEAD`` is left unread (the reply then
-    closes the connection): no admin route takes one.
-    """
-    request: h11.Request | None = None
-    discarded = 0
-    with trio.move_on_after(ADMIN_HEAD_TIMEOUT):
-        while discarded <= ADMIN_MAX_HEAD:
-            event = await next_event(stream, conn, strict_eof=False)
-            if isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                discarded += len(event.data)
-            else:
-                break  # EndOfMessage, or the client closed
-        return request
-    return None
-
-
-async def _send_reply(
-    conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request | None, reply: Reply
-) -> None:
+async def _send_reply(client: ClientConnection, reply: Reply) -> None:
     headers: Headers = [
         (b"content-type", reply.content_type),
         (b"content-length", b"%d" % len(reply.body)),
@@ -195,13 +184,9 @@ async def _send_reply(
         (b"x-content-type-options", b"nosniff"),
         *reply.headers,
     ]
-    # A request with a body we did not read cannot be followed by another.
-    if request is None or conn.their_state is not h11.DONE:
-        headers.append((b"connection", b"close"))
-    events: list[h11.Event] = [h11.Response(status_code=reply.status, headers=headers)]
-    if request is None or request.method != b"HEAD":
-        events.append(h11.Data(data=reply.body))
-    await send_events(stream, conn, *events, h11.EndOfMessage())
+    # The body is left out in answer to a HEAD (the writer knows the request).
+    response = h11.Response(status_code=reply.status, headers=headers)
+    await client.send(response, h11.Data(data=reply.body), h11.EndOfMessage())
 
 
 def _error(status: int, code: str, message: str) -> Reply:
@@ -209,7 +194,7 @@ def _error(status: int, code: str, message: str) -> Reply:
     return Reply(status, body.encode())
 
 
-def _authorized(proxy: Proxy, request: h11.Request, path: bytes) -> bool:
+def _authorized(proxy: Proxy, request: ClientRequest, path: bytes) -> bool:
     # /healthz stays open: a load balancer probes it without credentials.
     # Every other path needs the token, unknown ones too, so that a client
     # without it learns nothing, not even which routes exist.
@@ -226,8 +211,8 @@ _UNAUTHORIZED = attrs.evolve(
 )
 
 
-def _route(proxy: Proxy, request: h11.Request, path: bytes, history: History | None) -> Reply:
-    routes: dict[bytes, Callable[[Proxy, h11.Request], Reply]] = {
+def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History | None) -> Reply:
+    routes: dict[bytes, Callable[[Proxy, ClientRequest], Reply]] = {
         b"/healthz": lambda p, _: _healthz_reply(p),
         b"/status": lambda p, _: Reply(200, json.dumps(p.status()).encode()),
         b"/metrics": _metrics_reply,
@@ -257,7 +242,7 @@ def _healthz_reply(proxy: Proxy) -> Reply:
     return Reply(200, b"ok", b"text/plain; charset=utf-8")
 
 
-def _metrics_reply(proxy: Proxy, request: h11.Request) -> Reply:
+def _metrics_reply(proxy: Proxy, request: ClientRequest) -> Reply:
     # Prometheus asks for OpenMetrics in Accept; curl and older scrapers
     # get the classic text format.
     accept = b", ".join(value for name, value in request.headers if name == b"accept")
@@ -301,16 +286,16 @@ def _csp_hashes(page: bytes, tag: bytes) -> list[str]:
 # -- /events ---------------------------------------------------------------------
 
 
-def _header(request: h11.Request, name: bytes) -> bytes | None:
+def _header(request: ClientRequest, name: bytes) -> bytes | None:
     return get(request.headers, name)
 
 
-def _wants_websocket(request: h11.Request) -> bool:
+def _wants_websocket(request: ClientRequest) -> bool:
     upgrade = _header(request, b"upgrade") or b""
     return b"websocket" in upgrade.lower()
 
 
-def _check_websocket(request: h11.Request) -> Reply | None:
+def _check_websocket(request: ClientRequest) -> Reply | None:
     """Why the upgrade is refused, or None to accept it."""
     if request.method != b"GET":
         return _error(405, "method_not_allowed", "a WebSocket opens with GET")
@@ -331,52 +316,21 @@ def _check_websocket(request: h11.Request) -> Reply | None:
     return None
 
 
-class _ReplayStream(trio.abc.Stream):
-    """A stream that first returns bytes already read from it.
-
-    h11 consumed the upgrade request; trio-websocket (wsproto) wants to read
-    the handshake itself, so it is given the head again, then the real stream.
-    """
-
-    def __init__(self, replay: bytes, stream: trio.abc.Stream) -> None:
-        self._replay = replay
-        self._stream = stream
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._replay:
-            await trio.lowlevel.checkpoint()
-            size = len(self._replay) if max_bytes is None else max_bytes
-            data, self._replay = self._replay[:size], self._replay[size:]
-            return data
-        return await self._stream.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-def _request_head(request: h11.Request) -> bytes:
+def _request_head(request: ClientRequest) -> bytes:
     lines = [b"%s %s HTTP/1.1" % (request.method, request.target)]
     lines += [name + b": " + value for name, value in request.headers]
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 async def _serve_events(
-    proxy: Proxy,
-    conn: h11.Connection,
-    stream: trio.abc.Stream,
-    request: h11.Request,
-    event_buffer: int,
+    proxy: Proxy, client: ClientConnection, request: ClientRequest, event_buffer: int
 ) -> None:
     # Subscribe before the handshake so nothing published from the moment
     # the client is told "101" is missed.
     with proxy.events.subscribe(event_buffer) as subscription:
-        replay = _ReplayStream(_request_head(request) + conn.trailing_data[0], stream)
+        # h11 consumed the upgrade request; trio-websocket (wsproto) wants
+        # to read the handshake itself, so it is given the head again.
+        replay = client.take_over(_request_head(request))
         async with trio.open_nursery() as nursery:
             ws = None
             # Only the handshake has a deadline; a subscriber may listen for days.

@@ -19,7 +19,7 @@ import h11
 import trio
 
 from ..core.errors import ClientError
-from .client_reader import PENDING_LIMIT, ClientReader, Closed
+from .client_reader import PENDING_LIMIT, ClientReader, Closed, TakenOver
 from .client_requests import ClientRequest, RequestReader
 from .client_responses import ClientGone, ResponseWriter
 from .drain import Drain
@@ -52,6 +52,7 @@ class ClientConnection:
         keepalive_timeout: float = math.inf,
         drain: Drain | None = None,
         admit: Admit | None = None,
+        admin: bool = False,
     ) -> None:
         self.stream = stream
         self._admit = admit
@@ -71,7 +72,11 @@ class ClientConnection:
             max_body=max_body,
             header_timeout=client_header_timeout,
         )
-        self._writer = ResponseWriter(stream, self._requests, self._reader, self._drain)
+        # ``admin``: the admin listener's connection, whose error answers
+        # say so in their ``type`` (``core.answers``).
+        self._writer = ResponseWriter(
+            stream, self._requests, self._reader, self._drain, admin=admin
+        )
         # The parts' methods under the connection's names, which the workload
         # and the tests call: bound once, not wrapped per call.
         self.run_reader = self._reader.run
@@ -172,6 +177,16 @@ class ClientConnection:
             http_version=head.http_version,
             refused=refused,
         )
+
+    def take_over(self, replay: bytes) -> TakenOver:
+        """The connection from here on as a stream, for a protocol that takes it over.
+
+        It returns ``replay`` (say, the upgrade request, which a WebSocket
+        library wants to read itself), then the bytes h11 holds beyond the
+        request, then the client's next bytes. The request loop must not
+        read again: the handler that takes over ends the connection.
+        """
+        return TakenOver(replay + self.conn.trailing_data[0], self._reader, self.stream)
 
     async def aclose(self) -> None:
         """Close the connection (abortive, never blocks)."""

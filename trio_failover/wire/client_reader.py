@@ -20,7 +20,7 @@ import trio
 from . import socket_io
 from .http1 import RECEIVE_SIZE
 
-__all__ = ["PENDING_LIMIT", "ClientReader", "Closed"]
+__all__ = ["PENDING_LIMIT", "ClientReader", "Closed", "TakenOver"]
 
 PENDING_LIMIT = 65536
 
@@ -108,3 +108,51 @@ class ClientReader:
         """Drop the pending bytes (and let the task receive again)."""
         self.pending.clear()
         self._room.set()
+
+
+class TakenOver(trio.abc.Stream):
+    """The rest of a client connection, for a protocol that takes it over (a WebSocket).
+
+    The reader task keeps receiving; this stream returns ``replay`` first
+    (bytes already consumed, such as the upgrade request h11 parsed, which
+    the new protocol wants to read itself), then what the reader holds and
+    receives. Sending and closing go to the connection's stream.
+    """
+
+    def __init__(self, replay: bytes, reader: ClientReader, stream: trio.abc.Stream) -> None:
+        self._ahead = replay
+        self._reader = reader
+        self._stream = stream
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The next bytes; ``b""`` once the client sent its FIN.
+
+        Raises:
+            trio.BrokenResourceError: the client's side was reset.
+        """
+        reader = self._reader
+        if self._ahead or reader.pending or reader.closed is not None:
+            await trio.lowlevel.checkpoint()
+        else:
+            await reader.wait_input()
+        if not self._ahead:
+            if not reader.pending:
+                if reader.closed is Closed.RESET:
+                    raise trio.BrokenResourceError("the client connection was reset")
+                return b""
+            self._ahead = reader.take()
+        size = len(self._ahead) if max_bytes is None else max_bytes
+        data, self._ahead = self._ahead[:size], self._ahead[size:]
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send on the connection's stream."""
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        """As the connection's stream does."""
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        """Close the connection's stream."""
+        await self._stream.aclose()

@@ -39,9 +39,16 @@ class ResponseWriter:
     """
 
     def __init__(
-        self, stream: trio.abc.Stream, requests: RequestReader, reader: ClientReader, drain: Drain
+        self,
+        stream: trio.abc.Stream,
+        requests: RequestReader,
+        reader: ClientReader,
+        drain: Drain,
+        *,
+        admin: bool = False,
     ) -> None:
         self._stream = stream
+        self._admin = admin
         self._requests = requests
         self._reader = reader
         self._drain = drain
@@ -111,7 +118,7 @@ class ResponseWriter:
         if self._requests.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         path = self._requests.error_path()
-        document = error_document(path, error.status, error.code, str(error))
+        document = error_document(path, error.status, error.code, str(error), admin=self._admin)
         try:
             await self.send_json(error.status, document, close=True)
         except (ClientGone, h11.LocalProtocolError):
