@@ -2,7 +2,9 @@
 
 Every case is plain data: a ranking, the request's model, the set of nodes
 cooling at the request's ``now``, an optional ``X-Failover-Node`` and an
-optional affinity winner. No clock, no I/O.
+optional affinity winner. The expected order is the one the attempts go in
+(SPEC 2's candidates): ``resolve_candidates``' order, split by readiness at
+each attempt by ``slot_ledger.choose_node``, as the proxy does. No clock, no I/O.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from trio_failover.core.ranking import (
     rendezvous_choice,
     resolve_candidates,
 )
+from trio_failover.core.slot_ledger import SlotLedger, Take, choose_node
 
 
 def _node(name: str, models: Sequence[str] | Mapping[str, str] | None = None) -> Upstream:
@@ -255,13 +258,29 @@ def test_resolve_candidates(case: Case) -> None:
     candidates = resolve_candidates(
         ranking,
         model=case.model,
-        is_cooling=lambda name: name in case.cooling,
         selected=case.selected,
         affinity_key=key,
         inventories=case.inventories,
     )
-    assert "".join(node.name for node in candidates) == case.expected
+    resolved = "".join(node.name for node in candidates)
+    assert sorted(resolved) == sorted(case.expected)
+    if not case.cooling:
+        assert resolved == case.expected  # readiness moves nothing
+    assert attempt_order(resolved, case.cooling) == case.expected
     assert [node.name for node in ranking] == list(case.ranking)  # never mutated
+
+
+def attempt_order(resolved: str, cooling: str) -> str:
+    """The nodes in the order a workload tries them, every attempt failing over."""
+    ledger = SlotLedger(dict.fromkeys(resolved, 0))
+    tried: list[str] = []
+    for _ in resolved:
+        choice = choose_node(
+            list(resolved), tried=set(tried), ready=lambda name: name not in cooling, ledger=ledger
+        )
+        assert isinstance(choice, Take)
+        tried.append(choice.node)
+    return "".join(tried)
 
 
 def test_affinity_hashes_over_the_model_filtered_nodes() -> None:
@@ -272,35 +291,13 @@ def test_affinity_hashes_over_the_model_filtered_nodes() -> None:
         key = f"filtered-{index}".encode()
         if rendezvous_choice("aqmv", key) == "q" and rendezvous_choice("amv", key) == "v":
             break
-    candidates = resolve_candidates(
-        ranking, model="llama3", is_cooling=lambda name: False, affinity_key=key
-    )
+    candidates = resolve_candidates(ranking, model="llama3", affinity_key=key)
     assert [node.name for node in candidates] == ["v", "a", "m"]
 
 
 def test_affinity_with_no_serving_node_is_empty() -> None:
-    candidates = resolve_candidates(
-        [Q, M], model="gpt-4o", is_cooling=lambda name: False, affinity_key=b"any"
-    )
+    candidates = resolve_candidates([Q, M], model="gpt-4o", affinity_key=b"any")
     assert candidates == []
-
-
-def test_each_node_is_asked_once_and_kept_once() -> None:
-    # An is_cooling whose answer flips on every call (a clock read inside
-    # it, say) must still leave every node exactly once in the result.
-    asked: list[str] = []
-    flips = itertools.cycle([True, False])
-
-    def is_cooling(name: str) -> bool:
-        asked.append(name)
-        return next(flips)
-
-    candidates = resolve_candidates([A, B, C, D], model=None, is_cooling=is_cooling)
-    assert sorted(node.name for node in candidates) == ["a", "b", "c", "d"]
-    assert sorted(asked) == ["a", "b", "c", "d"]
-
-
-# -- rendezvous hashing ---------------------------------------------------------
 
 
 def _random_prompts(count: int, seed: int) -> list[bytes]:

@@ -18,15 +18,14 @@ import attrs
 
 from .errors import ConfigError
 from .names import WILDCARD, accepts, node_model_name
+from .slot_ledger import BALANCE_MODES, Balance
 
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]
 LogFormat = Literal["text", "json"]
-Balance = Literal["priority", "least-loaded"]
 
 CLIENT_CLOSE_CHOICES: tuple[str, ...] = ("abort", "rst-only", "ignore")
 AFFINITY_CHOICES: tuple[str, ...] = ("off", "prefix")
-BALANCE_CHOICES: tuple[str, ...] = ("priority", "least-loaded")
 LOG_FORMAT_CHOICES: tuple[str, ...] = ("text", "json")
 LOG_LEVEL_CHOICES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 
@@ -404,7 +403,7 @@ class Config:
     )
     max_attempts: int = attrs.field(default=0, validator=_non_negative)
     affinity: Affinity = attrs.field(default="off", validator=_choice(AFFINITY_CHOICES))
-    balance: Balance = attrs.field(default="priority", validator=_choice(BALANCE_CHOICES))
+    balance: Balance = attrs.field(default="priority", validator=_choice(BALANCE_MODES))
     queue_timeout: float = attrs.field(default=120.0, validator=_non_negative)
     """Longest wait in the queue for a slot; 0 = no limit."""
     max_queue: int = attrs.field(default=1000, validator=_non_negative)

@@ -1,7 +1,7 @@
 """Pure: the candidates for one request, best first.
 
 The ranking from configuration is immutable. For each request it is
-resolved in four steps, each a plain function of data:
+resolved in three steps, each a plain function of data:
 
 1. model filter (``model_filter``, SPEC 5 item 4): a node with ``models``
    only takes requests naming one of them (or any, with ``"*"``); a node
@@ -11,20 +11,21 @@ resolved in four steps, each a plain function of data:
    as Ollama resolves them (``names.py``);
 2. prefix affinity (``--affinity prefix``): rendezvous hashing of the model
    and the start of the prompt moves one node to the front;
-3. manual selection (``X-Failover-Node``) moves the named node to the front;
-4. a *stable* partition: ready nodes first, demoted (cooling or down) nodes
-   after, each group in the order the first three steps left it.
+3. manual selection (``X-Failover-Node``) moves the named node to the front.
 
-Because the partition comes last, neither affinity nor a manual selection
-can lift a demoted node above a ready one. A sole candidate, or a fleet where
-every node is demoted, stays usable: demotion never excludes.
+Readiness is not applied here. SPEC 2's stable partition (ready nodes
+first, demoted ones after, each group in this order) is taken at each
+attempt by ``slot_ledger.choose_node``, so that a node that recovers while
+a workload waits or fails over regains its place. Because the partition
+comes last, neither affinity nor a manual selection can lift a demoted
+node above a ready one; demotion never excludes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import Upstream
@@ -40,7 +41,6 @@ def resolve_candidates(
     ranking: Sequence[Upstream],
     *,
     model: str | None,
-    is_cooling: Callable[[str], bool],
     selected: str | None = None,
     affinity_key: bytes | None = None,
     inventories: Mapping[str, Inventory] | None = None,
@@ -50,28 +50,21 @@ def resolve_candidates(
     Args:
         ranking: all nodes in configuration order.
         model: the ``"model"`` of the request body, if any.
-        is_cooling: whether a node (by name) is demoted now (cooling or down).
         selected: the node named by ``X-Failover-Node``, if any.
         affinity_key: from ``affinity_key()``, when prefix affinity is on.
         inventories: the known inventories by node name (SPEC 5a); a node
             missing from it, or with None, has none yet.
 
     Returns:
-        The candidates: ready first, demoted after. Empty only when no node
-        serves ``model``.
+        The candidates, not partitioned by readiness (``choose_node`` does
+        that at each attempt). Empty only when no node serves ``model``.
     """
     nodes = model_filter(ranking, model, inventories or {})
     if affinity_key is not None and nodes:
         nodes = _to_front(nodes, rendezvous_choice([n.name for n in nodes], affinity_key))
     if selected is not None:
         nodes = _to_front(nodes, selected)
-    # One question per node: two separate passes could disagree if the
-    # answer changed in between, and the node would be doubled or lost.
-    ready: list[Upstream] = []
-    cooling: list[Upstream] = []
-    for node in nodes:
-        (cooling if is_cooling(node.name) else ready).append(node)
-    return ready + cooling
+    return nodes
 
 
 def model_filter(

@@ -28,6 +28,7 @@ __all__ = [
     "choose_node",
 ]
 
+# The one definition of --balance's modes (``core.config`` takes them from here).
 Balance = Literal["priority", "least-loaded"]
 BALANCE_MODES: tuple[Balance, ...] = ("priority", "least-loaded")
 
@@ -180,12 +181,11 @@ def choose_node(
 
     Args:
         order: the workload's candidate names in resolved order (model
-            filter, affinity and selection applied). Already partitioned or
-            not: readiness is applied here again, one question per node. For
-            a waiter, pass the order *before* the partition
-            (``resolve_candidates(..., is_cooling=lambda _: False)``): a
-            node that recovers while it waits then regains its place, as in
-            a fresh resolution. Names are unique and known to ``ledger``.
+            filter, affinity and selection applied:
+            ``ranking.resolve_candidates``), not partitioned by readiness:
+            that is done here, one question per node, so a node that
+            recovers while a workload waits regains its place, as in a
+            fresh resolution. Names are unique and known to ``ledger``.
         tried: the nodes this workload has already tried.
         ready: which nodes are ready now.
         ledger: capacities and in-flight counts.

@@ -75,7 +75,6 @@ class Attempts:
         candidates = resolve_candidates(
             self.config.upstreams,
             model=request_model(document),
-            is_cooling=_never,
             selected=selected,
             affinity_key=key,
             inventories=self.report.health.inventories,
@@ -238,7 +237,3 @@ async def take_slot(
     if slot is not None:
         return slot
     return "shutdown" if queue.closed else "queue_timeout"
-
-
-def _never(_node: str) -> bool:
-    return False

@@ -12,12 +12,12 @@ import attrs
 
 from ...core.config import (
     AFFINITY_CHOICES,
-    BALANCE_CHOICES,
     CLIENT_CLOSE_CHOICES,
     LOG_FORMAT_CHOICES,
     LOG_LEVEL_CHOICES,
     Config,
 )
+from ...core.slot_ledger import BALANCE_MODES
 from .kinds import (
     ADMIN,
     CAPACITIES,
@@ -125,7 +125,7 @@ def _option(
 
 _CLIENT_CLOSE = choice_kind(CLIENT_CLOSE_CHOICES)
 _AFFINITY = choice_kind(AFFINITY_CHOICES)
-_BALANCE = choice_kind(BALANCE_CHOICES)
+_BALANCE = choice_kind(BALANCE_MODES)
 _LOG_FORMAT = choice_kind(LOG_FORMAT_CHOICES)
 _LOG_LEVEL = choice_kind(LOG_LEVEL_CHOICES, fold_case=True)
 
