@@ -22,7 +22,7 @@ from typing import Any
 import h11
 import trio
 
-from .fakes import NodeIO, ReceivedRequest, _chunk, _completion, healthy
+from .fakes import NodeIO, ReceivedRequest, chat_chunk, chat_completion, healthy
 
 Route = Callable[[NodeIO, ReceivedRequest], Awaitable[None]]
 
@@ -127,15 +127,15 @@ class FakeEngine:
             words = [f"word{i} " for i in range(self.tokens)]
             if not streamed:
                 await io.pause(self.token_delay * self.tokens)
-                await _json(io, request, _completion(model, "".join(words)))
+                await _json(io, request, chat_completion(model, "".join(words)))
             else:
                 if not self.stream_head_first:
                     await io.send(_sse_head())
                 for word in words:
                     await io.pause(self.token_delay)
-                    await io.send(h11.Data(data=_event(_chunk(model, {"content": word}))))
+                    await io.send(h11.Data(data=_event(chat_chunk(model, {"content": word}))))
                 await io.send(
-                    h11.Data(data=_event(_chunk(model, {}, "stop")) + b"data: [DONE]\n\n"),
+                    h11.Data(data=_event(chat_chunk(model, {}, "stop")) + b"data: [DONE]\n\n"),
                     h11.EndOfMessage(),
                 )
             self.served.append(model)

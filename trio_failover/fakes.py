@@ -354,14 +354,14 @@ def openai(model: str = "fake-model", *, tokens: int = 5, token_delay: float = 0
         document = request.json() if request.body else {}
         words = [f"word{i} " for i in range(tokens)]
         if not document.get("stream"):
-            completion = _completion(model, "".join(words))
+            completion = chat_completion(model, "".join(words))
             await healthy(json.dumps(completion).encode())(io, request)
             return
         events = [
-            b"data: " + json.dumps(_chunk(model, {"content": word})).encode() + b"\n\n"
+            b"data: " + json.dumps(chat_chunk(model, {"content": word})).encode() + b"\n\n"
             for word in words
         ]
-        events.append(b"data: " + json.dumps(_chunk(model, {}, "stop")).encode() + b"\n\n")
+        events.append(b"data: " + json.dumps(chat_chunk(model, {}, "stop")).encode() + b"\n\n")
         events.append(b"data: [DONE]\n\n")
         await healthy(
             events, headers=(("content-type", "text/event-stream"),), chunk_delay=token_delay
@@ -370,7 +370,8 @@ def openai(model: str = "fake-model", *, tokens: int = 5, token_delay: float = 0
     return behave
 
 
-def _completion(model: str, text: str) -> dict[str, Any]:
+def chat_completion(model: str, text: str) -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` answer of ``model`` saying ``text`` (for fake engines)."""
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -387,7 +388,8 @@ def _completion(model: str, text: str) -> dict[str, Any]:
     }
 
 
-def _chunk(model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+def chat_chunk(model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of a streamed answer (``finish``: its reason, at the end)."""
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion.chunk",

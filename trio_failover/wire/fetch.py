@@ -28,7 +28,7 @@ from ..core.rewrite import node_target
 from ..core.version import __version__
 from .connect import Connector
 from .http1 import next_event, read_prefix, send_events
-from .upstream import _connect  # one connect step
+from .upstream import connect_node  # one connect step
 from .upstream_errors import mapped  # one error mapper
 
 USER_AGENT = f"trio-failover/{__version__}".encode()
@@ -75,7 +75,7 @@ async def fetch(
     Cancellation:
         The connection is closed whatever happens, at once.
     """
-    stream = await _connect(node, connector, config)
+    stream = await connect_node(node, connector, config)
     try:
         return await _exchange(stream, node, path, answer_timeout, limit)
     finally:
@@ -106,7 +106,7 @@ async def fetch_if(
     Raises:
         UpstreamError: as ``fetch``.
     """
-    stream = await _connect(node, connector, config)
+    stream = await connect_node(node, connector, config)
     try:
         if not send_if():
             return None
@@ -150,7 +150,7 @@ async def fetch_head(
     Cancellation:
         The connection is closed whatever happens, at once.
     """
-    stream = await _connect(node, connector, config)
+    stream = await connect_node(node, connector, config)
     try:
         conn = h11.Connection(h11.CLIENT)
         with trio.move_on_after(head_timeout) as scope, mapped(node.name, "answer"):

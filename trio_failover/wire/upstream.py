@@ -19,7 +19,7 @@ A liveness check is the proxy's (``Liveness``, passed down by the caller;
 ``first_bytes.wait_watched`` runs the windows): the common request, whose
 head and first bytes come within one window, never sees one.
 
-Each phase is one function (``_connect``, ``_request_and_head``,
+Each phase is one function (``connect_node``, ``_request_and_head``,
 ``_error_body``; ``first_bytes.py``'s ``first_body`` and ``first_event``).
 Trio, OS, TLS and h11 errors become ``UpstreamError`` subclasses in one
 place, ``upstream_errors.map_error``, phase by phase; what they mean for
@@ -60,6 +60,7 @@ __all__ = [
     "TCPConnector",
     "Timings",
     "UpstreamResponse",
+    "connect_node",
     "open_response",
     "open_tcp",
 ]
@@ -118,7 +119,15 @@ async def _receive_answer_start(stream: trio.abc.Stream, conn: h11.Connection) -
     conn.receive_data(bytes(data))
 
 
-async def _connect(node: Upstream, connector: Connector, config: Config) -> trio.abc.Stream:
+async def connect_node(node: Upstream, connector: Connector, config: Config) -> trio.abc.Stream:
+    """A new connection to ``node`` within ``--connect-timeout``: the connect phase.
+
+    Attempts and the proxy's own GETs (``fetch.py``) connect through it.
+
+    Raises:
+        ConnectTimeout: no connection within the timeout.
+        ConnectFailed, TLSError: mapped by ``upstream_errors.map_error``.
+    """
     with trio.move_on_after(config.connect_timeout) as connect_scope:
         try:
             return await connector.connect(node)
@@ -192,7 +201,7 @@ async def open_response(
                 await trio.aclose_forcefully(idle.stream)
                 raise
             await trio.aclose_forcefully(idle.stream)
-    stream = await _connect(node, connector, config)
+    stream = await connect_node(node, connector, config)
     try:
         return await _exchange(
             node,
