@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
 from ..core.config import Config, Upstream
@@ -22,7 +23,7 @@ from ..core.errors import RetryableResponse, UpstreamError
 from ..core.headers import get, upstream_request_headers
 from ..core.outcome import SavedResponse, failure_code, failure_status
 from ..core.ranking import affinity_key, resolve_candidates
-from ..core.requests import is_unstreamed, request_model
+from ..core.requests import is_unstreamed, request_document, request_model
 from ..core.rewrite import node_body, node_target
 from ..core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
 from ..core.workload import State
@@ -33,6 +34,20 @@ from .answers import send_failure, send_saved, turn_away
 from .milestones import Milestones
 from .records import Workload
 from .report import Report
+
+
+@attrs.frozen
+class Plan:
+    """What one workload asks and where it may go, built once (``Attempts.plan``)."""
+
+    request: ClientRequest
+    document: Any  # the JSON body, parsed once (``requests.request_document``)
+    model: str | None  # its "model", whole (the workload's summary shortens it)
+    candidates: list[Upstream]  # resolved order, not split by readiness
+    preferred: str | None  # the node resolution put first (selection, affinity), if any
+    client_address: str | None
+    scheme: str
+
 
 # Commit a response and stream it to the client; True: relayed to its end.
 Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Awaitable[bool]]
@@ -60,21 +75,23 @@ class Attempts:
         self.milestones = milestones
         self.relay = relay
 
-    def candidates(
-        self, request: ClientRequest, document: Any
-    ) -> tuple[list[Upstream], str | None]:
-        """The candidates in resolved order, and the node resolution put first (or None).
+    def plan(self, request: ClientRequest, client_address: str | None, scheme: str) -> Plan:
+        """The workload's plan: its request parsed once, and its candidates in resolved order.
 
         Not partitioned here: the slot queue asks ``Readiness.is_demoted`` at
         each attempt (``slots.choose_node``), so a node that recovers while
         a workload waits or fails over regains its place.
         """
+        # Parsed for every request: whether it streams picks the head
+        # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
+        document = request_document(request.body)
+        model = request_model(document)
         header = get(request.headers, b"x-failover-node")
         selected = header.decode("latin-1") if header else None
         key = affinity_key(document) if self.config.affinity == "prefix" else None
         candidates = resolve_candidates(
             self.config.upstreams,
-            model=request_model(document),
+            model=model,
             selected=selected,
             affinity_key=key,
             inventories=self.report.health.inventories,
@@ -83,24 +100,15 @@ class Attempts:
         preferred = (
             first if key is not None or (selected is not None and first == selected) else None
         )
-        return candidates, preferred
+        return Plan(request, document, model, candidates, preferred, client_address, scheme)
 
-    async def serve(
-        self,
-        client: ClientConnection,
-        request: ClientRequest,
-        work: Workload,
-        candidates: list[Upstream],
-        preferred: str | None,
-        document: Any,
-        client_address: str | None,
-        scheme: str,
-    ) -> bool:
-        """Run the attempts and answer the client; returns keep-alive."""
+    async def serve(self, client: ClientConnection, work: Workload, plan: Plan) -> bool:
+        """Run the attempts of ``plan`` and answer the client; returns keep-alive."""
+        candidates, preferred = plan.candidates, plan.preferred
         if not candidates:
             self.report.publish_workload(work)
             work.state, work.status = State.FAILED, 404
-            message = f"no node serves model {document.get('model')!r}"
+            message = f"no node serves model {plan.model!r}"
             await send_failure(client, work, 404, "model_not_found", message)
             return True
         nodes = {node.name: node for node in candidates}
@@ -131,7 +139,7 @@ class Attempts:
                     State.RUNNING,
                 )
                 work.attempt = len(tried)
-                outgoing = request_for(node, request, work, document, client_address, scheme)
+                outgoing = request_for(node, plan, work)
                 self.report.attempt_started(work, node, outgoing)  # event; span, traceparent
                 try:
                     response = await open_response(
@@ -163,23 +171,17 @@ class Attempts:
         return True
 
 
-def request_for(
-    node: Upstream,
-    request: ClientRequest,
-    work: Workload,
-    document: Any,
-    client_address: str | None,
-    scheme: str,
-) -> OutgoingRequest:
-    """The request as ``node`` gets it: its target, model name and headers."""
+def request_for(node: Upstream, plan: Plan, work: Workload) -> OutgoingRequest:
+    """The request of ``plan`` as ``node`` gets it: its target, model name and headers."""
+    request, document = plan.request, plan.document
     body = node_body(request.body, document, node)
     carries_body = bool(body) or request.method in (b"POST", b"PUT", b"PATCH")
     headers = upstream_request_headers(
         request.headers,
         host=node.host_header,
         request_id=work.id,
-        client_address=client_address,
-        client_scheme=scheme,
+        client_address=plan.client_address,
+        client_scheme=plan.scheme,
         node_headers=node.headers,
         content_length=len(body) if carries_body else None,
     )

@@ -20,7 +20,7 @@ import trio
 
 from ..core.config import Config
 from ..core.outcome import AttemptRecord, Outcome
-from ..core.requests import request_document, request_model, workload_id
+from ..core.requests import workload_id
 from ..core.workload import FINAL, State
 from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
@@ -92,14 +92,11 @@ class WorkloadRunner:
             started=now,
             client=client_name,
         )
-        # Parsed for every request: whether it streams picks the head
-        # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
-        document = request_document(request.body)
-        model = request_model(document)
+        plan = self._attempts.plan(request, client_address, scheme)
+        model = plan.model
         # Shown in /status and the events: a client's megabyte of "model" is not.
         work.model = model if model is None or len(model) <= MODEL_SHOWN else model[:MODEL_SHOWN]
-        candidates, preferred = self._attempts.candidates(request, document)
-        self.report.started(work, request, document, client_address, scheme)
+        self.report.started(work, request, plan.document, client_address, scheme)
 
         keep_alive = False
         settled = trio.Event()
@@ -111,16 +108,7 @@ class WorkloadRunner:
                             self._watch_client, client, work, nursery.cancel_scope, settled
                         )
                     try:
-                        keep_alive = await self._attempts.serve(
-                            client,
-                            request,
-                            work,
-                            candidates,
-                            preferred,
-                            document,
-                            client_address,
-                            scheme,
-                        )
+                        keep_alive = await self._attempts.serve(client, work, plan)
                     finally:
                         settled.set()  # the watcher returns (no Cancelled to raise and catch)
             except Exception:
