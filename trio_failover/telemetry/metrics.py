@@ -45,6 +45,33 @@ class Metrics:
         r = self.registry
         self.build = Info("trio_failover_build", "Version of the proxy", registry=r)
         self.build.info({"version": __version__})
+        self._define_traffic(r)
+        self._define_queue(r)
+        self._define_latencies(r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # The series every request updates, held between scrapes (held.py).
+        self._attempts = HeldCounter(self.attempts)
+        self._commits = HeldCounter(self.commits)
+        self._workloads = HeldCounter(self.workloads)
+        self._time_to_head = HeldHistograms(self.time_to_head, _LATENCY_BUCKETS)
+        self._time_to_commit = HeldHistograms(self.time_to_commit, _LATENCY_BUCKETS)
+        self._duration = HeldHistograms(self.duration, _LATENCY_BUCKETS)
+        self.registry.held += [
+            self._attempts,
+            self._commits,
+            self._workloads,
+            self._time_to_head,
+            self._time_to_commit,
+            self._duration,
+        ]
+        self.declare_nodes(nodes)
+        # Each commit's time to first byte, by node, for the dashboard's
+        # history: the admin listener's sampler (service/sampler.py) puts
+        # its lists here while it runs; until then the append goes nowhere.
+        self.ttfb_samples: dict[str, list[float]] = {}
+
+    def _define_traffic(self, r: FlushingRegistry) -> None:
+        """The series of attempts, nodes, commits and workloads."""
         self.attempts = Counter(
             "trio_failover_attempts",
             "Attempts by node and outcome",
@@ -103,14 +130,16 @@ class Metrics:
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
         )
+
+    def _define_queue(self, r: FlushingRegistry) -> None:
+        """The series of the slot queue."""
         self.queue_length = Gauge(
             "trio_failover_queue_length", "Workloads waiting for a slot now", registry=r
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = _latency(
             "trio_failover_queue_wait_seconds",
             "Time one wait for a slot lasted (one workload may wait more than once)",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            r,
         )
         self.queue_rejected = Counter(
             "trio_failover_queue_rejected",
@@ -120,49 +149,22 @@ class Metrics:
         )
         for reason in QUEUE_REJECTIONS:  # a closed set: export it at zero
             self.queue_rejected.labels(reason)
-        self.time_to_head = Histogram(
+
+    def _define_latencies(self, r: FlushingRegistry) -> None:
+        """The latency histograms, by node."""
+        by_node = ("node",)
+        self.time_to_head = _latency(
             "trio_failover_time_to_head_seconds",
             "Request written to response head read",
-            ["node"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            r,
+            by_node,
         )
-        self.time_to_commit = Histogram(
-            "trio_failover_time_to_commit_seconds",
-            "Workload start to commit",
-            ["node"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.time_to_commit = _latency(
+            "trio_failover_time_to_commit_seconds", "Workload start to commit", r, by_node
         )
-        self.duration = Histogram(
-            "trio_failover_workload_duration_seconds",
-            "Workload start to end",
-            ["node"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.duration = _latency(
+            "trio_failover_workload_duration_seconds", "Workload start to end", r, by_node
         )
-
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        # The series every request updates, held between scrapes (held.py).
-        self._attempts = HeldCounter(self.attempts)
-        self._commits = HeldCounter(self.commits)
-        self._workloads = HeldCounter(self.workloads)
-        self._time_to_head = HeldHistograms(self.time_to_head, _LATENCY_BUCKETS)
-        self._time_to_commit = HeldHistograms(self.time_to_commit, _LATENCY_BUCKETS)
-        self._duration = HeldHistograms(self.duration, _LATENCY_BUCKETS)
-        self.registry.held += [
-            self._attempts,
-            self._commits,
-            self._workloads,
-            self._time_to_head,
-            self._time_to_commit,
-            self._duration,
-        ]
-        self.declare_nodes(nodes)
-        # Each commit's time to first byte, by node, for the dashboard's
-        # history: the admin listener's sampler (service/sampler.py) puts
-        # its lists here while it runs; until then the append goes nowhere.
-        self.ttfb_samples: dict[str, list[float]] = {}
 
     # -- the per-request updates, held (the lookups inlined: one call each) --
 
@@ -229,3 +231,10 @@ class Metrics:
         """
         encoder, content_type = choose_encoder(accept)
         return encoder(self.registry), content_type
+
+
+def _latency(
+    name: str, documentation: str, registry: FlushingRegistry, labels: tuple[str, ...] = ()
+) -> Histogram:
+    """A histogram of seconds with the latency buckets."""
+    return Histogram(name, documentation, labels, buckets=_LATENCY_BUCKETS, registry=registry)
