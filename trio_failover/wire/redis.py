@@ -98,6 +98,46 @@ class _Call:
     wake: trio.Event | None = None
 
 
+class _InFlight:
+    """The calls whose commands were written, oldest first: where each reply read goes."""
+
+    def __init__(self) -> None:
+        self._calls: deque[_Call] = deque()
+
+    def add(self, call: _Call) -> None:
+        """``call``'s commands are being written: its replies come after the others'."""
+        self._calls.append(call)
+
+    def deliver(self, reply: object) -> bool:
+        """Hand one reply to the oldest call (kept, if its caller left); False: no call waits."""
+        if not self._calls:
+            return False
+        call = self._calls[0]
+        call.replies.append(reply)
+        if len(call.replies) == call.expected:
+            self._calls.popleft()
+            call.done = True
+            if call.wake is not None:
+                call.wake.set()
+        return True
+
+    def wake_next_reader(self) -> None:
+        """Wake the first caller still waiting: it reads next."""
+        for call in self._calls:
+            if call.wake is not None:
+                call.wake.set()
+                return
+
+    def fail_all(self, reason: str) -> None:
+        """End every call with ``StateUnavailable`` for ``reason``."""
+        while self._calls:
+            call = self._calls.popleft()
+            call.error = StateUnavailable("reply", reason)
+            call.done = True
+            if call.wake is not None:
+                call.wake.set()
+
+
 class RedisConnection(trio.abc.AsyncResource):
     """A connection for commands, shared by any number of tasks. Get one from ``open_redis``.
 
@@ -119,7 +159,7 @@ class RedisConnection(trio.abc.AsyncResource):
         self.address = address
         self._link = link
         self._send_lock = trio.StrictFIFOLock()
-        self._pending: deque[_Call] = deque()
+        self._pending = _InFlight()
         self._reading = False
         self._closed_reason: str | None = None
         self._closed = trio.Event()
@@ -230,7 +270,7 @@ class RedisConnection(trio.abc.AsyncResource):
             # write that went through in a shielded checkpoint. So a
             # cancellation here breaks the connection only when it is broken.
             await trio.lowlevel.checkpoint_if_cancelled()
-            self._pending.append(call)
+            self._pending.add(call)
             try:
                 await socket_io.send(self._link.stream, payload)
             except IO_ERRORS as exc:
@@ -261,12 +301,8 @@ class RedisConnection(trio.abc.AsyncResource):
 
     def _hand_on(self) -> None:
         """Let the first caller still waiting read, when nobody does."""
-        if self._reading:
-            return
-        for call in self._pending:
-            if call.wake is not None:
-                call.wake.set()
-                return
+        if not self._reading:
+            self._pending.wake_next_reader()
 
     async def _read_some(self) -> None:
         """One read from the socket; every whole reply in it goes to its call."""
@@ -279,35 +315,18 @@ class RedisConnection(trio.abc.AsyncResource):
                 return
             link.parser.feed(data)
             while (reply := link.parser.gets()) is not False:
-                self._deliver(reply)
+                if not self._pending.deliver(reply):
+                    self._lose("a reply nobody asked for")
         except hiredis.ProtocolError as exc:
             self._lose(f"not Redis' protocol: {exc}")
         except IO_ERRORS as exc:
             self._lose(f"connection lost: {exc.__cause__ or exc}")
 
-    def _deliver(self, reply: object) -> None:
-        """Hand one reply to the oldest pending call (dropped if its caller left)."""
-        if not self._pending:
-            self._lose("a reply nobody asked for")
-            return
-        call = self._pending[0]
-        call.replies.append(reply)
-        if len(call.replies) == call.expected:
-            self._pending.popleft()
-            call.done = True
-            if call.wake is not None:
-                call.wake.set()
-
     def _lose(self, reason: str) -> None:
         """Mark the connection closed for ``reason`` and fail every pending call."""
         if self._closed_reason is None:
             self._closed_reason = reason
-        while self._pending:
-            call = self._pending.popleft()
-            call.error = StateUnavailable("reply", self._closed_reason)
-            call.done = True
-            if call.wake is not None:
-                call.wake.set()
+        self._pending.fail_all(self._closed_reason)
         self._closed.set()
 
 
