@@ -26,6 +26,7 @@ from trio_failover.service.admin import (
     serve_admin_connection,
 )
 from trio_failover.testing import FakeNode, Fleet, healthy
+from trio_failover.wire.client import ClientConnection, ClientRequest
 
 Serve = Callable[[trio.abc.Stream], Awaitable[None]]
 
@@ -114,3 +115,30 @@ async def test_the_admin_listener_refuses_431_and_400_with_json(
         400,
         {"error": {"message": "malformed request", "type": "admin_error", "code": "bad_request"}},
     )
+
+
+async def test_a_taken_over_connection_reads_the_replay_then_every_later_byte(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # What /events hands trio-websocket: the upgrade request again, the
+    # bytes h11 held beyond it, what the reader holds and what comes later.
+    client, server = trio.testing.memory_stream_pair()
+    connection = ClientConnection(server, max_head=1024, max_body=1024, client_header_timeout=10)
+    read: list[bytes] = []
+
+    async def take_over(conn: ClientConnection, request: ClientRequest) -> bool:
+        stream = conn.take_over(b"REPLAY|")
+        data = b""
+        while chunk := await stream.receive_some(4):
+            data += chunk
+        read.append(data)
+        return False
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(connection.serve, take_over)
+            await client.send_all(b"GET /events HTTP/1.1\r\nhost: a\r\n\r\nEARLY|")
+            await trio.sleep(1)
+            await client.send_all(b"LATER")
+            await client.send_eof()
+    assert read == [b"REPLAY|EARLY|LATER"]
