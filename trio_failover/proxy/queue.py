@@ -50,7 +50,9 @@ class SlotQueue:
             is_demoted: ``(node, now) -> bool``, the one readiness predicate.
         """
         self.scheduler: SlotScheduler[trio.Event] = SlotScheduler(
-            {node.name: node.capacity for node in config.upstreams},
+            # Capacity auto (None) limits nothing until its engine says
+            # (the engine holder sets it then).
+            {node.name: node.capacity or 0 for node in config.upstreams},
             balance=config.balance,
             max_queue=config.max_queue,
         )
