@@ -30,6 +30,7 @@ from ..wire.client import ClientConnection, ClientRequest
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
+from .engine_holder import EngineHolder
 from .milestones import Milestones
 from .records import Workload
 from .report import Report
@@ -50,8 +51,11 @@ class Attempts:
         milestones: Milestones,
         relay: Relay,
         liveness: Liveness | None = None,
+        engines: EngineHolder | None = None,
     ) -> None:
         self.config = config
+        # The engines' signals (SPEC 5c): loaded models first; None = none.
+        self.engines = engines
         # Asks a node that keeps an attempt waiting whether it is alive (SPEC 5.5).
         self.liveness = liveness
         self.connector = connector
@@ -109,12 +113,14 @@ class Attempts:
         limit = min(self.config.max_attempts or len(order), len(order))
         tried: set[str] = set()
         last_answer: SavedResponse | None = None
+        engines = self.engines
+        loaded = engines.loaded(request_model(document)) if engines is not None else frozenset()
         while len(tried) < limit:
             # Before the first attempt no checkpoint has passed since the
             # workload began (the clock still reads work.started); after a
             # failed one it has.
             now = work.started if not tried else trio.current_time()
-            slot = await take_slot(self.report, work, order, tried, preferred, now)
+            slot = await take_slot(self.report, work, order, tried, preferred, now, loaded)
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
@@ -201,6 +207,7 @@ async def take_slot(
     tried: set[str],
     preferred: str | None,
     now: float | None = None,
+    loaded: frozenset[str] = frozenset(),
 ) -> Slot | str | None:
     """A slot for the workload's next attempt, at once or after waiting in the queue.
 
@@ -208,6 +215,7 @@ async def take_slot(
     attempt if it never waits, one with ``position`` each time it waits.
 
     ``now``: the Trio clock, if read since the caller's last checkpoint.
+    ``loaded``: the nodes holding the request's model loaded (SPEC 5c).
 
     Returns:
         The slot; None when every candidate was tried; else why the queue
@@ -216,7 +224,7 @@ async def take_slot(
     Cancellation: a waiting workload leaves the queue (the client left).
     """
     queue = report.readiness.queue
-    result = queue.acquire(order, tried=tried, preferred=preferred, now=now)
+    result = queue.acquire(order, tried=tried, preferred=preferred, now=now, loaded=loaded)
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:
             report.publish_workload(work)
