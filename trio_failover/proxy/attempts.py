@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
 from ..core.config import Config, Upstream
@@ -139,6 +140,10 @@ class Attempts:
                 )
                 work.attempt = len(tried)
                 outgoing = request_for(node, request, work, document, client_address, scheme)
+                if engines is not None and engines.signals:  # SPEC 5c: a cold load
+                    cold = engines.head_timeout(node.name, request_model(document))
+                    if cold != self.config.response_header_timeout:
+                        outgoing = attrs.evolve(outgoing, head_timeout=cold)
                 self.report.attempt_started(work, node, outgoing)  # event; span, traceparent
                 try:
                     response = await open_response(
