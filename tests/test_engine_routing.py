@@ -178,3 +178,20 @@ async def test_without_engine_reads_a_cold_load_is_a_header_timeout_as_before(
     assert response is not None
     assert node_of(response) == "b"
     assert took == 120.0
+
+
+async def test_status_shows_the_engine_the_capacity_source_and_the_reading(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engine = FakeLlamaServer(slots=2)
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                engine.set_other_clients(1)
+                await trio.sleep(2.0)
+                [node] = proxy.status()["nodes"]
+    assert node["engine"] == {"kind": "llama-server", "found_by": "GET /props: total_slots"}
+    assert (node["capacity"], node["capacity_source"]) == (2, "auto (GET /props total_slots)")
+    signals = node["engine_signals"]
+    assert (signals["busy"], signals["total_slots"], signals["stale"]) == (1, 2, False)
+    assert node["engine_error"] is None

@@ -21,6 +21,8 @@ take it over whole: its state is ``states``, its outputs the ledger's
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from ..core.config import Config
@@ -32,7 +34,14 @@ from ..core.engine_state import (
     loaded_nodes,
     next_state,
 )
-from ..core.engines import UNKNOWN, EngineKind, Signals, configured_engine, stale_after
+from ..core.engines import (
+    UNKNOWN,
+    EngineKind,
+    Signals,
+    configured_engine,
+    resolve_capacity,
+    stale_after,
+)
 from .queue import SlotQueue
 
 
@@ -71,6 +80,34 @@ class EngineHolder:
         else:
             self.signals[node] = current
         return before != self.signals.get(node)
+
+    def describe(self, node: str, now: float) -> dict[str, Any]:
+        """``/status``'s engine fields of ``node``: its kind, capacity source, last reading."""
+        state = self.states[node]
+        current = state.current(now, self.max_age)
+        if node not in self._auto:
+            source = "configured"
+        else:
+            source = resolve_capacity(None, "", current.total_slots).source
+        engine = state.engine
+        return {
+            "engine": None
+            if engine is None
+            else {"kind": engine.kind.value, "found_by": engine.found_by},
+            "capacity_source": source,
+            "engine_signals": None
+            if state.read_at is None
+            else {
+                "busy": current.busy,
+                "waiting": current.waiting,
+                "total_slots": current.total_slots,
+                "kv_cache_usage": current.kv_cache_usage,
+                "loaded": None if current.loaded is None else sorted(current.loaded),
+                "age_s": round(now - state.read_at, 3),
+                "stale": current == UNKNOWN,
+            },
+            "engine_error": state.last_error or None,
+        }
 
     def loaded(self, model: str | None) -> frozenset[str]:
         """The nodes holding ``model`` loaded now (``SlotQueue.acquire``'s ``loaded``)."""

@@ -180,4 +180,8 @@ class Proxy:
 
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
-        return self.report.view.document()
+        document = self.report.view.document()
+        now = trio.current_time()
+        for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
+            node.update(self.engines.describe(node["name"], now))
+        return document
