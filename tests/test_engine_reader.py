@@ -130,12 +130,13 @@ async def test_a_node_that_is_no_engine_is_openai_and_read_no_more(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     async with Fleet({"a": FakeNode(healthy(b"{}", status=404))}) as fleet:
-        config = config_of(fleet, discovery_interval=0.0)
+        config = config_of(fleet, discovery_interval=30.0)
         got = Signals()
         reader = EngineReader(config, fleet.connector, got)
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
                 await nursery.start(reader.run)
+                reader.checked("a", good=True)
                 await trio.sleep(10.0)
                 nursery.cancel_scope.cancel()
     assert [(s.engine.kind, s.engine.found_by) for s in got.of("a")] == [
@@ -144,25 +145,42 @@ async def test_a_node_that_is_no_engine_is_openai_and_read_no_more(
     assert len(fleet["a"].received) == 4  # the four detection reads, once
 
 
-async def test_an_unreachable_auto_node_is_not_taken_for_openai(
+async def test_an_auto_node_is_detected_only_at_a_good_check_with_an_answer(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     vllm = FakeNode(FakeVllm(slots=4))
     async with Fleet({"a": FakeNode(refuse=True)}) as fleet:
-        config = config_of(fleet, discovery_interval=0.0)
+        config = config_of(fleet, discovery_interval=30.0)
         got = Signals()
         reader = EngineReader(config, fleet.connector, got)
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
                 await nursery.start(reader.run)
+                reader.checked("a", good=False)  # down: nothing is asked
                 await trio.sleep(3.0)
-                assert got.got == []  # detection waits for an answer
-                fleet.nodes["a"] = vllm  # the engine comes up
-                await trio.sleep(2.0)
+                reader.checked("a", good=True)  # a good check, but the reads fail
+                await trio.sleep(1.0)
+                assert got.got == []  # not taken for openai: detection waits for an answer
+                assert len(fleet["a"].received) == 0
+                fleet.nodes["a"] = vllm  # the engine answers from now on
+                await trio.sleep(2.0)  # the next interval
                 nursery.cancel_scope.cancel()
     kinds = [(s.engine.kind, s.at) for s in got.of("a")]
-    assert kinds == [(EngineKind.VLLM, 4.0)]
+    assert kinds == [(EngineKind.VLLM, 5.0)]
     assert got.of("a")[0].signals.busy == 0
+
+
+async def test_with_discovery_off_an_auto_node_is_never_read(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(FakeLlamaServer())}) as fleet:
+        config = config_of(fleet, discovery_interval=0.0)
+        reader = EngineReader(config, fleet.connector, Signals())
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(reader.run)
+                await trio.sleep(10.0)
+    assert fleet["a"].received == []
 
 
 async def test_nothing_is_read_with_no_interval_and_no_checks(

@@ -115,7 +115,9 @@ class Attempts:
         tried: set[str] = set()
         last_answer: SavedResponse | None = None
         engines = self.engines
-        loaded = engines.loaded(request_model(document)) if engines is not None else frozenset()
+        loaded: frozenset[str] = frozenset()
+        if engines is not None and engines.signals:  # SPEC 5c; nothing to ask without
+            loaded = engines.loaded(request_model(document))
         while len(tried) < limit:
             # Before the first attempt no checkpoint has passed since the
             # workload began (the clock still reads work.started); after a

@@ -7,8 +7,9 @@ server's services nursery starts it, like discovery). Each task:
    node's first good check (``checked(node, good=True)``, which discovery
    calls after each check), by asking ``engines.DETECTION_PATHS`` and
    judging them with ``engine_parsers.detect_engine``. With discovery off
-   the reader's first round is that check. A round where no read got any
-   answer (the node unreachable) detects nothing and is tried again;
+   there is no check, so nothing is read of an ``auto`` node (the proxy
+   then asks a node nothing of its own accord but the liveness checks). A
+   round where no read got any answer detects nothing and is tried again;
 2. reads its engine's ``SIGNAL_PATHS`` every ``--load-interval`` and with
    each check (``checked``), on a fresh connection each (``wire.fetch``:
    never a slot, never pooled), within the connect timeout and then
@@ -93,8 +94,8 @@ class EngineReader:
     async def _read_every(self, node: Upstream) -> None:
         engine = configured_engine(EngineKind(node.engine))
         interval = self.config.load_interval
-        # With discovery on, an auto node waits for its first good check.
-        checks = self.config.discovery_interval > 0
+        if engine is None and not self.config.discovery_interval:
+            return  # auto is found at a check; with none, nothing is read of it
         deadline = trio.current_time()
         while True:
             with trio.move_on_at(deadline):
@@ -102,7 +103,7 @@ class EngineReader:
             self._wake[node.name] = trio.Event()
             started = trio.current_time()
             deadline = started + interval if interval else math.inf
-            if engine is None and (self._good_check[node.name] or not checks):
+            if engine is None and self._good_check[node.name]:
                 engine = await self._detect(node)
             if engine is None:
                 continue
