@@ -24,8 +24,10 @@ from trio_failover.proxy import Proxy
 from trio_failover.testing import (
     ClientResponse,
     FakeLlamaServer,
+    FakeLmStudio,
     FakeNode,
     FakeOllama,
+    FakeVllm,
     Fleet,
     request,
 )
@@ -195,3 +197,35 @@ async def test_status_shows_the_engine_the_capacity_source_and_the_reading(
     signals = node["engine_signals"]
     assert (signals["busy"], signals["total_slots"], signals["stale"]) == (1, 2, False)
     assert node["engine_error"] is None
+
+
+async def test_vllm_running_and_waiting_count_for_least_loaded(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = {name: FakeVllm(slots=4, tokens=2, token_delay=1.0) for name in "ab"}
+    async with Fleet({name: FakeNode(e) for name, e in engines.items()}) as fleet:
+        upstreams = [attrs.evolve(node, capacity=4) for node in fleet.upstreams()]
+        with trio.fail_after(LIMIT):
+            async with running(fleet, upstreams, balance="least-loaded") as proxy:
+                engines["a"].set_other_clients(1)  # one request past the proxy
+                await trio.sleep(2.0)
+                response = await request(proxy, body=stream_of("fake-model"))
+    assert response is not None
+    assert node_of(response) == "b"  # a: (max(0, 1) + 0) / 4; b: 0 / 4
+
+
+async def test_an_lmstudio_node_with_the_model_loaded_wins(autojump_clock: trio.abc.Clock) -> None:
+    cold = FakeLmStudio(models=["m"], load_delay=30.0)
+    warm = FakeLmStudio(models=["m"], loaded=["m"], load_delay=30.0)
+    async with Fleet({"cold": FakeNode(cold), "warm": FakeNode(warm)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                response = await request(proxy, body=stream_of("m"))
+                [first, _] = proxy.status()["nodes"]
+    assert response is not None
+    assert node_of(response) == "warm"
+    assert first["engine"] == {
+        "kind": "lmstudio",
+        "found_by": "GET /api/v0/models: state per model",
+    }
+    assert (cold.loads, warm.loads) == ([], [])
