@@ -107,6 +107,11 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "last_outcome": "header_timeout",
             "last_error": "a: head: no complete response head in 10.0s",
             "last_check": None,  # a streamed request's head: no liveness check (SPEC 5.5)
+            # SPEC 5c: an auto engine not detected yet (no check ran), nothing read
+            "engine": None,
+            "capacity_source": "auto (the engine gives none)",
+            "engine_signals": None,
+            "engine_error": None,
         }
         assert nodes["b"]["state"] == "ready"
         assert (nodes["b"]["last_outcome"], nodes["b"]["last_error"]) == ("completed", None)

@@ -54,7 +54,6 @@ from trio_failover.core.engines import (
     model_loaded,
     needs_cold_start,
     resolve_capacity,
-    same_model,
     serves_many,
     stale_after,
 )
@@ -609,21 +608,6 @@ def test_load_key(
 
 
 # -- loaded models ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "same"),
-    [
-        ("llama3", "llama3:latest", True),
-        ("llama3:latest", "llama3", True),
-        ("llama3:8b", "llama3", False),
-        ("llama3:8b", "llama3:8b", True),
-        ("host:5000/ns/m", "host:5000/ns/m:latest", True),
-        ("a", "b", False),
-    ],
-)
-def test_same_model_as_ollama_compares(a: str, b: str, same: bool) -> None:
-    assert same_model(a, b) is same
 
 
 @pytest.mark.parametrize(

@@ -184,11 +184,12 @@ def test_every_config_field_has_an_option() -> None:
 def test_every_option_follows_the_naming_rule() -> None:
     for opt in OPTIONS:
         assert opt.flag == "--" + opt.name.replace("_", "-")
-        if opt.name not in ("upstream", "api_key"):
+        if opt.name not in ("upstream", "api_key", "engine"):
             assert opt.env == "TRIO_FAILOVER_" + opt.flag[2:].upper().replace("-", "_")
     # The two lists take the plural (SPEC section 3).
     assert option("upstream").env == "TRIO_FAILOVER_UPSTREAMS"
     assert option("api_key").env == "TRIO_FAILOVER_API_KEYS"
+    assert option("engine").env == "TRIO_FAILOVER_ENGINES"
 
 
 # --- The config file ------------------------------------------------------------------------------
@@ -1110,7 +1111,7 @@ def test_describe_masks_secrets_and_names_sources() -> None:
     assert rows["connect-timeout"] == ("10s", "default")
     assert rows["config"] == ("config.toml", "file config.toml")
     labels = [opt.label for opt in OPTIONS]
-    capacity = labels.index("capacity")
+    capacity, engine = labels.index("capacity"), labels.index("engine")
     assert list(rows) == [
         "config",
         "listen",
@@ -1118,8 +1119,11 @@ def test_describe_masks_secrets_and_names_sources() -> None:
         "upstream a",
         *labels[4:capacity],
         "capacity a",
-        *labels[capacity + 1 :],
+        *labels[capacity + 1 : engine],
+        "engine a",
+        *labels[engine + 1 :],
     ]
-    assert rows["capacity a"] == ("0", "default")
+    assert rows["capacity a"] == ("auto", "default")
+    assert rows["engine a"] == ("auto", "default")
     assert rows["api-key"] == ("none", "default")
     assert rows["admin-token"] == ("none", "default")

@@ -40,7 +40,9 @@ def test_library_config_gets_every_spec_default() -> None:
     assert config.unstreamed_timeout == 600.0
     assert config.clients == ()
     assert config.admin_token is None
-    assert config.upstreams[0].capacity == 0
+    assert config.upstreams[0].capacity is None  # auto (SPEC 5c)
+    assert config.upstreams[0].engine == "auto"
+    assert (config.load_interval, config.cold_start_timeout) == (2.0, 300.0)
     assert Upstream("a", URL, capacity=2).capacity == 2
 
 
@@ -141,18 +143,21 @@ def test_capacity_precedence_every_combination(tiers: set[int]) -> None:
         winner = min(tiers)
         assert (a.capacity, str(sources["capacity:a"])) == (winner + 1, TIER_SOURCES[winner])
     else:
-        assert (a.capacity, str(sources["capacity:a"])) == (0, "default")
+        assert (a.capacity, str(sources["capacity:a"])) == (None, "default")  # auto
     # Node b has no value of its own: only the bare values and the top level reach it.
     rest = sorted(tiers & {3, 4, 5})
     if rest:
         assert (b.capacity, str(sources["capacity:b"])) == (rest[0] + 1, TIER_SOURCES[rest[0]])
     else:
-        assert (b.capacity, str(sources["capacity:b"])) == (0, "default")
+        assert (b.capacity, str(sources["capacity:b"])) == (None, "default")
 
 
 # The cases SPEC and the docs spell out, by name.
-NAMED_CASES: list[tuple[str, dict[str, object], dict[str, str], str, dict[str, int]]] = [
-    ("nothing anywhere", {}, {}, "", {"a": 0, "b": 0}),
+NAMED_CASES: list[tuple[str, dict[str, object], dict[str, str], str, dict[str, int | None]]] = [
+    ("nothing anywhere", {}, {}, "", {"a": None, "b": None}),
+    ("auto undoes a bare flag", {"capacity": ["4", "a=auto"]}, {}, "", {"a": None, "b": 4}),
+    ("bare auto flag beats the file", {"capacity": ["auto"]}, {}, "top6", {"a": None, "b": None}),
+    ("node in file beats bare auto", {"capacity": ["auto"]}, {}, "a3", {"a": 3, "b": None}),
     ("bare flag for all", {"capacity": ["2"]}, {}, "", {"a": 2, "b": 2}),
     ("flag list with a name", {"capacity": ["2,a=4"]}, {}, "", {"a": 4, "b": 2}),
     ("flag repeated", {"capacity": ["2", "a=4"]}, {}, "", {"a": 4, "b": 2}),
@@ -172,7 +177,7 @@ NAMED_CASES: list[tuple[str, dict[str, object], dict[str, str], str, dict[str, i
         {"a": 5, "b": 2},
     ),
     ("node in file beats bare flag", {"capacity": ["2"]}, {}, "a3", {"a": 3, "b": 2}),
-    ("named flag beats node in file", {"capacity": ["a=9"]}, {}, "a3", {"a": 9, "b": 0}),
+    ("named flag beats node in file", {"capacity": ["a=9"]}, {}, "a3", {"a": 9, "b": None}),
     ("top level for the rest", {}, {}, "a3 top6", {"a": 3, "b": 6}),
     ("bare env beats top level", {}, {"TRIO_FAILOVER_CAPACITY": "5"}, "top6", {"a": 5, "b": 5}),
     ("zero is a value", {"capacity": ["a=0"]}, {}, "a3 top6", {"a": 0, "b": 6}),
@@ -184,7 +189,10 @@ NAMED_CASES: list[tuple[str, dict[str, object], dict[str, str], str, dict[str, i
     [pytest.param(*case[1:], id=case[0]) for case in NAMED_CASES],
 )
 def test_capacity_named_cases(
-    flags: dict[str, object], environ: dict[str, str], file_parts: str, expected: dict[str, int]
+    flags: dict[str, object],
+    environ: dict[str, str],
+    file_parts: str,
+    expected: dict[str, int | None],
 ) -> None:
     text = ("capacity = 6\n" if "top6" in file_parts else "") + (
         '[[upstream]]\nname = "a"\nurl = "http://h:1"\n'
@@ -217,7 +225,7 @@ def test_capacity_shown_by_check() -> None:
     )
     rows = {row[0]: row[1:] for row in describe(config, sources)}
     assert rows["capacity a"] == ("4", "flag --capacity")
-    assert rows["capacity b"] == ("0", "default")
+    assert rows["capacity b"] == ("auto", "default")
     assert "capacity" not in rows
 
 
@@ -229,7 +237,7 @@ TWO = {"upstream": ["a=http://h:1", "b=http://h:2"]}
 Mistake = tuple[str, dict[str, Any], dict[str, str], str | None, tuple[str, str, object, str]]
 
 
-def _capacity_flag(case: str, value: str, expected: str = "expected N or NAME=N") -> Mistake:
+def _capacity_flag(case: str, value: str, expected: str = "expected N, auto, NAME=N") -> Mistake:
     """A bad ``--capacity`` for the two nodes of ``TWO``, reported as given."""
     return (
         case,

@@ -22,17 +22,10 @@ from typing import Any
 import h11
 import trio
 
+from .core.names import same_model
 from .fakes import NodeIO, ReceivedRequest, chat_chunk, chat_completion, healthy
 
 Route = Callable[[NodeIO, ReceivedRequest], Awaitable[None]]
-
-
-def _same_model(a: str, b: str) -> bool:
-    # Ollama's rule, NAME is NAME:latest (as core.engines.same_model).
-    def tagged(name: str) -> str:
-        return name if ":" in name.rpartition("/")[2] else f"{name}:latest"
-
-    return tagged(a) == tagged(b)
 
 
 async def _json(io: NodeIO, request: ReceivedRequest, document: object, status: int = 200) -> None:
@@ -322,18 +315,18 @@ class _LoadingEngine(FakeEngine):
         self._loading: dict[str, trio.Event] = {}
 
     def is_loaded(self, model: str) -> bool:
-        return any(_same_model(model, name) for name in self.loaded)
+        return any(same_model(model, name) for name in self.loaded)
 
     def unload(self, model: str) -> None:
         """Unload ``model`` (its keep-alive ran out)."""
-        self.loaded = [name for name in self.loaded if not _same_model(model, name)]
+        self.loaded = [name for name in self.loaded if not same_model(model, name)]
 
     async def before_slot(self, io: NodeIO, model: str) -> None:
         # Silent while loading: no head before the model is in memory. Two
         # requests for a model share its one load.
         if self.is_loaded(model):
             return
-        key = next((m for m in self.models if _same_model(model, m)), model)
+        key = next((m for m in self.models if same_model(model, m)), model)
         loading = self._loading.get(key)
         if loading is None:
             loading = self._loading[key] = trio.Event()
@@ -383,7 +376,7 @@ class FakeOllama(_LoadingEngine):
 
     async def complete(self, io: NodeIO, request: ReceivedRequest) -> None:
         model = str((request.json() if request.body else {}).get("model", ""))
-        if not any(_same_model(model, known) for known in self.models):
+        if not any(same_model(model, known) for known in self.models):
             error = {"error": f'model "{model}" not found, try pulling it first'}
             await _json(io, request, error, 404)
             return

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from .engines import check_engine_kind
 from .errors import ConfigError
 from .names import WILDCARD, accepts, node_model_name
 from .slot_ledger import BALANCE_MODES, Balance
@@ -138,9 +139,9 @@ def _check_name(instance: Upstream, attribute: attrs.Attribute[str], value: str)
         raise ConfigError("upstream", value, "a node name is 1-128 token characters, no spaces")
 
 
-def _check_capacity(instance: Upstream, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or value < 0:
-        raise ConfigError("capacity", value, "a whole number of attempts, 0 (no limit) or more")
+def _check_capacity(instance: Upstream, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ConfigError("capacity", value, "a whole number of attempts, 0 (no limit), or auto")
 
 
 def _check_url(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
@@ -190,8 +191,11 @@ class Upstream:
     )
     ca_file: str | None = attrs.field(default=None, kw_only=True)
     insecure_skip_verify: bool = attrs.field(default=False, kw_only=True)
-    capacity: int = attrs.field(default=0, kw_only=True, validator=_check_capacity)
-    """The most attempts this proxy keeps in flight at this node; 0 = no limit."""
+    capacity: int | None = attrs.field(default=None, kw_only=True, validator=_check_capacity)
+    """Most attempts in flight here; 0 = no limit, None = ``auto`` (the engine's, SPEC 5c)."""
+    # -- engines (SPEC 5c) --
+    engine: str = attrs.field(default="auto", kw_only=True, validator=check_engine_kind)
+    """The node's engine kind (``engines.ENGINE_KINDS``); ``auto`` = detected."""
 
     # Parts of the URL, computed once: requests read them on every attempt.
     scheme: str = attrs.field(init=False, eq=False, repr=False)
@@ -283,7 +287,7 @@ def _check_listen(instance: Config, attribute: attrs.Attribute[Any], value: Any)
         split_host_port(value, attribute.name)
 
 
-def _upstreams_converter(value: Iterable[Upstream]) -> tuple[Upstream, ...]:
+def _nodes(value: Iterable[Upstream]) -> tuple[Upstream, ...]:
     return tuple(value)
 
 
@@ -327,10 +331,6 @@ class ClientKey:
 
     name: str = attrs.field(validator=_check_client_name)
     key: str = attrs.field(validator=_check_key, repr=False)
-
-
-def _clients_converter(value: Iterable[ClientKey]) -> tuple[ClientKey, ...]:
-    return tuple(value)
 
 
 def _check_clients(
@@ -386,9 +386,7 @@ MiB = 1024 * 1024
 class Config:
     """Everything the proxy needs to serve; see docs/configuration.md."""
 
-    upstreams: tuple[Upstream, ...] = attrs.field(
-        converter=_upstreams_converter, validator=_check_upstreams
-    )
+    upstreams: tuple[Upstream, ...] = attrs.field(converter=_nodes, validator=_check_upstreams)
     listen: str = attrs.field(default="127.0.0.1:8080", validator=_check_listen)
     admin_listen: str | None = attrs.field(default="127.0.0.1:8081", validator=_check_listen)
 
@@ -430,7 +428,7 @@ class Config:
     pool_max_idle: int = attrs.field(default=256, validator=_non_negative)
 
     clients: tuple[ClientKey, ...] = attrs.field(
-        default=(), converter=_clients_converter, validator=_check_clients
+        default=(), converter=tuple, validator=_check_clients
     )
     """Client API keys; with none, nothing is checked."""
     admin_token: str | None = attrs.field(default=None, validator=_check_token, repr=_show_token)
@@ -444,3 +442,8 @@ class Config:
         default=None, validator=_check_endpoint, repr=lambda url: repr(url and redact_url(url))
     )
     """The OTLP/HTTP collector that gets the traces (SPEC 9); None = no traces."""
+    # -- engines (SPEC 5c) --
+    load_interval: float = attrs.field(default=2.0, validator=_non_negative)
+    """Seconds between reads of the engines' signals; 0 = only with each check."""
+    cold_start_timeout: float = attrs.field(default=300.0, validator=_positive)
+    """The head deadline of an attempt at a node known not to hold the model loaded."""

@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
+
+from .errors import ConfigError
+from .names import find_name
 
 # -- engine kinds and detection -----------------------------------------------
 
@@ -49,6 +52,17 @@ class EngineKind(enum.StrEnum):
 
 
 ENGINE_KINDS = tuple(kind.value for kind in EngineKind)
+
+
+def check_engine_kind(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """``Upstream.engine``'s validator: one of ``ENGINE_KINDS``.
+
+    Raises:
+        ConfigError: any other value (option ``engine``).
+    """
+    if value not in ENGINE_KINDS:
+        raise ConfigError("engine", value, "one of " + ", ".join(ENGINE_KINDS))
+
 
 # The reads that tell the engines apart, in the order detection tries them:
 # each is a GET that touches no model. llama-server comes first because its
@@ -268,28 +282,13 @@ def load_key(in_flight: int, signals: Signals, capacity: int) -> float:
 # -- loaded models ------------------------------------------------------------
 
 
-def same_model(a: str, b: str) -> bool:
-    """Names compared as Ollama does: ``NAME`` is ``NAME:latest``.
-
-    A local stand-in: core/inventory.py is getting the shared helper on
-    another branch; the lead merges the two into one.
-    """
-    return _ollama_name(a) == _ollama_name(b)
-
-
-def _ollama_name(name: str) -> str:
-    # Only the last path segment may carry a tag: "host:5000/m" has a port.
-    last = name.rpartition("/")[2]
-    return name if ":" in last else f"{name}:latest"
-
-
 def model_loaded(signals: Signals, model: str) -> bool | None:
     """Whether the engine holds ``model`` loaded: True, False, or None (unknown)."""
     if signals.loaded is None:
         return None
-    if any(same_model(model, name) for name in signals.loaded):
+    if find_name(model, signals.loaded) is not None:
         return True
-    if signals.loaded_is_complete or any(same_model(model, n) for n in signals.not_loaded):
+    if signals.loaded_is_complete or find_name(model, signals.not_loaded) is not None:
         return False
     return None
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 __all__ = [
     "BALANCE_MODES",
     "Balance",
     "Choice",
+    "EngineLoad",
     "Exhausted",
     "NodeFull",
     "Readiness",
@@ -34,6 +35,21 @@ BALANCE_MODES: tuple[Balance, ...] = ("priority", "least-loaded")
 
 Readiness: TypeAlias = Callable[[str], bool] | AbstractSet[str]
 """Which nodes are ready now: a predicate on the name, or the set of ready names."""
+
+
+class EngineLoad(Protocol):
+    """What the ledger reads of an engine's signal (``engines.Signals`` is one).
+
+    Attributes:
+        busy: requests the engine works on now, whoever sent them; None = unknown.
+        waiting: requests queued inside the engine; None = unknown.
+    """
+
+    @property
+    def busy(self) -> int | None: ...
+
+    @property
+    def waiting(self) -> int | None: ...
 
 
 class NodeFull(RuntimeError):
@@ -64,22 +80,44 @@ class Slot:
 class SlotLedger:
     """Capacity and in-flight count per node; take and release in O(1).
 
-    Counts only this proxy's attempts: other clients of the same engine are
-    invisible to it. Every name passed in must be one of ``capacities``
-    (``KeyError`` otherwise).
+    Counts this proxy's attempts; the engines' own counts (SPEC 5c: work of
+    other clients and proxies) come in through ``signals``, a mapping of
+    node name -> ``Signals`` that its owner keeps current (fresh readings
+    only: a stale one is removed, never left to limit). With it empty, as
+    by default, every answer is the proxy's own count alone, at no extra
+    cost. Every name passed in must be one of ``capacities`` (``KeyError``
+    otherwise).
     """
 
-    def __init__(self, capacities: Mapping[str, int]) -> None:
+    def __init__(
+        self, capacities: Mapping[str, int], signals: Mapping[str, EngineLoad] | None = None
+    ) -> None:
         """Check and copy the capacities.
 
         Args:
             capacities: node name -> most attempts in flight, ``0`` = no limit.
+            signals: the engines' readings by node (kept, not copied: its
+                owner updates it in place); None = none.
         """
         for node, capacity in capacities.items():
-            if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-                raise ValueError(f"capacity of {node!r} must be an int >= 0, not {capacity!r}")
+            _check_capacity(node, capacity)
         self._capacity = dict(capacities)
         self._in_flight = dict.fromkeys(capacities, 0)
+        self.signals: Mapping[str, EngineLoad] = {} if signals is None else signals
+
+    def set_capacity(self, node: str, capacity: int) -> bool:
+        """Change one node's capacity (capacity ``auto`` resolved anew); True if it changed.
+
+        Attempts in flight keep their slots; a lower capacity makes the node
+        full until enough end. A higher one can let waiters on: the caller
+        dispatches the queue then.
+        """
+        _check_capacity(node, capacity)
+        if node not in self._capacity:
+            raise KeyError(node)
+        changed = self._capacity[node] != capacity
+        self._capacity[node] = capacity
+        return changed
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -95,17 +133,36 @@ class SlotLedger:
         return self._in_flight[node]
 
     def is_full(self, node: str) -> bool:
-        """Whether ``node`` is at its capacity; never true with capacity 0."""
+        """Whether ``node`` is at its capacity; never true with capacity 0.
+
+        Full by this proxy's count, or by the engine's own busy count where
+        ``signals`` has one (``engines.is_full``).
+        """
         capacity = self._capacity[node]
-        return capacity > 0 and self._in_flight[node] >= capacity
+        if capacity <= 0:
+            return False
+        if self._in_flight[node] >= capacity:
+            return True
+        signals = self.signals
+        if not signals:  # no engine signal anywhere: the proxy's count alone
+            return False
+        reading = signals.get(node)
+        return reading is not None and reading.busy is not None and reading.busy >= capacity
 
     def load(self, node: str) -> float:
-        """``in_flight / max(capacity, 1)``, what ``least-loaded`` minimises.
+        """What ``least-loaded`` minimises (``engines.load_key``).
 
-        Float division is exact enough for ties: two equal ratios of small
-        ints round to the same float, so "ties in resolved order" holds.
+        ``in_flight / max(capacity, 1)`` without a signal; with one,
+        ``(max(in_flight, busy) + waiting) / max(capacity, 1)``. Float
+        division is exact enough for ties: two equal ratios of small ints
+        round to the same float, so "ties in resolved order" holds.
         """
-        return self._in_flight[node] / max(self._capacity[node], 1)
+        reading = self.signals.get(node) if self.signals else None
+        if reading is None:
+            return self._in_flight[node] / max(self._capacity[node], 1)
+        busy = reading.busy or 0
+        waiting = reading.waiting or 0
+        return (max(self._in_flight[node], busy) + waiting) / max(self._capacity[node], 1)
 
     def take(self, node: str) -> Slot:
         """Hold one slot at ``node``.
@@ -131,6 +188,11 @@ class SlotLedger:
         slot.released = True
         self._in_flight[slot.node] -= 1
         return True
+
+
+def _check_capacity(node: str, capacity: object) -> None:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise ValueError(f"capacity of {node!r} must be an int >= 0, not {capacity!r}")
 
 
 # -- the order of one attempt ----------------------------------------------------------
@@ -166,6 +228,7 @@ def choose_node(
     ledger: SlotLedger,
     balance: Balance = "priority",
     preferred: str | None = None,
+    loaded: AbstractSet[str] = frozenset(),
 ) -> Choice:
     """Where the next attempt of one workload goes, or why it cannot go now.
 
@@ -194,6 +257,11 @@ def choose_node(
         preferred: the node resolution moved to the front (``X-Failover-Node``,
             else the prefix-affinity winner), or None. ``priority`` alone
             would find it first anyway; ``least-loaded`` needs to be told.
+        loaded: the nodes whose engine holds the request's model loaded now
+            (SPEC 5c, Ollama and LM Studio; ``engines.model_loaded``). Among
+            the ready nodes that are not full, these come first: when any
+            of them is free, the choice (``preferred``, then ``balance``)
+            is made among them alone. Empty (the default): as without it.
 
     Returns:
         ``Take(node)``, ``Wait(nodes)`` or ``Exhausted()``. Nothing is taken:
@@ -206,16 +274,25 @@ def choose_node(
         if node not in tried:
             (ready_group if is_ready(node) else other_group).append(node)
     if ready_group:
-        return _pick(ready_group, ledger, balance, preferred)
+        return _pick(ready_group, ledger, balance, preferred, loaded)
     if other_group:
-        return _pick(other_group, ledger, "priority", preferred)
+        return _pick(other_group, ledger, "priority", preferred, frozenset())
     return Exhausted()
 
 
-def _pick(group: list[str], ledger: SlotLedger, balance: Balance, preferred: str | None) -> Choice:
+def _pick(
+    group: list[str],
+    ledger: SlotLedger,
+    balance: Balance,
+    preferred: str | None,
+    loaded: AbstractSet[str],
+) -> Choice:
     free = [node for node in group if not ledger.is_full(node)]
     if not free:
         return Wait(tuple(group))
+    if loaded:
+        warm = [node for node in free if node in loaded]
+        free = warm or free
     if preferred is not None and preferred in free:
         return Take(preferred)
     if balance == "priority":

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, TypeAlias, TypeVar
 
 from .slot_ledger import (
     BALANCE_MODES,
     Balance,
+    EngineLoad,
     Exhausted,
     Readiness,
     Slot,
@@ -61,7 +63,7 @@ class Waiter(Generic[T]):
 
     Attributes:
         token: what the shell passed to ``acquire`` (e.g. its ``trio.Event``).
-        order, tried, preferred: as passed to ``acquire``, frozen.
+        order, tried, preferred, loaded: as passed to ``acquire``, frozen.
         position: its place when it started waiting, 1 = next (the
             ``position`` of its ``queued`` event).
         slot: set when a hand-off gives it a slot (taken for it already).
@@ -74,6 +76,7 @@ class Waiter(Generic[T]):
     position: int
     untried: frozenset[str] = field(repr=False)
     slot: Slot | None = None
+    loaded: frozenset[str] = frozenset()
 
 
 class Handoff(NamedTuple, Generic[T]):
@@ -120,11 +123,14 @@ class SlotScheduler(Generic[T]):
         *,
         balance: Balance = "priority",
         max_queue: int = 0,
+        signals: Mapping[str, EngineLoad] | None = None,
     ) -> None:
         """An empty queue and a ledger with nothing in flight.
 
         Args:
             capacities: node name -> capacity, ``0`` = no limit.
+            signals: the engines' readings by node, for the ledger
+                (``SlotLedger``); None = none.
             balance: ``priority`` or ``least-loaded``.
             max_queue: most workloads waiting at once, ``0`` = no limit.
 
@@ -135,7 +141,7 @@ class SlotScheduler(Generic[T]):
             raise ValueError(f"balance must be one of {BALANCE_MODES}, not {balance!r}")
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an int >= 0, not {max_queue!r}")
-        self.ledger = SlotLedger(capacities)
+        self.ledger = SlotLedger(capacities, signals)
         self.balance: Balance = balance
         self.max_queue = max_queue
         # An insertion-ordered dict is the FIFO: arrival order to iterate,
@@ -158,6 +164,7 @@ class SlotScheduler(Generic[T]):
         tried: Iterable[str] = (),
         ready: Readiness,
         preferred: str | None = None,
+        loaded: AbstractSet[str] = frozenset(),
     ) -> Acquired[T]:
         """Decide and reserve the next attempt of one workload.
 
@@ -177,6 +184,7 @@ class SlotScheduler(Generic[T]):
             ledger=self.ledger,
             balance=self.balance,
             preferred=preferred,
+            loaded=loaded,
         )
         if isinstance(choice, Take):
             return Granted(self.ledger.take(choice.node))
@@ -191,6 +199,7 @@ class SlotScheduler(Generic[T]):
             preferred=preferred,
             position=len(self._waiters) + 1,
             untried=frozenset(order) - tried,
+            loaded=frozenset(loaded),
         )
         self._waiters[waiter] = None
         return Queued(waiter)
@@ -257,6 +266,7 @@ class SlotScheduler(Generic[T]):
                 ledger=self.ledger,
                 balance=self.balance,
                 preferred=waiter.preferred,
+                loaded=waiter.loaded,
             )
             if isinstance(choice, Take):
                 waiter.slot = self.ledger.take(choice.node)

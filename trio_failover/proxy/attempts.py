@@ -31,6 +31,7 @@ from ..wire.client import ClientConnection, ClientRequest
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
+from .engine_holder import EngineHolder
 from .milestones import Milestones
 from .records import Workload
 from .report import Report
@@ -65,8 +66,11 @@ class Attempts:
         milestones: Milestones,
         relay: Relay,
         liveness: Liveness | None = None,
+        engines: EngineHolder | None = None,
     ) -> None:
         self.config = config
+        # The engines' signals (SPEC 5c): loaded models first; None = none.
+        self.engines = engines
         # Asks a node that keeps an attempt waiting whether it is alive (SPEC 5.5).
         self.liveness = liveness
         self.connector = connector
@@ -116,12 +120,16 @@ class Attempts:
         limit = min(self.config.max_attempts or len(order), len(order))
         tried: set[str] = set()
         last_answer: SavedResponse | None = None
+        engines = self.engines
+        loaded: frozenset[str] = frozenset()
+        if engines is not None and engines.signals:  # SPEC 5c; nothing to ask without
+            loaded = engines.loaded(plan.model)
         while len(tried) < limit:
             # Before the first attempt no checkpoint has passed since the
             # workload began (the clock still reads work.started); after a
             # failed one it has.
             now = work.started if not tried else trio.current_time()
-            slot = await take_slot(self.report, work, order, tried, preferred, now)
+            slot = await take_slot(self.report, work, order, tried, preferred, now, loaded)
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
@@ -140,6 +148,10 @@ class Attempts:
                 )
                 work.attempt = len(tried)
                 outgoing = request_for(node, plan, work)
+                if engines is not None and engines.signals:  # SPEC 5c: a cold load
+                    cold = engines.head_timeout(node.name, plan.model)
+                    if cold != self.config.response_header_timeout:
+                        outgoing = attrs.evolve(outgoing, head_timeout=cold)
                 self.report.attempt_started(work, node, outgoing)  # event; span, traceparent
                 try:
                     response = await open_response(
@@ -202,6 +214,7 @@ async def take_slot(
     tried: set[str],
     preferred: str | None,
     now: float | None = None,
+    loaded: frozenset[str] = frozenset(),
 ) -> Slot | str | None:
     """A slot for the workload's next attempt, at once or after waiting in the queue.
 
@@ -209,6 +222,7 @@ async def take_slot(
     attempt if it never waits, one with ``position`` each time it waits.
 
     ``now``: the Trio clock, if read since the caller's last checkpoint.
+    ``loaded``: the nodes holding the request's model loaded (SPEC 5c).
 
     Returns:
         The slot; None when every candidate was tried; else why the queue
@@ -217,7 +231,7 @@ async def take_slot(
     Cancellation: a waiting workload leaves the queue (the client left).
     """
     queue = report.readiness.queue
-    result = queue.acquire(order, tried=tried, preferred=preferred, now=now)
+    result = queue.acquire(order, tried=tried, preferred=preferred, now=now, loaded=loaded)
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:
             report.publish_workload(work)

@@ -87,8 +87,11 @@ class Discovery:
         report: Report,
         *,
         jitter: Callable[[], float] = random.random,
+        on_checked: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.config = config
+        # Told after each check (node, good): the engine reader reads then (SPEC 5c).
+        self._on_checked = on_checked
         self.connector = connector
         self.report = report
         # Random in [0, 1]: each proxy's checks drift apart from the others'.
@@ -132,6 +135,8 @@ class Discovery:
             finished = trio.current_time()
             self.report.readiness.check_finished(node.name, verdict, finished)
             self.report.record_check(node.name, health_check_record(verdict, finished))
+            if self._on_checked is not None:
+                self._on_checked(node.name, verdict.health is not Health.DOWN)
             down_checks = down_checks + 1 if health.is_down(node.name) else 0
             deadline = next_check_at(
                 started=started,

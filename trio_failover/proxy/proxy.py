@@ -21,6 +21,8 @@ from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
 from .discovery import Discovery
+from .engine_holder import EngineHolder
+from .engine_reader import EngineReader
 from .gate import ClientGate
 from .lists import FleetLists, is_list_route
 from .liveness import LivenessChecker
@@ -56,12 +58,24 @@ class Proxy:
         self.silence = SilenceWatch()
         # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
         self.liveness = LivenessChecker(config, self.connector, self.report)
+        # The engines' signals (SPEC 5c): read by engine_reader, held by
+        # engines (until the node board holds them), read by the slot queue.
+        self.engines = EngineHolder(config, self.report.readiness.queue)
+        self.engine_reader = EngineReader(config, self.connector, self.engines.on_signal)
         self._workloads = WorkloadRunner(
-            config, self.connector, self.pool, self.report, self.silence, self.liveness
+            config,
+            self.connector,
+            self.pool,
+            self.report,
+            self.silence,
+            self.liveness,
+            self.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.report)
-        self.discovery = Discovery(config, self.connector, self.report)
+        self.discovery = Discovery(
+            config, self.connector, self.report, on_checked=self.engine_reader.checked
+        )
 
     @property
     def cooldowns(self) -> CooldownTable:
@@ -133,6 +147,16 @@ class Proxy:
         """
         await self.discovery.run(task_status=task_status)
 
+    async def run_engine_reader(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Read every node's engine signals until cancelled (SPEC 5c).
+
+        Started like ``run_discovery``; it returns at once when nothing is
+        ever read (``load_interval`` and ``discovery_interval`` both 0).
+        """
+        await self.engine_reader.run(task_status=task_status)
+
     def known_tags(self, node: str) -> list[dict[str, object]] | None:
         """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check (SPEC 5a).
 
@@ -156,4 +180,8 @@ class Proxy:
 
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
-        return self.report.view.document()
+        document = self.report.view.document()
+        now = trio.current_time()
+        for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
+            node.update(self.engines.describe(node["name"], now))
+        return document

@@ -50,7 +50,9 @@ class SlotQueue:
             is_demoted: ``(node, now) -> bool``, the one readiness predicate.
         """
         self.scheduler: SlotScheduler[trio.Event] = SlotScheduler(
-            {node.name: node.capacity for node in config.upstreams},
+            # Capacity auto (None) limits nothing until its engine says
+            # (the engine holder sets it then).
+            {node.name: node.capacity or 0 for node in config.upstreams},
             balance=config.balance,
             max_queue=config.max_queue,
         )
@@ -77,13 +79,15 @@ class SlotQueue:
         tried: Iterable[str],
         preferred: str | None,
         now: float | None = None,
+        loaded: frozenset[str] = frozenset(),
     ) -> Acquired[trio.Event]:
         """Decide the next attempt: a slot now, a place in the queue, or why not.
 
         A ``Queued`` waiter is in the queue already: ``wait`` for it next,
         or ``leave`` it. After ``close()`` nobody is queued any more.
         ``now``, when the caller read the clock since its last checkpoint,
-        spares the readiness test a reading of its own.
+        spares the readiness test a reading of its own. ``loaded``: the
+        nodes holding the request's model loaded, tried first (SPEC 5c).
         """
         ready = self.is_ready
         if now is not None:
@@ -93,7 +97,7 @@ class SlotQueue:
                 return not is_demoted(node, now)
 
         result = self.scheduler.acquire(
-            trio.Event(), order, tried=tried, ready=ready, preferred=preferred
+            trio.Event(), order, tried=tried, ready=ready, preferred=preferred, loaded=loaded
         )
         if isinstance(result, Queued) and len(self.scheduler) == 1:
             self._changed()

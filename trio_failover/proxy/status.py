@@ -66,7 +66,7 @@ class StatusView:
                     "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
                     "reason": reason,
                     "in_flight": ledger.in_flight(node.name),
-                    "capacity": node.capacity,
+                    "capacity": ledger.capacity(node.name),  # auto: as resolved now
                     "served": stats.served,
                     "failed": stats.failed,
                     "models": list(models) if models is not None else None,

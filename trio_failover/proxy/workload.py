@@ -28,6 +28,7 @@ from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness
 from .answers import send_failure
 from .attempts import Attempts
+from .engine_holder import EngineHolder
 from .milestones import Milestones
 from .queue import REFUSALS
 from .records import Workload
@@ -54,6 +55,7 @@ class WorkloadRunner:
         report: Report,
         silence: SilenceWatch | None = None,
         liveness: Liveness | None = None,
+        engines: EngineHolder | None = None,
     ) -> None:
         self.config = config
         # The streams' idle timers; ``serve()`` runs its ``watch``.
@@ -64,7 +66,7 @@ class WorkloadRunner:
         milestones = Milestones(config, report)
         relay = Relay(config, report, milestones, self.silence)
         attempts = Attempts(
-            config, connector, pool, report, milestones, relay.commit_and_relay, liveness
+            config, connector, pool, report, milestones, relay.commit_and_relay, liveness, engines
         )
         self._attempts = attempts
         self._milestones = milestones

@@ -223,6 +223,7 @@ async def serve(
             addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
             # Once both listeners are bound: a proxy that cannot listen checks nothing.
             await services.start(proxy.run_discovery)  # returns at once when off
+            await services.start(proxy.run_engine_reader)  # SPEC 5c; likewise
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:

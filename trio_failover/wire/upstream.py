@@ -85,6 +85,10 @@ class OutgoingRequest:
     ``unstreamed`` (``requests.is_unstreamed``): the node sends its head only
     once the whole answer is done, so ``unstreamed_timeout`` bounds the wait
     for it instead of ``response_header_timeout``.
+
+    ``head_timeout``, when set, replaces ``response_header_timeout`` for
+    this attempt (SPEC 5c: ``--cold-start-timeout`` at a node that must load
+    the model first).
     """
 
     method: bytes
@@ -92,6 +96,7 @@ class OutgoingRequest:
     headers: Headers
     body: bytes
     unstreamed: bool = False
+    head_timeout: float | None = None
 
 
 class _StaleConnection(Exception):
@@ -318,7 +323,7 @@ async def _request_and_head(
     asked whether it is alive and the wait goes on (``_head_watched``).
     """
     name = node.name
-    header_timeout = config.response_header_timeout
+    header_timeout = request.head_timeout or config.response_header_timeout
     asks = request.unstreamed and liveness is not None
     head_timeout = config.unstreamed_timeout if request.unstreamed and not asks else header_timeout
     answering = not reused  # a pooled connection's first read tells a stale one

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from ...core.config import HOST_PORT_EXPECTED, redact_url, split_host_port
+from ...core.engines import ENGINE_KINDS
 from ...core.errors import ConfigError
 from ...core.units import format_duration, format_size, parse_duration, parse_size
 
@@ -26,6 +27,7 @@ __all__ = [
     "DIGITS",
     "DURATION",
     "ENDPOINT",
+    "ENGINES",
     "FILE",
     "HOST_PORT",
     "INT",
@@ -39,6 +41,7 @@ __all__ = [
     "capacity_toml",
     "choice_kind",
     "comma_list",
+    "engine_toml",
     "existing_file",
     "expected_of",
     "show_path",
@@ -217,10 +220,23 @@ def existing_file(text: str) -> str:
     return text
 
 
-def capacity_toml(value: object) -> int:
+# -- per-node engine settings (SPEC 5c) --
+
+
+def capacity_toml(value: object) -> int | None:
+    """A TOML ``capacity``: a whole number, or ``"auto"`` (None)."""
+    if value == "auto":
+        return None
     _refuse_quoted_number(value)
     if type(value) is not int or value < 0:
-        raise ValueError("expected a whole number of attempts, 0 (no limit) or more")
+        raise ValueError('expected a whole number of attempts, 0 (no limit) or more, or "auto"')
+    return value
+
+
+def engine_toml(value: object) -> str:
+    """A TOML ``engine``: one of the engine kinds, as a string."""
+    if not isinstance(value, str) or value not in ENGINE_KINDS:
+        raise ValueError("expected one of " + ", ".join(f'"{kind}"' for kind in ENGINE_KINDS))
     return value
 
 
@@ -257,11 +273,12 @@ ENDPOINT = Kind(
 )
 # The token's checks are Config's own validator (run on every given value).
 TOKEN = Kind("token", str, str, _show_secret)
-# --config, --upstream, --capacity and --api-key are read by resolve()
+# --config, --upstream, --capacity, --engine and --api-key are read by resolve()
 # itself; these kinds only show them.
 CONFIG_PATH = Kind("path", str, str, show_path)
 NODES = Kind("nodes", str, str, str)
 CAPACITIES = Kind("capacity", str, str, str)
+ENGINES = Kind("engine", str, str, str)
 CLIENTS = Kind("clients", str, str, str)
 
 

@@ -28,11 +28,24 @@ def _show_node(node: Upstream) -> str:
     return text
 
 
+def _per_node(
+    name: str, config: Config, sources: Mapping[str, Source]
+) -> list[tuple[str, str, str]]:
+    """The rows of a per-node option: ``capacity NODE`` (``auto`` or N), ``engine NODE``."""
+    rows: list[tuple[str, str, str]] = []
+    for node in config.upstreams:
+        value = getattr(node, name)
+        source = sources.get(f"{name}:{node.name}", DEFAULT)
+        rows.append((f"{name} {node.name}", "auto" if value is None else str(value), str(source)))
+    return rows
+
+
 def describe(config: Config, sources: Mapping[str, Source]) -> list[tuple[str, str, str]]:
     """Rows ``(option, value, source)`` of the resolved settings, secrets masked.
 
     One row per option, in ``OPTIONS`` order; one row per node in place of
-    the ``upstream`` and the ``capacity`` options, one per client key (its
+    the ``upstream``, ``capacity`` and ``engine`` options (a capacity
+    ``auto`` is the engine's own, read once the proxy runs), one per client key (its
     value ``***``) in place of ``api-key``.
     """
     rows: list[tuple[str, str, str]] = []
@@ -45,10 +58,8 @@ def describe(config: Config, sources: Mapping[str, Source]) -> list[tuple[str, s
             for node in config.upstreams:
                 source = sources.get(f"upstream:{node.name}", DEFAULT)
                 rows.append((f"upstream {node.name}", _show_node(node), str(source)))
-        elif opt.name == "capacity":
-            for node in config.upstreams:
-                source = sources.get(f"capacity:{node.name}", DEFAULT)
-                rows.append((f"capacity {node.name}", str(node.capacity), str(source)))
+        elif opt.name in ("capacity", "engine"):
+            rows += _per_node(opt.name, config, sources)
         elif opt.name == "api_key":
             for client in config.clients:
                 source = sources.get(f"client:{client.name}", DEFAULT)

@@ -17,10 +17,10 @@ from ...core.config import Upstream
 from ...core.errors import ConfigError
 from .expand import expand
 from .given import Given
-from .kinds import capacity_toml, comma_list, existing_file, expected_of
+from .kinds import capacity_toml, comma_list, engine_toml, existing_file, expected_of
 from .options import BY_NAME
 from .sources import Mistakes, Source, SourceKind
-from .toml_file import CAPACITY, UPSTREAM, ConfigFile
+from .toml_file import CAPACITY, ENGINE, UPSTREAM, ConfigFile
 
 __all__ = ["Node", "resolve_nodes"]
 
@@ -30,11 +30,12 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 @attrs.frozen
 class Node:
-    """A node as one source gives it, with the capacity its own [[upstream]] table sets."""
+    """A node as one source gives it, with the capacity and engine its [[upstream]] table sets."""
 
     node: Upstream
     source: Source
-    capacity: tuple[int, Source] | None = None
+    capacity: tuple[int | None, Source] | None = None
+    engine: tuple[str, Source] | None = None
 
 
 def _node_from_spec(spec: str, source: Source) -> Upstream:
@@ -114,14 +115,8 @@ def _node_from_table(
     if not isinstance(insecure, bool):
         mistakes.add(error("insecure_skip_verify", insecure, "expected true or false"))
 
-    capacity: tuple[int, Source] | None = None
-    if CAPACITY in table:
-        raw = table[CAPACITY]
-        where = file.where(UPSTREAM, index, CAPACITY)
-        try:
-            capacity = (capacity_toml(raw), Source("file", where, raw))
-        except ValueError as exc:
-            mistakes.add(error(CAPACITY, raw, expected_of(exc, CAPACITY)))
+    capacity = _own_setting(file, index, table, CAPACITY, capacity_toml, error, mistakes)
+    engine = _own_setting(file, index, table, ENGINE, engine_toml, error, mistakes)
 
     if not isinstance(url, str) or not isinstance(name, str | None):
         return None
@@ -136,7 +131,27 @@ def _node_from_table(
     node = attrs.evolve(
         node, models=models, headers=headers, ca_file=ca_file, insecure_skip_verify=insecure
     )
-    return Node(node, Source("file", file.where(UPSTREAM, index)), capacity)
+    return Node(node, Source("file", file.where(UPSTREAM, index)), capacity, engine)
+
+
+def _own_setting(
+    file: ConfigFile,
+    index: int,
+    table: Mapping[str, Any],
+    key: str,
+    parse: Callable[[object], Any],
+    error: Callable[..., ConfigError],
+    mistakes: Mistakes,
+) -> tuple[Any, Source] | None:
+    """A node's own per-node setting (``capacity``, ``engine``) with its source, if set."""
+    if key not in table:
+        return None
+    raw = table[key]
+    try:
+        return (parse(raw), Source("file", file.where(UPSTREAM, index, key), raw))
+    except ValueError as exc:
+        mistakes.add(error(key, raw, expected_of(exc, key)))
+        return None
 
 
 def _table_models(models: object, error: Callable[..., ConfigError]) -> object:

@@ -17,6 +17,7 @@ from ...core.config import (
     LOG_LEVEL_CHOICES,
     Config,
 )
+from ...core.engines import ENGINE_KINDS
 from ...core.slot_ledger import BALANCE_MODES
 from .kinds import (
     ADMIN,
@@ -26,6 +27,7 @@ from .kinds import (
     CONFIG_PATH,
     DURATION,
     ENDPOINT,
+    ENGINES,
     FILE,
     HOST_PORT,
     INT,
@@ -154,10 +156,10 @@ OPTIONS: tuple[Option, ...] = (
             "Attempts per workload; 0 = one per candidate."),
     _option("affinity", "affinity", _AFFINITY, "off|prefix",
             "prefix: requests sharing a prompt prefix prefer the same node."),
-    _option("capacity", "capacity", CAPACITIES, "N|NAME=N",
-            "Attempts in flight per node, 0 = no limit; NAME=N for one node, N for the rest. "
-            "Repeat, or comma-separate.",
-            field=None, repeat=True, default_note="0"),
+    _option("capacity", "capacity", CAPACITIES, "N|auto|NAME=N",
+            "Attempts in flight per node, 0 = no limit, auto = the engine's own slots; "
+            "NAME=N for one node, N for the rest. Repeat, or comma-separate.",
+            field=None, repeat=True, default_note="auto"),
     _option("balance", "balance", _BALANCE, "priority|least-loaded",
             "Order of the ready nodes with a free slot: ranking, or least loaded first."),
     _option("queue_timeout", "timeouts.queue", DURATION, "DUR",
@@ -186,6 +188,14 @@ OPTIONS: tuple[Option, ...] = (
             "On SIGTERM/SIGINT, in-flight workloads get this long to finish."),
     _option("pool_idle_timeout", "timeouts.pool_idle", DURATION, "DUR",
             "Idle upstream connections are closed after this."),
+    # -- engines (SPEC 5c) --
+    _option("engine", "engine", ENGINES, "NAME=KIND",
+            "A node's engine: " + ", ".join(ENGINE_KINDS) + "; KIND alone for the rest. Repeat.",
+            field=None, env=ENV_PREFIX + "ENGINES", repeat=True, default_note="auto"),
+    _option("load_interval", "load_interval", DURATION, "DUR",
+            "How often the engines' own load and loaded models are read; 0 = with each check."),
+    _option("cold_start_timeout", "timeouts.cold_start", DURATION, "DUR",
+            "Head deadline of an attempt at a node that must first load the model."),
     _option("api_key", "client", CLIENTS, "[NAME=]KEY",
             "A client key; repeat for more. Any key turns key checks on. NAME defaults to key-N.",
             field=None, env=ENV_PREFIX + "API_KEYS", repeat=True, secret=True),

@@ -13,7 +13,7 @@ import attrs
 
 from ...core.config import Config
 from ...core.errors import ConfigError
-from .capacity import resolve_capacity
+from .capacity import resolve_capacity, resolve_engines
 from .clients import resolve_clients
 from .given import Given
 from .kinds import SECRET, expected_of
@@ -102,7 +102,7 @@ def resolve(
     Args:
         flags: option name (``OPTIONS[i].name``) to the text given on the
             command line; the ``repeat`` options (``upstream``, ``capacity``,
-            ``api_key``) map to a list of strings. ``None`` or a missing key
+            ``engine``, ``api_key``) map to a list of strings. ``None`` or a missing key
             means "not given".
         environ: the environment (``os.environ``); read for the
             ``TRIO_FAILOVER_*`` variables and for ``${VAR}`` in node headers
@@ -113,7 +113,8 @@ def resolve(
     Returns:
         The config and the source of every value: keyed by ``Config`` field
         name, plus ``"config"`` (the file), ``"upstreams"`` (the node list),
-        ``"upstream:NAME"`` and ``"capacity:NAME"`` for each node,
+        ``"upstream:NAME"``, ``"capacity:NAME"`` and ``"engine:NAME"`` for
+        each node,
         ``"clients"`` (the key list) and ``"client:NAME"`` for each client.
 
     Raises:
@@ -140,6 +141,7 @@ def resolve(
     kwargs, failed = _resolve_options(given, sources, mistakes)
     nodes = resolve_nodes(given, sources, mistakes)
     capacities = resolve_capacity(given, nodes, sources, mistakes)
+    engines = resolve_engines(given, nodes, sources, mistakes)
     kwargs["clients"] = resolve_clients(given, sources, mistakes)
     if not failed & {"tls_cert", "tls_key"}:
         with mistakes.catch():
@@ -147,7 +149,10 @@ def resolve(
     mistakes.raise_if_any(None if file is None else file.name)
     assert nodes is not None  # else a mistake was recorded
     kwargs["upstreams"] = tuple(
-        attrs.evolve(entry.node, capacity=capacities[entry.node.name]) for entry in nodes
+        attrs.evolve(
+            entry.node, capacity=capacities[entry.node.name], engine=engines[entry.node.name]
+        )
+        for entry in nodes
     )
     try:
         config = Config(**kwargs)

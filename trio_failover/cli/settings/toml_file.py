@@ -21,12 +21,22 @@ from ...core.errors import ConfigError
 from .options import OPTIONS
 from .sources import DEFAULT, Source
 
-__all__ = ["CAPACITY", "CLIENT", "MISSING", "UPSTREAM", "ConfigFile", "KeyPath", "key_lines"]
+__all__ = [
+    "CAPACITY",
+    "CLIENT",
+    "ENGINE",
+    "MISSING",
+    "UPSTREAM",
+    "ConfigFile",
+    "KeyPath",
+    "key_lines",
+]
 
 _TIMEOUTS = "timeouts"
 UPSTREAM = "upstream"
 CLIENT = "client"
 CAPACITY = "capacity"
+ENGINE = "engine"
 _TOP_KEYS: tuple[str, ...] = (
     *(opt.toml[0] for opt in OPTIONS if opt.toml and len(opt.toml) == 1),
     _TIMEOUTS,
@@ -42,6 +52,7 @@ _NODE_KEYS: tuple[str, ...] = (
     "ca_file",
     "insecure_skip_verify",
     CAPACITY,
+    ENGINE,
 )
 _CLIENT_KEYS: tuple[str, ...] = ("name", "key")
 

@@ -1,0 +1,252 @@
+"""Pure: a node's engine state between reads, and the slot decisions that read it (SPEC 5c)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trio_failover.core.engine_state import (
+    EngineSignal,
+    EngineState,
+    attempt_head_timeout,
+    auto_capacity,
+    fresh_signals,
+    loaded_nodes,
+    next_state,
+)
+from trio_failover.core.engines import UNKNOWN, Detection, EngineKind, Signals, failed
+from trio_failover.core.slots import SlotLedger, SlotScheduler, Take, Wait, choose_node
+
+LLAMA = Detection(EngineKind.LLAMA_SERVER, "configured")
+GOOD = Signals(busy=1, total_slots=2)
+
+
+def read(signals: Signals, at: float) -> EngineSignal:
+    return EngineSignal(LLAMA, signals, at)
+
+
+# -- folding reads into a state --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("before", "signals", "after"),
+    [
+        pytest.param(
+            EngineState(),
+            GOOD,
+            EngineState(engine=LLAMA, signals=GOOD, read_at=10.0),
+            id="first good read",
+        ),
+        pytest.param(
+            EngineState(engine=LLAMA, signals=GOOD, read_at=4.0, last_error="x", error_at=6.0),
+            Signals(busy=2, total_slots=2),
+            EngineState(engine=LLAMA, signals=Signals(busy=2, total_slots=2), read_at=10.0),
+            id="a good read clears the error",
+        ),
+        pytest.param(
+            EngineState(engine=LLAMA, signals=GOOD, read_at=4.0),
+            failed("GET /slots: timeout"),
+            EngineState(
+                engine=LLAMA,
+                signals=GOOD,
+                read_at=4.0,
+                last_error="GET /slots: timeout",
+                error_at=10.0,
+            ),
+            id="a failed read keeps the last good one and its date",
+        ),
+        pytest.param(
+            EngineState(engine=LLAMA, signals=GOOD, read_at=4.0),
+            Signals(total_slots=4, last_error="GET /slots: not JSON"),
+            EngineState(
+                engine=LLAMA,
+                signals=Signals(busy=1, total_slots=4),
+                read_at=4.0,
+                last_error="GET /slots: not JSON",
+                error_at=10.0,
+            ),
+            id="a partial read lays its fields over the last good one",
+        ),
+        pytest.param(
+            EngineState(),
+            failed("GET /props: connect timed out"),
+            EngineState(engine=LLAMA, last_error="GET /props: connect timed out", error_at=10.0),
+            id="a failed first read knows nothing",
+        ),
+    ],
+)
+def test_next_state(before: EngineState, signals: Signals, after: EngineState) -> None:
+    assert next_state(before, read(signals, 10.0)) == after
+
+
+@pytest.mark.parametrize(
+    ("read_at", "now", "current"),
+    [(None, 0.0, UNKNOWN), (0.0, 6.0, GOOD), (0.0, 6.001, UNKNOWN), (10.0, 11.0, GOOD)],
+)
+def test_a_state_is_unknown_after_three_intervals(
+    read_at: float | None, now: float, current: Signals
+) -> None:
+    state = EngineState(engine=LLAMA, signals=GOOD, read_at=read_at)
+    assert state.current(now, max_age=6.0) == current
+
+
+def test_fresh_signals_leaves_out_the_stale_and_the_silent() -> None:
+    states = [
+        ("fresh", EngineState(signals=GOOD, read_at=5.0)),
+        ("stale", EngineState(signals=GOOD, read_at=0.0)),
+        ("never", EngineState()),
+    ]
+    assert fresh_signals(states, now=7.0, max_age=6.0) == {"fresh": GOOD}
+
+
+@pytest.mark.parametrize(
+    ("signals", "capacity"),
+    [(Signals(total_slots=4), 4), (Signals(total_slots=0), 0), (UNKNOWN, 0), (Signals(busy=3), 0)],
+)
+def test_auto_capacity(signals: Signals, capacity: int) -> None:
+    assert auto_capacity(signals) == capacity
+
+
+OLLAMA_A = Signals(loaded=frozenset({"qwen3:latest"}), loaded_is_complete=True)
+OLLAMA_B = Signals(loaded=frozenset(), loaded_is_complete=True)
+LMSTUDIO = Signals(loaded=frozenset({"m"}), not_loaded=frozenset({"n"}))
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("qwen3", {"a"}),  # NAME is NAME:latest
+        ("qwen3:latest", {"a"}),
+        ("qwen3:8b", set()),
+        ("m", {"lm"}),
+        (None, set()),
+    ],
+)
+def test_loaded_nodes(model: str | None, expected: set[str]) -> None:
+    signals = {"a": OLLAMA_A, "b": OLLAMA_B, "lm": LMSTUDIO, "llama": GOOD}
+    assert loaded_nodes(model, signals) == expected
+
+
+@pytest.mark.parametrize(
+    ("signals", "model", "timeout"),
+    [
+        (OLLAMA_B, "qwen3", 300.0),  # known not loaded: a cold load
+        (OLLAMA_A, "qwen3", 120.0),
+        (LMSTUDIO, "n", 300.0),
+        (LMSTUDIO, "other", 120.0),  # LM Studio does not list it: unknown
+        (GOOD, "qwen3", 120.0),
+        (None, "qwen3", 120.0),
+        (OLLAMA_B, None, 120.0),
+    ],
+)
+def test_attempt_head_timeout(signals: Signals | None, model: str | None, timeout: float) -> None:
+    got = attempt_head_timeout(
+        signals, model, response_header_timeout=120.0, cold_start_timeout=300.0
+    )
+    assert got == timeout
+
+
+# -- the ledger and the order with signals ---------------------------------------------
+
+
+def ledger(signals: dict[str, Signals], capacity: int = 2) -> SlotLedger:
+    return SlotLedger({"a": capacity, "b": capacity}, signals)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "busy", "capacity", "full"),
+    [
+        (0, None, 2, False),
+        (2, None, 2, True),  # the proxy's own count
+        (0, 2, 2, True),  # the engine's: work of other clients
+        (1, 1, 2, False),  # not added: the engine counts the proxy's own too
+        (0, 9, 0, False),  # capacity 0 is no limit
+    ],
+)
+def test_full_by_either_count(in_flight: int, busy: int | None, capacity: int, full: bool) -> None:
+    book = ledger({"a": Signals(busy=busy)}, capacity)
+    for _ in range(in_flight):
+        book.take("a")
+    assert book.is_full("a") is full
+
+
+def test_without_signals_the_ledger_counts_as_before() -> None:
+    book = ledger({})
+    book.take("a")
+    assert (book.is_full("a"), book.load("a")) == (False, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("signals", "expected"),
+    [
+        ({}, "a"),  # ties in resolved order
+        ({"a": Signals(busy=1)}, "b"),  # max(in_flight, busy)
+        ({"a": Signals(busy=0, waiting=1)}, "b"),  # waiting counts
+        ({"a": Signals(busy=1), "b": Signals(busy=1)}, "a"),
+        ({"b": Signals(waiting=3)}, "a"),
+    ],
+)
+def test_least_loaded_key_counts_the_engine(signals: dict[str, Signals], expected: str) -> None:
+    book = SlotLedger({"a": 4, "b": 4}, signals)
+    choice = choose_node(
+        ["a", "b"], tried=set(), ready={"a", "b"}, ledger=book, balance="least-loaded"
+    )
+    assert choice == Take(expected)
+
+
+@pytest.mark.parametrize(
+    ("loaded", "full", "balance", "expected"),
+    [
+        (frozenset(), set(), "priority", Take("a")),
+        (frozenset({"b"}), set(), "priority", Take("b")),
+        (frozenset({"b"}), {"b"}, "priority", Take("a")),  # full: the others, not a wait
+        (frozenset({"b", "c"}), set(), "least-loaded", Take("b")),
+        (frozenset({"a", "b"}), {"a", "b", "c"}, "priority", Wait(("a", "b", "c"))),
+    ],
+)
+def test_loaded_models_first_among_the_free_ready_nodes(
+    loaded: frozenset[str], full: set[str], balance: str, expected: object
+) -> None:
+    book = SlotLedger({"a": 1, "b": 1, "c": 1})
+    for node in full:
+        book.take(node)
+    choice = choose_node(
+        ["a", "b", "c"],
+        tried=set(),
+        ready={"a", "b", "c"},
+        ledger=book,
+        balance=balance,  # type: ignore[arg-type]
+        loaded=loaded,
+    )
+    assert choice == expected
+
+
+def test_a_loaded_node_that_is_cooling_stays_behind_the_ready_ones() -> None:
+    book = SlotLedger({"a": 0, "b": 0})
+    choice = choose_node(["a", "b"], tried=set(), ready={"a"}, ledger=book, loaded={"b"})
+    assert choice == Take("a")
+
+
+def test_set_capacity_lets_a_waiter_on_at_the_next_dispatch() -> None:
+    scheduler: SlotScheduler[str] = SlotScheduler({"a": 1})
+    scheduler.acquire("first", ["a"], ready={"a"})
+    queued = scheduler.acquire("second", ["a"], ready={"a"})
+    assert scheduler.dispatch(ready={"a"}) == []
+    assert scheduler.ledger.set_capacity("a", 2) is True
+    assert scheduler.ledger.set_capacity("a", 2) is False
+    handoffs = scheduler.dispatch(ready={"a"})
+    assert [h.waiter.token for h in handoffs] == ["second"]
+    assert queued is not None
+    with pytest.raises(KeyError):
+        scheduler.ledger.set_capacity("z", 1)
+    with pytest.raises(ValueError, match="int >= 0"):
+        scheduler.ledger.set_capacity("a", -1)
+
+
+def test_an_engine_full_node_keeps_a_waiter_until_its_signal_drops() -> None:
+    signals: dict[str, Signals] = {"a": Signals(busy=1)}
+    scheduler: SlotScheduler[str] = SlotScheduler({"a": 1}, signals=signals)
+    queued = scheduler.acquire("w", ["a"], ready={"a"})
+    assert type(queued).__name__ == "Queued"
+    assert scheduler.dispatch(ready={"a"}) == []
+    signals["a"] = Signals(busy=0)
+    assert [h.waiter.token for h in scheduler.dispatch(ready={"a"})] == ["w"]

@@ -1,0 +1,231 @@
+"""Engine signals in the proxy's decisions (SPEC 5c), whole proxy under MockClock with fake engines.
+
+Discovery and the engine reader run as ``serve()`` runs them; the fake
+engines keep their own slots and loaded models and answer the reads from
+them. Capacity ``auto`` comes from llama-server's ``/props``; work sent
+straight to an engine counts through its ``/slots``; Ollama's ``/api/ps``
+puts a node with the model loaded first and gives a node that must load it
+the cold-start timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from trio_failover import Config, Upstream
+from trio_failover.proxy import Proxy
+from trio_failover.testing import (
+    ClientResponse,
+    FakeLlamaServer,
+    FakeLmStudio,
+    FakeNode,
+    FakeOllama,
+    FakeVllm,
+    Fleet,
+    request,
+)
+
+LIMIT = 3600.0
+
+
+def stream_of(model: str) -> bytes:
+    return json.dumps({"model": model, "stream": True, "messages": []}).encode()
+
+
+@asynccontextmanager
+async def running(
+    fleet: Fleet, upstreams: list[Upstream] | None = None, **settings: Any
+) -> AsyncIterator[Proxy]:
+    """A proxy over ``fleet`` with its checks and engine reads running, as ``serve()`` has them."""
+    config = Config(upstreams=upstreams or fleet.upstreams(), admin_listen=None, **settings)
+    proxy = Proxy(config, connector=fleet.connector)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run_discovery)
+        await nursery.start(proxy.run_engine_reader)
+        await trio.sleep(1.0)  # every node's first check, detection and read are done
+        yield proxy
+        nursery.cancel_scope.cancel()
+
+
+async def together(proxy: Proxy, bodies: list[bytes]) -> list[ClientResponse]:
+    """Send ``bodies`` at once; the responses in sending order."""
+    responses: dict[int, ClientResponse] = {}
+
+    async def one(index: int, body: bytes) -> None:
+        response = await request(proxy, body=body)
+        assert response is not None
+        responses[index] = response
+
+    async with trio.open_nursery() as nursery:
+        for index, body in enumerate(bodies):
+            nursery.start_soon(one, index, body)
+    return [responses[index] for index in range(len(bodies))]
+
+
+def node_of(response: ClientResponse) -> str | None:
+    return response.header("x-failover-node")
+
+
+def capacities(proxy: Proxy) -> Mapping[str, object]:
+    return {node["name"]: node["capacity"] for node in proxy.status()["nodes"]}
+
+
+async def test_capacity_auto_from_props_puts_two_streams_on_each_engine(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = {name: FakeLlamaServer(slots=2, tokens=5, token_delay=1.0) for name in "ab"}
+    async with Fleet({name: FakeNode(e) for name, e in engines.items()}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:  # no --capacity: auto
+                assert capacities(proxy) == {"a": 2, "b": 2}
+                started = trio.current_time()
+                responses = await together(proxy, [stream_of("tiny")] * 4)
+                took = trio.current_time() - started
+    assert sorted(node_of(r) or "" for r in responses) == ["a", "a", "b", "b"]
+    assert all(r.status == 200 for r in responses)
+    assert took == 5.0  # five tokens a second apart: nobody waited inside an engine
+    assert [len(e.served) for e in engines.values()] == [2, 2]
+
+
+async def test_a_configured_capacity_wins_over_the_engines(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = {name: FakeLlamaServer(slots=2) for name in "ab"}
+    async with Fleet({name: FakeNode(e) for name, e in engines.items()}) as fleet:
+        upstreams = fleet.upstreams()
+        upstreams[0] = attrs.evolve(upstreams[0], capacity=1)
+        with trio.fail_after(LIMIT):
+            async with running(fleet, upstreams) as proxy:
+                assert capacities(proxy) == {"a": 1, "b": 2}
+
+
+async def test_work_sent_straight_to_an_engine_sends_the_next_request_to_the_other(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = {name: FakeLlamaServer(slots=2, tokens=3, token_delay=1.0) for name in "ab"}
+    async with Fleet({name: FakeNode(e) for name, e in engines.items()}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                engines["a"].set_other_clients(2)  # two streams past the proxy
+                await trio.sleep(2.0)  # a's next /slots says both busy
+                started = trio.current_time()
+                response = await request(proxy, body=stream_of("tiny"))
+                took = trio.current_time() - started
+                engines["a"].set_other_clients(0)
+    assert response is not None
+    assert response.status == 200
+    # By the proxy's own count a is free and first; sent there, the request
+    # would wait inside it, headless, until the header timeout.
+    assert node_of(response) == "b"
+    assert took == 3.0
+    assert not [r for r in fleet["a"].received if r.method == b"POST"]
+
+
+async def test_an_ollama_node_with_the_model_loaded_wins_over_one_without(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    cold = FakeOllama(models=["qwen3:latest"], load_delay=30.0)
+    warm = FakeOllama(models=["qwen3:latest"], loaded=["qwen3:latest"], load_delay=30.0)
+    async with Fleet({"cold": FakeNode(cold), "warm": FakeNode(warm)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                started = trio.current_time()
+                response = await request(proxy, body=stream_of("qwen3"))
+                took = trio.current_time() - started
+    assert response is not None
+    assert node_of(response) == "warm"
+    assert took < 1.0
+    assert (cold.loads, warm.loads) == ([], [])
+
+
+async def test_a_cold_load_within_the_cold_start_timeout_is_served_and_demotes_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    first = FakeOllama(models=["qwen3:latest"], load_delay=150.0)
+    second = FakeOllama(models=["qwen3:latest"], load_delay=150.0)
+    async with Fleet({"a": FakeNode(first), "b": FakeNode(second)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet, response_header_timeout=120.0) as proxy:
+                started = trio.current_time()
+                response = await request(proxy, body=stream_of("qwen3"))
+                took = trio.current_time() - started
+                states = {node["name"]: node["state"] for node in proxy.status()["nodes"]}
+    assert response is not None
+    assert response.status == 200
+    assert node_of(response) == "a"
+    assert took == 150.0  # the load, past the 120 s header timeout, within the 5 m cold start
+    assert (first.loads, second.loads) == (["qwen3:latest"], [])
+    assert states == {"a": "ready", "b": "ready"}
+
+
+async def test_without_engine_reads_a_cold_load_is_a_header_timeout_as_before(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    first = FakeOllama(models=["qwen3:latest"], load_delay=150.0)
+    second = FakeOllama(models=["qwen3:latest"], loaded=["qwen3:latest"])
+    async with Fleet({"a": FakeNode(first), "b": FakeNode(second)}) as fleet:
+        config = Config(upstreams=fleet.upstreams(), admin_listen=None)
+        proxy = Proxy(config, connector=fleet.connector)  # no reader running
+        with trio.fail_after(LIMIT):
+            started = trio.current_time()
+            response = await request(proxy, body=stream_of("qwen3"))
+            took = trio.current_time() - started
+    assert response is not None
+    assert node_of(response) == "b"
+    assert took == 120.0
+
+
+async def test_status_shows_the_engine_the_capacity_source_and_the_reading(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engine = FakeLlamaServer(slots=2)
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                engine.set_other_clients(1)
+                await trio.sleep(2.0)
+                [node] = proxy.status()["nodes"]
+    assert node["engine"] == {"kind": "llama-server", "found_by": "GET /props: total_slots"}
+    assert (node["capacity"], node["capacity_source"]) == (2, "auto (GET /props total_slots)")
+    signals = node["engine_signals"]
+    assert (signals["busy"], signals["total_slots"], signals["stale"]) == (1, 2, False)
+    assert node["engine_error"] is None
+
+
+async def test_vllm_running_and_waiting_count_for_least_loaded(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = {name: FakeVllm(slots=4, tokens=2, token_delay=1.0) for name in "ab"}
+    async with Fleet({name: FakeNode(e) for name, e in engines.items()}) as fleet:
+        upstreams = [attrs.evolve(node, capacity=4) for node in fleet.upstreams()]
+        with trio.fail_after(LIMIT):
+            async with running(fleet, upstreams, balance="least-loaded") as proxy:
+                engines["a"].set_other_clients(1)  # one request past the proxy
+                await trio.sleep(2.0)
+                response = await request(proxy, body=stream_of("fake-model"))
+    assert response is not None
+    assert node_of(response) == "b"  # a: (max(0, 1) + 0) / 4; b: 0 / 4
+
+
+async def test_an_lmstudio_node_with_the_model_loaded_wins(autojump_clock: trio.abc.Clock) -> None:
+    cold = FakeLmStudio(models=["m"], load_delay=30.0)
+    warm = FakeLmStudio(models=["m"], loaded=["m"], load_delay=30.0)
+    async with Fleet({"cold": FakeNode(cold), "warm": FakeNode(warm)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                response = await request(proxy, body=stream_of("m"))
+                [first, _] = proxy.status()["nodes"]
+    assert response is not None
+    assert node_of(response) == "warm"
+    assert first["engine"] == {
+        "kind": "lmstudio",
+        "found_by": "GET /api/v0/models: state per model",
+    }
+    assert (cold.loads, warm.loads) == ([], [])
