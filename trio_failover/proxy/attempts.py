@@ -34,6 +34,9 @@ from .milestones import Milestones
 from .records import Workload
 from .report import Report
 
+# What ``take_slot`` returns for a waiter a reload took out of the queue.
+MOVED = "moved"
+
 # Commit a response and stream it to the client; True: relayed to its end.
 Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Awaitable[bool]]
 
@@ -99,11 +102,7 @@ class Attempts:
     ) -> bool:
         """Run the attempts and answer the client; returns keep-alive."""
         if not candidates:
-            self.report.publish_workload(work)
-            work.state, work.status = State.FAILED, 404
-            message = f"no node serves model {document.get('model')!r}"
-            await send_failure(client, work, 404, "model_not_found", message)
-            return True
+            return await self._no_node(client, work, document)
         nodes = {node.name: node for node in candidates}
         order = list(nodes)
         limit = min(self.config.max_attempts or len(order), len(order))
@@ -115,6 +114,15 @@ class Attempts:
             # failed one it has.
             now = work.started if not tried else trio.current_time()
             slot = await take_slot(self.report, work, order, tried, preferred, now)
+            if slot == MOVED:  # a reload: the same request, the new node list
+                fresh, preferred = self.candidates(request, document)
+                if not fresh and not tried:
+                    return await self._no_node(client, work, document)
+                nodes = {node.name: node for node in fresh}
+                order = list(nodes)
+                limit = len(tried) + sum(name not in tried for name in order)
+                limit = min(self.config.max_attempts or limit, limit)
+                continue
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
@@ -161,6 +169,13 @@ class Attempts:
             return await send_saved(client, work, last_answer)
         status = failure_status(work.attempts)
         await send_failure(client, work, status, failure_code(status), "every node failed")
+        return True
+
+    async def _no_node(self, client: ClientConnection, work: Workload, document: Any) -> bool:
+        self.report.publish_workload(work)
+        work.state, work.status = State.FAILED, 404
+        message = f"no node serves model {document.get('model')!r}"
+        await send_failure(client, work, 404, "model_not_found", message)
         return True
 
 
@@ -210,8 +225,9 @@ async def take_slot(
     ``now``: the Trio clock, if read since the caller's last checkpoint.
 
     Returns:
-        The slot; None when every candidate was tried; else why the queue
-        turned the workload away (a key of ``queue.REFUSALS``).
+        The slot; None when every candidate was tried; ``MOVED`` when a
+        reload took it out of the queue; else why the queue turned the
+        workload away (a key of ``queue.REFUSALS``).
 
     Cancellation: a waiting workload leaves the queue (the client left).
     """
@@ -237,6 +253,8 @@ async def take_slot(
         report.waited(work, started, trio.current_time())
     if slot is not None:
         return slot
+    if waiter.moved:  # a reload changed the nodes: resolve the candidates again
+        return MOVED
     return "shutdown" if queue.closed else "queue_timeout"
 
 

@@ -406,6 +406,10 @@ class ConnectionPool:
         for entry in entries:
             await trio.aclose_forcefully(entry.stream)
 
+    async def forget(self, node: str) -> None:
+        """Close the idle connections to ``node`` (a reload removed or changed it)."""
+        await self._close_all(self._idle.pop(node, []))
+
     async def aclose(self) -> None:
         """Close every idle connection (at shutdown)."""
         entries = [entry for node in self._idle.values() for entry in node]
