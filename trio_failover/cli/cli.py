@@ -22,7 +22,9 @@ import typer
 from ..core.config import Config
 from ..core.errors import ConfigError, ConfigErrors
 from ..core.version import __version__
+from .loader import SettingsLoader
 from .settings import OPTIONS, Source, describe, resolve
+from .settings.kinds import BOOL
 
 __all__ = ["app", "main"]
 
@@ -47,6 +49,8 @@ def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
     params = []
     for opt in OPTIONS:
         annotation: Any = list[str] | None if opt.repeat else str | None
+        if opt.kind is BOOL:  # a switch: given means true
+            annotation = bool | None
         default = typer.Option(
             None,
             opt.flag,
@@ -63,9 +67,15 @@ def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
     return func
 
 
+def _given(flags: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: _text(value) for name, value in flags.items() if value is not None and value != []
+    }
+
+
 def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
     """Resolve the settings, or print one line per mistake and exit with status 2."""
-    given = {name: value for name, value in flags.items() if value is not None and value != []}
+    given = _given(flags)
     try:
         config, sources = resolve(given, os.environ)
         _check_extras(config, sources)
@@ -76,6 +86,11 @@ def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
             message = " ".join(str(error).splitlines())
             typer.echo(f"trio-failover: error: {message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
+
+
+def _text(value: Any) -> Any:
+    # A switch's flag reaches resolve as text, like every other flag.
+    return ("true" if value else "false") if isinstance(value, bool) else value
 
 
 # The modules --otel-endpoint needs, from the ``otel`` extra (SPEC 9).
@@ -135,14 +150,17 @@ def _root(
 @_setting_options
 def serve(**flags: Any) -> None:
     """Run the proxy in the foreground; Ctrl-C or SIGTERM drains it."""
-    config, _ = _settings(flags)
+    config, sources = _settings(flags)
+    # SIGHUP and --watch-config read the same sources again (SPEC 9).
+    path = sources["config"].raw
+    loader = SettingsLoader(_given(flags), str(path) if path is not None else None)
     if _as_program:
         from .reexec import exec_serve
 
-        exec_serve(config, sys.argv)  # returns only where it cannot (see reexec)
+        exec_serve(config, sys.argv, loader)  # returns only where it cannot (see reexec)
     from ..service.server import run_server
 
-    raise typer.Exit(run_server(config))
+    raise typer.Exit(run_server(config, loader=loader))
 
 
 @app.command()

@@ -42,6 +42,7 @@ NEEDS_RESTART: tuple[str, ...] = (
     "log_format",
     "log_level",
     "max_connections",
+    "watch_config",
 )
 # Compared node by node, or client by client, not as settings.
 _SETTINGS_SKIPPED = frozenset({"upstreams", "clients", "admin_token", *NEEDS_RESTART})

@@ -31,7 +31,7 @@ stream after it, end where they began.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
@@ -45,7 +45,33 @@ from .health import NodeHealth
 from .records import NodeStats
 
 if TYPE_CHECKING:
-    from .proxy import Proxy
+    from ..telemetry.events import EventBus
+    from ..wire.pool import ConnectionPool
+    from ..wire.upstream import Connector
+    from .discovery import Discovery
+    from .gate import ClientGate
+    from .lists import FleetLists
+    from .liveness import LivenessChecker
+    from .report import Report
+    from .workload import WorkloadRunner
+
+
+class Proxy(Protocol):
+    """The parts of ``proxy.Proxy`` a reload touches (named here: proxy.py imports this)."""
+
+    config: Config
+    connector: Connector
+    pool: ConnectionPool
+    report: Report
+    liveness: LivenessChecker
+    lists: FleetLists
+    discovery: Discovery
+    _gate: ClientGate
+    _workloads: WorkloadRunner
+
+    @property
+    def events(self) -> EventBus: ...
+
 
 __all__ = ["ReloadResult", "apply_reload", "failed_reload"]
 
