@@ -136,7 +136,8 @@ async def test_a_queued_workload_that_no_node_serves_after_a_reload_gets_its_ans
 
         traffic = await run_traffic(proxy, script)
         answer = traffic.responses["r2"]
-        assert answer is not None and answer.status == 404
+        assert answer is not None
+        assert answer.status == 404
         assert json.loads(answer.body)["error"]["code"] == "model_not_found"
 
 
@@ -156,7 +157,8 @@ async def test_a_listener_change_is_refused_and_changes_nothing(
         assert proxy.config is config
         assert [n["name"] for n in proxy.status()["nodes"]] == ["a", "c"]
         answer = await request(proxy, body=BODY)
-        assert answer is not None and answer.status == 200
+        assert answer is not None
+        assert answer.status == 200
         assert len(fleet["a"].received) == 1
 
 
@@ -191,8 +193,11 @@ async def test_a_rotated_key_takes_effect_for_the_next_request(
         rotated = attrs.evolve(config, clients=[ClientKey("al", "new-key")])
         result = await proxy.reload(rotated)
         assert result.changes == ("client al: key rotated",)
-        assert "new-key" not in repr(result) and "old-key" not in repr(result)
+        assert "new-key" not in repr(result)
+        assert "old-key" not in repr(result)
         old = await request(proxy, body=BODY, headers=[("authorization", "Bearer old-key")])
         new = await request(proxy, body=BODY, headers=[("authorization", "Bearer new-key")])
-        assert old is not None and old.status == 401
-        assert new is not None and new.status == 200
+        assert old is not None
+        assert old.status == 401
+        assert new is not None
+        assert new.status == 200
