@@ -40,7 +40,9 @@ app = typer.Typer(
 )
 
 
-def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
+def _setting_options(
+    func: Callable[..., None], extra: tuple[inspect.Parameter, ...] = ()
+) -> Callable[..., None]:
     """Give ``func`` one keyword parameter per row of ``OPTIONS``, for typer to turn into flags.
 
     Every flag is a plain string (a list for the repeatable ones) defaulting
@@ -63,6 +65,7 @@ def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
                 opt.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
             )
         )
+    params += extra
     func.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
     return func
 
@@ -163,12 +166,32 @@ def serve(**flags: Any) -> None:
     raise typer.Exit(run_server(config, loader=loader))
 
 
-@app.command()
-@_setting_options
-def check(**flags: Any) -> None:
+# check's own option: not a setting, so not in OPTIONS.
+_ADMIN_URL = inspect.Parameter(
+    "admin_url",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=typer.Option(
+        None,
+        "--admin",
+        metavar="URL",
+        help="A running proxy's admin listener: also print what a reload of it "
+        "to these settings would change (asks GET /config, with --admin-token).",
+    ),
+    annotation=str | None,
+)
+
+
+def check(admin_url: str | None = None, **flags: Any) -> None:
     """Validate the settings and print each with its source."""
     config, sources = _settings(flags)
     typer.echo(format_table(describe(config, sources)))
+    if admin_url is not None:
+        from .compare import compare_with_running
+
+        raise typer.Exit(compare_with_running(config, admin_url, typer.echo))
+
+
+app.command(name="check")(_setting_options(check, (_ADMIN_URL,)))
 
 
 @app.command()

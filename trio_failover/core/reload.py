@@ -16,6 +16,8 @@ shell's to find out (it reads them); it passes the answer in.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +32,7 @@ __all__ = [
     "config_document",
     "config_from_document",
     "diff_configs",
+    "hmac_mask",
     "masked",
 ]
 
@@ -184,6 +187,15 @@ def _show(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"{int(value)}"
     return "(none)" if value is None else str(value)
+
+
+def hmac_mask(salt: bytes) -> Callable[[str], str]:
+    """A mask for ``masked``: HMAC-SHA256 under ``salt`` (fresh per ``GET /config``)."""
+
+    def mask(secret: str) -> str:
+        return "hmac-" + hmac.new(salt, secret.encode(), hashlib.sha256).hexdigest()[:32]
+
+    return mask
 
 
 def masked(config: Config, mask: Callable[[str], str]) -> Config:
