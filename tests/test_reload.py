@@ -201,3 +201,37 @@ async def test_a_rotated_key_takes_effect_for_the_next_request(
         assert old.status == 401
         assert new is not None
         assert new.status == 200
+
+
+async def test_discovery_checks_the_added_nodes_and_stops_checking_the_removed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    fleet_nodes = {name: FakeNode(openai()) for name in "ac"}
+    async with Fleet(fleet_nodes) as fleet:
+        config = Config(upstreams=nodes(fleet, "a"), admin_listen=None, discovery_interval=10.0)
+        proxy = Proxy(config, connector=fleet.connector)
+
+        def checks(name: str) -> int:
+            return sum(r.target == b"/health" for r in fleet[name].received)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run_discovery)
+            await trio.sleep(25)
+            assert checks("a") == 3  # at 0, 10, 20 (less a jitter)
+            assert (await proxy.reload(attrs.evolve(config, upstreams=nodes(fleet, "c")))).ok
+            await trio.sleep(30)
+            nursery.cancel_scope.cancel()
+        assert checks("a") == 3
+        assert checks("c") >= 3  # at once, then each interval
+        assert proxy.status()["nodes"][0]["models"] == ["fake-model"]
+
+
+async def test_a_removed_nodes_idle_connections_close(autojump_clock: trio.abc.Clock) -> None:
+    async with Fleet({"a": FakeNode(healthy()), "b": FakeNode(healthy())}) as fleet:
+        proxy = make_proxy(fleet, capacity=0)
+        for node in ("a", "b"):
+            answer = await request(proxy, body=BODY, headers=[("x-failover-node", node)])
+            assert answer is not None
+        assert (proxy.pool.idle_count("a"), proxy.pool.idle_count("b")) == (1, 1)
+        assert (await proxy.reload(attrs.evolve(proxy.config, upstreams=nodes(fleet, "a")))).ok
+        assert (proxy.pool.idle_count("a"), proxy.pool.idle_count("b")) == (1, 0)
