@@ -8,7 +8,8 @@ and checked its settings, it replaces its own process image with
 standard streams, environment and parent), which reads the ``Config`` back
 and runs ``server.run_server``.
 
-The ``Config`` travels in an anonymous in-memory file (``memfd``) that the
+The ``Config`` (with the ``SettingsLoader`` that reads the settings again
+on a reload: the flags, no secret but what they hold) travels in an anonymous in-memory file (``memfd``) that the
 new image inherits as a file descriptor: no temporary file, and no copy of
 the node credentials in the environment or on the command line, where other
 users could read them. The original arguments follow ``--`` on the new
