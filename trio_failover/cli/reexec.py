@@ -8,9 +8,9 @@ and checked its settings, it replaces its own process image with
 standard streams, environment and parent), which reads the ``Config`` back
 and runs ``server.run_server``.
 
-The ``Config`` (with the ``SettingsLoader`` that reads the settings again
-on a reload: the flags, no secret but what they hold) travels in an anonymous in-memory file (``memfd``) that the
-new image inherits as a file descriptor: no temporary file, and no copy of
+The ``Config``, with the ``SettingsLoader`` that reads the settings again
+on a reload (the flags as given), travels in an anonymous in-memory file
+(``memfd``) that the new image inherits as a file descriptor: no temporary file, and no copy of
 the node credentials in the environment or on the command line, where other
 users could read them. The original arguments follow ``--`` on the new
 command line, so that ``ps`` still shows what was asked for.
