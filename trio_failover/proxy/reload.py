@@ -180,7 +180,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
 
 async def _close_idle(proxy: Proxy, nodes: set[str]) -> None:
     for name in sorted(nodes):
-        await proxy.pool.forget(name)
+        await proxy.pool.aclose(name)
 
 
 def describe_diff(diff: ConfigDiff) -> str:

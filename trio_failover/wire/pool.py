@@ -406,14 +406,11 @@ class ConnectionPool:
         for entry in entries:
             await trio.aclose_forcefully(entry.stream)
 
-    async def forget(self, node: str) -> None:
-        """Close the idle connections to ``node`` (a reload removed or changed it)."""
-        await self._close_all(self._idle.pop(node, []))
-
-    async def aclose(self) -> None:
-        """Close every idle connection (at shutdown)."""
-        entries = [entry for node in self._idle.values() for entry in node]
-        self._idle.clear()
+    async def aclose(self, node: str | None = None) -> None:
+        """Close every idle connection (at shutdown), or ``node``'s (a reload removed it)."""
+        idle = self._idle if node is None else {node: self._idle.pop(node, [])}
+        entries = [entry for listed in idle.values() for entry in listed]
+        idle.clear()
         await self._close_all(entries)
 
 
