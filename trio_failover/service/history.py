@@ -181,6 +181,8 @@ class History:
         index = self.interval_of(now)
         if self._index is not None and index > self._index:
             self._close(self._index, readings)
+        if readings.keys() != self.rings.keys():
+            self.follow(list(readings))
         if self._index is None or index > self._index:
             self._index = index
             self._open = {
@@ -192,6 +194,14 @@ class History:
                 current = self._open[name] = _Open(failed_before=reading.failed)
             current.slots = max(current.slots, reading.in_flight)
             current.queue = max(current.queue, reading.queued)
+
+    def follow(self, nodes: list[str]) -> None:
+        """Rings for ``nodes`` in their order (a reload changed the list); kept ones keep theirs."""
+        self.rings = {name: self.rings.get(name) or Ring(self.points) for name in nodes}
+        for name in [name for name in self.ttfb if name not in self.rings]:
+            del self.ttfb[name]  # in place: the metrics append to this very dict
+        for name in nodes:
+            self.ttfb.setdefault(name, [])
 
     def _close(self, index: int, readings: Mapping[str, Reading]) -> None:
         for name, ring in self.rings.items():
