@@ -181,8 +181,6 @@ class History:
         index = self.interval_of(now)
         if self._index is not None and index > self._index:
             self._close(self._index, readings)
-        if readings.keys() != self.rings.keys():
-            self.follow(list(readings))
         if self._index is None or index > self._index:
             self._index = index
             self._open = {
