@@ -8,6 +8,7 @@ configured or not, so a reload can add one.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -235,3 +236,20 @@ async def test_a_removed_nodes_idle_connections_close(autojump_clock: trio.abc.C
         assert (proxy.pool.idle_count("a"), proxy.pool.idle_count("b")) == (1, 1)
         assert (await proxy.reload(attrs.evolve(proxy.config, upstreams=nodes(fleet, "a")))).ok
         assert (proxy.pool.idle_count("a"), proxy.pool.idle_count("b")) == (1, 0)
+
+
+async def test_a_stream_at_a_moved_node_does_not_pool_its_connection(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """After the node's URL changed, the old address's connection is not reused."""
+    async with Fleet({"a": FakeNode(slow_head(10.0))}) as fleet:
+        proxy = make_proxy(fleet, capacity=0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(request, proxy, body=BODY))
+            await trio.sleep(1)
+            moved = attrs.evolve(nodes(fleet, "a")[0], url="http://moved.invalid:80")
+            assert (await proxy.reload(attrs.evolve(proxy.config, upstreams=[moved]))).ok
+        assert proxy.pool.idle_count("a") == 0  # the stream ended after the reload
+        answer = await request(proxy, body=BODY)
+        assert answer is not None
+        assert proxy.pool.idle_count("a") == 1  # a connection of the current definition

@@ -143,7 +143,11 @@ def _swap_config(proxy: Proxy, new: Config) -> None:
     ]
     for holder in holders:
         holder.config = new
-    proxy.pool.max_idle, proxy.pool.idle_timeout = new.pool_max_idle, new.pool_idle_timeout
+    pool = proxy.pool
+    pool.max_idle, pool.idle_timeout = new.pool_max_idle, new.pool_idle_timeout
+    # A stream still running at a node a reload moved (URL, TLS) or removed
+    # does not give its connection back to the pool when it ends.
+    pool.origins = {node.name: node for node in new.upstreams}
 
 
 def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:

@@ -283,13 +283,15 @@ async def _accept_loop(
     connections: trio.Nursery,
     proxy: Proxy,
     limiter: trio.CapacityLimiter,
-    tls: ListenerTLS,
+    tls: ListenerTLS | None,
     scheme: str,
 ) -> None:
     # Accept only while below max_connections: further clients wait in the
     # kernel's backlog instead of being accepted and dropped.
     def start(stream: trio.SocketStream, token: object) -> None:
-        connections.start_soon(_handle, stream, proxy, limiter, token, tls.context, scheme)
+        # Read at each accept: a reload may have swapped the certificate.
+        context = tls.context if tls is not None else None
+        connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
 
     while True:
         token = object()
