@@ -18,7 +18,17 @@ from test_queue import BODY, Traffic, by_request, ids, in_flight, make_proxy, ru
 
 from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
-from trio_failover.testing import FakeNode, Fleet, healthy, openai, request, slow_head
+from trio_failover.testing import (
+    FakeNode,
+    Fleet,
+    NodeIO,
+    ReceivedRequest,
+    healthy,
+    openai,
+    request,
+    retry_status,
+    slow_head,
+)
 
 
 def nodes(fleet: Fleet, *names: str, **capacity: int) -> list[Upstream]:
@@ -253,3 +263,32 @@ async def test_a_stream_at_a_moved_node_does_not_pool_its_connection(
         answer = await request(proxy, body=BODY)
         assert answer is not None
         assert proxy.pool.idle_count("a") == 1  # a connection of the current definition
+
+
+async def test_a_failover_after_a_reload_takes_the_new_list(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async def late_503(io: NodeIO, received: ReceivedRequest) -> None:
+        await trio.sleep(10)
+        await retry_status(503)(io, received)
+
+    fleet_nodes = {
+        "a": FakeNode(late_503),
+        "b": FakeNode(healthy(b"B")),
+        "c": FakeNode(healthy(b"C")),
+    }
+    async with Fleet(fleet_nodes) as fleet:
+        config = Config(upstreams=nodes(fleet, "a", "b"), admin_listen=None)
+        proxy = Proxy(config, connector=fleet.connector)
+        async with trio.open_nursery() as nursery:
+            answers: list[Any] = []
+
+            async def send() -> None:
+                answers.append(await request(proxy, body=BODY))
+
+            nursery.start_soon(send)
+            await trio.sleep(1)  # at a, which fails at 10 s
+            assert (await proxy.reload(attrs.evolve(config, upstreams=nodes(fleet, "a", "c")))).ok
+        assert answers[0].body == b"C"
+        assert answers[0].at == 10.0
+        assert fleet["b"].received == []

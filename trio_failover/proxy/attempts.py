@@ -108,20 +108,25 @@ class Attempts:
         limit = min(self.config.max_attempts or len(order), len(order))
         tried: set[str] = set()
         last_answer: SavedResponse | None = None
+        resolved, first = self.config, True
         while len(tried) < limit:
-            # Before the first attempt no checkpoint has passed since the
-            # workload began (the clock still reads work.started); after a
-            # failed one it has.
-            now = work.started if not tried else trio.current_time()
-            slot = await take_slot(self.report, work, order, tried, preferred, now)
-            if slot == MOVED:  # a reload: the same request, the new node list
+            if self.config is not resolved:  # a reload: the same request, the new node list
+                resolved = self.config
                 fresh, preferred = self.candidates(request, document)
                 if not fresh and not tried:
                     return await self._no_node(client, work, document)
                 nodes = {node.name: node for node in fresh}
                 order = list(nodes)
                 limit = len(tried) + sum(name not in tried for name in order)
-                limit = min(self.config.max_attempts or limit, limit)
+                limit = min(resolved.max_attempts or limit, limit)
+                continue
+            # Before the first attempt no checkpoint has passed since the
+            # workload began (the clock still reads work.started); after a
+            # failed one, or a wait, it has.
+            now = work.started if first else trio.current_time()
+            first = False
+            slot = await take_slot(self.report, work, order, tried, preferred, now)
+            if slot == MOVED:  # taken out of the queue by a reload: resolved again above
                 continue
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
