@@ -38,7 +38,7 @@ import trio
 
 from ..core.config import Config
 from ..core.errors import ConfigError
-from ..core.reload import ConfigDiff, diff_configs
+from ..core.reload import diff_configs
 from ..telemetry.logs import logger
 from ..wire.connect import TCPConnector
 from .health import NodeHealth
@@ -186,9 +186,3 @@ async def _close_idle(proxy: Proxy, nodes: set[str]) -> None:
     for name in sorted(nodes):
         await proxy.pool.aclose(name)
 
-
-def describe_diff(diff: ConfigDiff) -> str:
-    """One line for ``check --admin``: the changes, or why the reload would be refused."""
-    if not diff.ok:
-        return "refused: " + "; ".join(diff.refused)
-    return "; ".join(diff.changes()) or "no change"
