@@ -265,8 +265,11 @@ def _start_reloads(
     if reloads is not None:
         services.start_soon(reloader.run, reloads)
     path = reloader.load.path
-    if reloader.proxy.config.watch_config and path is not None:
-        services.start_soon(reloader.watch_file, path)
+    if reloader.proxy.config.watch_config:
+        if path is None:
+            logger.warning("--watch-config without a config file: nothing to watch")
+        else:
+            services.start_soon(reloader.watch_file, path)
 
 
 def _cannot_listen(listener: str, option: str, address: str, exc: OSError) -> ConfigError:
