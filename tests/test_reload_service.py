@@ -87,7 +87,7 @@ async def test_watch_config_reloads_when_the_file_changes(
     with trio.fail_after(60), reloader.proxy.events.subscribe(0) as events:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reloader.watch_file, str(path))
-            await trio.sleep(5)
+            await trio.sleep(5.5)  # between two looks
             path.write_text(
                 NODE_A.format(a="http://127.0.0.1:9001") + NODE_B.format(b="http://127.0.0.1:9002")
             )

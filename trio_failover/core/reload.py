@@ -48,7 +48,9 @@ NEEDS_RESTART: tuple[str, ...] = (
     "watch_config",
 )
 # Compared node by node, or client by client, not as settings.
-_SETTINGS_SKIPPED = frozenset({"upstreams", "clients", "admin_token", *NEEDS_RESTART})
+_SETTINGS_SKIPPED = frozenset(
+    {"upstreams", "clients", "admin_token", "tls_cert", "tls_key", *NEEDS_RESTART}
+)
 # Node fields compared as values (models and headers are not part of an
 # ``Upstream``'s equality, so they are compared here explicitly).
 _NODE_FIELDS = ("url", "capacity", "models", "headers", "ca_file", "insecure_skip_verify")
