@@ -186,4 +186,3 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
 async def _close_idle(proxy: Proxy, nodes: set[str]) -> None:
     for name in sorted(nodes):
         await proxy.pool.aclose(name)
-
