@@ -372,7 +372,7 @@ def _fake_server(monkeypatch: pytest.MonkeyPatch, run_server: object) -> None:
 def test_serve_runs_the_resolved_config(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Config] = []
 
-    def run_server(config: Config) -> int:
+    def run_server(config: Config, *, loader: object = None) -> int:
         seen.append(config)
         return 7
 

@@ -36,7 +36,7 @@ DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 
 # Flags that cli.py defines outside the option table: `--version` on the
 # program, `--once` on `demo`, and click's own `--help`.
-CLI_ONLY_FLAGS = frozenset({"--version", "--help", "--once"})
+CLI_ONLY_FLAGS = frozenset({"--version", "--help", "--once", "--admin"})  # --admin: check only
 KNOWN_FLAGS = frozenset(option.flag for option in OPTIONS) | CLI_ONLY_FLAGS
 PROGRAM = "trio-failover"
 

@@ -227,3 +227,18 @@ def test_the_history_module_is_pure() -> None:
     # it serves the dashboard from service/.
     source = Path(history.__file__).read_text()
     assert offending_imports(source) == []
+
+
+def test_the_rings_follow_the_node_list_of_a_reload() -> None:
+    history = History(["a", "b"], interval=10.0, points=3)
+    ttfb = history.ttfb
+    history.observe(0.0, {"a": Reading(1, 0, 0), "b": Reading(2, 0, 0)})
+    history.observe(10.0, {"a": Reading(3, 0, 0)})
+    history.follow(["a", "c"])  # a reload: b removed, c added
+    history.observe(10.0, {"a": Reading(3, 0, 0), "c": Reading(4, 0, 0)})
+    history.observe(20.0, {"a": Reading(0, 0, 0), "c": Reading(0, 0, 0)})
+    document = history.document()
+    assert [node["name"] for node in document["nodes"]] == ["a", "c"]
+    assert [node["slots"] for node in document["nodes"]] == [[None, 1, 3], [None, None, 4]]
+    assert history.ttfb is ttfb  # the metrics' reference stays valid
+    assert sorted(ttfb) == ["a", "c"]

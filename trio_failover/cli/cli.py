@@ -22,7 +22,9 @@ import typer
 from ..core.config import Config
 from ..core.errors import ConfigError, ConfigErrors
 from ..core.version import __version__
+from .loader import SettingsLoader
 from .settings import OPTIONS, Source, describe, resolve
+from .settings.kinds import BOOL
 
 __all__ = ["app", "main"]
 
@@ -38,7 +40,9 @@ app = typer.Typer(
 )
 
 
-def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
+def _setting_options(
+    func: Callable[..., None], extra: tuple[inspect.Parameter, ...] = ()
+) -> Callable[..., None]:
     """Give ``func`` one keyword parameter per row of ``OPTIONS``, for typer to turn into flags.
 
     Every flag is a plain string (a list for the repeatable ones) defaulting
@@ -47,6 +51,8 @@ def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
     params = []
     for opt in OPTIONS:
         annotation: Any = list[str] | None if opt.repeat else str | None
+        if opt.kind is BOOL:  # a switch: given means true
+            annotation = bool | None
         default = typer.Option(
             None,
             opt.flag,
@@ -59,13 +65,20 @@ def _setting_options(func: Callable[..., None]) -> Callable[..., None]:
                 opt.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
             )
         )
+    params += extra
     func.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
     return func
 
 
+def _given(flags: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: _text(value) for name, value in flags.items() if value is not None and value != []
+    }
+
+
 def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
     """Resolve the settings, or print one line per mistake and exit with status 2."""
-    given = {name: value for name, value in flags.items() if value is not None and value != []}
+    given = _given(flags)
     try:
         config, sources = resolve(given, os.environ)
         _check_extras(config, sources)
@@ -76,6 +89,11 @@ def _settings(flags: Mapping[str, Any]) -> tuple[Config, dict[str, Source]]:
             message = " ".join(str(error).splitlines())
             typer.echo(f"trio-failover: error: {message}", err=True)
         raise typer.Exit(EXIT_CONFIG_ERROR) from None
+
+
+def _text(value: Any) -> Any:
+    # A switch's flag reaches resolve as text, like every other flag.
+    return ("true" if value else "false") if isinstance(value, bool) else value
 
 
 # The modules --otel-endpoint needs, from the ``otel`` extra (SPEC 9).
@@ -135,22 +153,45 @@ def _root(
 @_setting_options
 def serve(**flags: Any) -> None:
     """Run the proxy in the foreground; Ctrl-C or SIGTERM drains it."""
-    config, _ = _settings(flags)
+    config, sources = _settings(flags)
+    # SIGHUP and --watch-config read the same sources again (SPEC 9).
+    path = sources["config"].raw
+    loader = SettingsLoader(_given(flags), str(path) if path is not None else None)
     if _as_program:
         from .reexec import exec_serve
 
-        exec_serve(config, sys.argv)  # returns only where it cannot (see reexec)
+        exec_serve(config, sys.argv, loader)  # returns only where it cannot (see reexec)
     from ..service.server import run_server
 
-    raise typer.Exit(run_server(config))
+    raise typer.Exit(run_server(config, loader=loader))
 
 
-@app.command()
-@_setting_options
-def check(**flags: Any) -> None:
+# check's own option: not a setting, so not in OPTIONS.
+_ADMIN_URL = inspect.Parameter(
+    "admin_url",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=typer.Option(
+        None,
+        "--admin",
+        metavar="URL",
+        help="A running proxy's admin listener: also print what a reload of it "
+        "to these settings would change (asks GET /config, with --admin-token).",
+    ),
+    annotation=str | None,
+)
+
+
+def check(admin_url: str | None = None, **flags: Any) -> None:
     """Validate the settings and print each with its source."""
     config, sources = _settings(flags)
     typer.echo(format_table(describe(config, sources)))
+    if admin_url is not None:
+        from .compare import compare_with_running
+
+        raise typer.Exit(compare_with_running(config, admin_url, typer.echo))
+
+
+app.command(name="check")(_setting_options(check, (_ADMIN_URL,)))
 
 
 @app.command()

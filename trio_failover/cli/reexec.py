@@ -8,8 +8,9 @@ and checked its settings, it replaces its own process image with
 standard streams, environment and parent), which reads the ``Config`` back
 and runs ``server.run_server``.
 
-The ``Config`` travels in an anonymous in-memory file (``memfd``) that the
-new image inherits as a file descriptor: no temporary file, and no copy of
+The ``Config``, with the ``SettingsLoader`` that reads the settings again
+on a reload (the flags as given), travels in an anonymous in-memory file
+(``memfd``) that the new image inherits as a file descriptor: no temporary file, and no copy of
 the node credentials in the environment or on the command line, where other
 users could read them. The original arguments follow ``--`` on the new
 command line, so that ``ps`` still shows what was asked for.
@@ -29,6 +30,7 @@ import pickle
 import sys
 
 from ..core.config import Config
+from .loader import SettingsLoader
 
 __all__ = ["exec_serve", "main"]
 
@@ -46,7 +48,7 @@ def _new_image_imports_this_package() -> bool:
     return bool(locations) and any(os.path.abspath(place) == here for place in locations or [])
 
 
-def exec_serve(config: Config, argv: list[str]) -> None:
+def exec_serve(config: Config, argv: list[str], loader: SettingsLoader | None = None) -> None:
     """Replace this process with one that serves ``config``; return only if that cannot be done."""
     if not hasattr(os, "memfd_create") or not _new_image_imports_this_package():
         return
@@ -56,7 +58,7 @@ def exec_serve(config: Config, argv: list[str]) -> None:
         return
     try:
         with os.fdopen(os.dup(fd), "wb") as file:
-            pickle.dump(config, file)
+            pickle.dump((config, loader), file)
         os.lseek(fd, 0, os.SEEK_SET)
         os.set_inheritable(fd, True)
         sys.stdout.flush()
@@ -71,12 +73,12 @@ def exec_serve(config: Config, argv: list[str]) -> None:
 def main(argv: list[str]) -> int:
     """The new image: ``python -m trio_failover.cli.reexec FD -- ORIGINAL-ARGUMENTS``."""
     with os.fdopen(int(argv[1]), "rb") as file:
-        config = pickle.load(file)  # written by our own process image, just before the exec
+        config, loader = pickle.load(file)  # written by our own image, just before the exec
     if not isinstance(config, Config):
         raise TypeError(f"expected a Config, read {type(config).__name__}")
     from ..service.server import run_server
 
-    return run_server(config)
+    return run_server(config, loader=loader)
 
 
 if __name__ == "__main__":

@@ -438,6 +438,8 @@ class Config:
     tls_key: str | None = None
     log_format: LogFormat = attrs.field(default="text", validator=_choice(LOG_FORMAT_CHOICES))
     log_level: str = attrs.field(default="info", validator=_choice(LOG_LEVEL_CHOICES))
+    watch_config: bool = False
+    """Reload the config file when it changes, as on ``SIGHUP`` (SPEC 9); the CLI's."""
     otel_endpoint: str | None = attrs.field(
         default=None, validator=_check_endpoint, repr=lambda url: repr(url and redact_url(url))
     )

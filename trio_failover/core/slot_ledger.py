@@ -104,6 +104,9 @@ class SlotLedger:
         self._capacity = dict(capacities)
         self._in_flight = dict.fromkeys(capacities, 0)
         self.signals: Mapping[str, EngineLoad] = {} if signals is None else signals
+        # Nodes a reload removed: full for good, kept while their running
+        # attempts release their slots (their counts stay exact).
+        self._retired: set[str] = set()
 
     def set_capacity(self, node: str, capacity: int) -> bool:
         """Change one node's capacity (capacity ``auto`` resolved anew); True if it changed.
@@ -119,10 +122,27 @@ class SlotLedger:
         self._capacity[node] = capacity
         return changed
 
+    def reconfigure(self, capacities: Mapping[str, int]) -> None:
+        """Take a reload's nodes and capacities; in-flight counts are kept.
+
+        A node not in ``capacities`` is retired: it counts as full (no new
+        slot) and keeps its count for the slots still held there. A lowered
+        capacity lets no new slot in until the count is below it.
+        """
+        checked = SlotLedger(capacities)
+        self._retired = (set(self._capacity) | self._retired) - set(checked._capacity)
+        for node in self._retired:
+            self._capacity[node] = self._capacity.get(node, 0)
+        for node, capacity in checked._capacity.items():
+            self._capacity[node] = capacity
+            self._in_flight.setdefault(node, 0)
+        order = [*checked._capacity, *(node for node in self._capacity if node in self._retired)]
+        self._capacity = {node: self._capacity[node] for node in order}
+
     @property
     def nodes(self) -> tuple[str, ...]:
-        """The nodes, in the order they were given."""
-        return tuple(self._capacity)
+        """The nodes, in the order they were given (retired ones left out)."""
+        return tuple(node for node in self._capacity if node not in self._retired)
 
     def capacity(self, node: str) -> int:
         """The node's capacity (``0`` = no limit)."""
@@ -139,10 +159,12 @@ class SlotLedger:
         ``signals`` has one (``engines.is_full``).
         """
         capacity = self._capacity[node]
+        if capacity > 0 and self._in_flight[node] >= capacity:
+            return True
+        if self._retired and node in self._retired:
+            return True
         if capacity <= 0:
             return False
-        if self._in_flight[node] >= capacity:
-            return True
         signals = self.signals
         if not signals:  # no engine signal anywhere: the proxy's count alone
             return False

@@ -77,6 +77,8 @@ class Waiter(Generic[T]):
     untried: frozenset[str] = field(repr=False)
     slot: Slot | None = None
     loaded: frozenset[str] = frozenset()
+    moved: bool = False
+    """Set when a reload took it out of the queue: resolve its candidates again."""
 
 
 class Handoff(NamedTuple, Generic[T]):
@@ -244,6 +246,28 @@ class SlotScheduler(Generic[T]):
         if not self._waiters:
             return []
         return self._hand_off(_asked_once(ready), freed=None)
+
+    def reconfigure(
+        self, capacities: Mapping[str, int], *, balance: Balance, max_queue: int, moved: bool
+    ) -> list[Waiter[T]]:
+        """Take a reload's capacities, balance and queue length.
+
+        ``moved``: the node list changed, so the waiters' candidates are
+        stale; they all leave the queue with ``moved`` set, to resolve their
+        candidates against the new list (returned, longest-waiting first).
+        Otherwise call ``dispatch`` after: a raised capacity may let
+        waiters in.
+        """
+        if balance not in BALANCE_MODES:
+            raise ValueError(f"balance must be one of {BALANCE_MODES}, not {balance!r}")
+        self.ledger.reconfigure(capacities)
+        self.balance, self.max_queue = balance, max_queue
+        if not moved:
+            return []
+        waiters = self.drain()
+        for waiter in waiters:
+            waiter.moved = True
+        return waiters
 
     def drain(self) -> list[Waiter[T]]:
         """Empty the queue (shutdown); the waiters, longest-waiting first."""

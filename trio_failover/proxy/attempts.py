@@ -49,6 +49,8 @@ class Plan:
     client_address: str | None
     scheme: str
 
+# What ``take_slot`` returns for a waiter a reload took out of the queue.
+MOVED = "moved"
 
 # Commit a response and stream it to the client; True: relayed to its end.
 Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Awaitable[bool]]
@@ -110,11 +112,7 @@ class Attempts:
         """Run the attempts of ``plan`` and answer the client; returns keep-alive."""
         candidates, preferred = plan.candidates, plan.preferred
         if not candidates:
-            self.report.publish_workload(work)
-            work.state, work.status = State.FAILED, 404
-            message = f"no node serves model {plan.model!r}"
-            await send_failure(client, work, 404, "model_not_found", message)
-            return True
+            return await self._no_node(client, work, plan.model)
         nodes = {node.name: node for node in candidates}
         order = list(nodes)
         limit = min(self.config.max_attempts or len(order), len(order))
@@ -124,12 +122,27 @@ class Attempts:
         loaded: frozenset[str] = frozenset()
         if engines is not None and engines.signals:  # SPEC 5c; nothing to ask without
             loaded = engines.loaded(plan.model)
+        resolved, first = self.config, True
         while len(tried) < limit:
+            if self.config is not resolved:  # a reload: the same request, the new node list
+                resolved = self.config
+                fresh_plan = self.plan(plan.request, plan.client_address, plan.scheme)
+                fresh, preferred = fresh_plan.candidates, fresh_plan.preferred
+                if not fresh and not tried:
+                    return await self._no_node(client, work, plan.model)
+                nodes = {node.name: node for node in fresh}
+                order = list(nodes)
+                limit = len(tried) + sum(name not in tried for name in order)
+                limit = min(resolved.max_attempts or limit, limit)
+                continue
             # Before the first attempt no checkpoint has passed since the
             # workload began (the clock still reads work.started); after a
-            # failed one it has.
-            now = work.started if not tried else trio.current_time()
+            # failed one, or a wait, it has.
+            now = work.started if first else trio.current_time()
+            first = False
             slot = await take_slot(self.report, work, order, tried, preferred, now, loaded)
+            if slot == MOVED:  # taken out of the queue by a reload: resolved again above
+                continue
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
@@ -182,6 +195,13 @@ class Attempts:
         await send_failure(client, work, status, failure_code(status), "every node failed")
         return True
 
+    async def _no_node(self, client: ClientConnection, work: Workload, model: str | None) -> bool:
+        self.report.publish_workload(work)
+        work.state, work.status = State.FAILED, 404
+        message = f"no node serves model {model!r}"
+        await send_failure(client, work, 404, "model_not_found", message)
+        return True
+
 
 def request_for(node: Upstream, plan: Plan, work: Workload) -> OutgoingRequest:
     """The request of ``plan`` as ``node`` gets it: its target, model name and headers."""
@@ -225,8 +245,9 @@ async def take_slot(
     ``loaded``: the nodes holding the request's model loaded (SPEC 5c).
 
     Returns:
-        The slot; None when every candidate was tried; else why the queue
-        turned the workload away (a key of ``queue.REFUSALS``).
+        The slot; None when every candidate was tried; ``MOVED`` when a
+        reload took it out of the queue; else why the queue turned the
+        workload away (a key of ``queue.REFUSALS``).
 
     Cancellation: a waiting workload leaves the queue (the client left).
     """
@@ -252,4 +273,6 @@ async def take_slot(
         report.waited(work, started, trio.current_time())
     if slot is not None:
         return slot
+    if waiter.moved:  # a reload changed the nodes: resolve the candidates again
+        return MOVED
     return "shutdown" if queue.closed else "queue_timeout"

@@ -98,6 +98,9 @@ class Discovery:
         self._jitter = jitter
         # From connection made to whole answer read (SPEC 5a: 10 s); tests shorten it.
         self.answer_timeout = CHECK_ANSWER_TIMEOUT
+        # While ``run`` runs: its nursery, and each node's checker's scope.
+        self._nursery: trio.Nursery | None = None
+        self._tasks: dict[str, trio.CancelScope] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check every node until cancelled; returns at once when discovery is off.
@@ -110,10 +113,46 @@ class Discovery:
             return
         nodes = self.config.upstreams
         start = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            for node, delay in zip(nodes, first_check_delays(len(nodes)), strict=True):
-                nursery.start_soon(self._check_every, node, start + delay, interval)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for node, delay in zip(nodes, first_check_delays(len(nodes)), strict=True):
+                    self._start(nursery, node, start + delay)
+                task_status.started()
+        finally:
+            self._nursery = None
+            self._tasks.clear()
+
+    def _start(self, nursery: trio.Nursery, node: Upstream, first_at: float) -> None:
+        scope = self._tasks[node.name] = trio.CancelScope()
+        nursery.start_soon(self._checker, node, first_at, scope)
+
+    async def _checker(self, node: Upstream, first_at: float, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._check_every(node, first_at, self.config.discovery_interval)
+
+    def reconcile(self, config: Config, restart: set[str]) -> None:
+        """A reload: check the new nodes, stop checking the removed ones.
+
+        ``restart``: kept nodes whose checks begin again (their URL or TLS
+        changed, or the interval did): their checker is cancelled and a new
+        one checks the new definition now. Before ``run`` (or with
+        discovery off) only the configuration is taken.
+        """
+        self.config = config
+        nursery = self._nursery
+        if nursery is None or not config.discovery_interval:
+            for scope in self._tasks.values():
+                scope.cancel()
+            self._tasks.clear()
+            return
+        names = {node.name for node in config.upstreams}
+        for name in [name for name in self._tasks if name not in names or name in restart]:
+            self._tasks.pop(name).cancel()
+        now = trio.current_time()
+        for node in config.upstreams:
+            if node.name not in self._tasks:
+                self._start(nursery, node, now)
 
     async def _check_every(self, node: Upstream, first_at: float, interval: float) -> None:
         health = self.report.health

@@ -51,7 +51,8 @@ class ClientGate:
         ``ClientConnection``'s ``admit``: the body of a refused request is
         read and dropped, never buffered.
         """
-        return check_client(headers, self.keys).allowed
+        # A reload may have removed every key since the connection opened.
+        return not self.keys or check_client(headers, self.keys).allowed
 
     async def admit(self, client: ClientConnection, request: ClientRequest) -> Admitted | None:
         """The request to serve, or None after answering it ``401`` (keep-alive kept).

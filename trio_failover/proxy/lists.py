@@ -124,6 +124,11 @@ class FleetLists:
         # busy now (not asked, below) still lists.
         self._listed: dict[str, Sequence[str]] = {}
 
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the last lists of nodes a reload added or removed (a new node starts afresh)."""
+        for name in names:
+            self._listed.pop(name, None)
+
     async def answer(
         self, client: ClientConnection, request: ClientRequest, client_name: str | None = None
     ) -> bool:

@@ -61,6 +61,11 @@ class LivenessChecker:
         self._nodes = {node.name: _NodeChecks() for node in config.upstreams}
         self._path = LIVENESS_PATH.encode()
 
+    def reconcile(self, added: list[str]) -> None:
+        """A reload: fresh books for the added nodes (a removed node's stay for its attempts)."""
+        for name in added:
+            self._nodes[name] = _NodeChecks()
+
     async def still_alive(self, node: Upstream) -> bool:
         """Whether ``node`` answers: a check of it, shared with every attempt that asks meanwhile.
 

@@ -27,6 +27,7 @@ from .gate import ClientGate
 from .lists import FleetLists, is_list_route
 from .liveness import LivenessChecker
 from .records import NodeStats
+from .reload import ReloadResult, apply_reload
 from .report import Report
 from .silence import SilenceWatch
 from .workload import WorkloadRunner
@@ -177,6 +178,20 @@ class Proxy:
     def expire_cooldowns(self, now: float | None = None) -> None:
         """Notice cooldowns that ran out (publishing ``ready`` node events)."""
         self.report.readiness.expire_cooldowns(now)
+
+    async def reload(
+        self, config: Config, *, tls_files_changed: bool = False, dry_run: bool = False
+    ) -> ReloadResult:
+        """Take a new configuration for new attempts; running workloads keep their node (SPEC 9).
+
+        Refused (nothing changes, ``ok`` False) when a setting that needs
+        a restart differs (a listener address, ...). Every reload but a
+        ``dry_run`` logs what it changed and publishes a ``reload`` event.
+        See ``reload.py`` for what each part does with it.
+        """
+        return await apply_reload(
+            self, config, tls_files_changed=tls_files_changed, dry_run=dry_run
+        )
 
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""

@@ -146,6 +146,22 @@ class SlotQueue:
             self._changed()
             self.dispatch()
 
+    def reconfigure(self, config: Config, *, moved: bool) -> None:
+        """A reload: the new capacities, balance and queue length (``SlotScheduler.reconfigure``).
+
+        ``moved``: the node list changed; every waiter wakes without a slot
+        and with ``moved`` set, to resolve its candidates again.
+        """
+        waiters = self.scheduler.reconfigure(
+            {node.name: node.capacity for node in config.upstreams},
+            balance=config.balance,
+            max_queue=config.max_queue,
+            moved=moved,
+        )
+        for waiter in waiters:
+            waiter.token.set()
+        self.dispatch()
+
     def close(self) -> None:
         """Shutdown: empty the queue; each waiter wakes without a slot (``503``)."""
         self.closed = True

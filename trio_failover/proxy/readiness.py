@@ -11,6 +11,7 @@ queue's: ``in_flight``, ``queue_length``). ``Report`` owns one as
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from functools import partial
 
 import trio
@@ -37,11 +38,15 @@ class Readiness:
         self.metrics = metrics
         # Slots from connect to the end of the relay: in_flight of SPEC 2.
         self.queue = SlotQueue(config, self.is_demoted)
-        ledger = self.queue.scheduler.ledger
-        for node in config.upstreams:
-            # Read at scrape time: no gauge update per attempt.
-            metrics.in_flight.labels(node.name).set_function(partial(ledger.in_flight, node.name))
+        self.watch_in_flight(node.name for node in config.upstreams)
         metrics.queue_length.set_function(self.queue.__len__)
+
+    def watch_in_flight(self, nodes: Iterable[str]) -> None:
+        """Have the ``in_flight`` gauge of ``nodes`` read the slot ledger at scrape time."""
+        ledger = self.queue.scheduler.ledger
+        for node in nodes:
+            # Read at scrape time: no gauge update per attempt.
+            self.metrics.in_flight.labels(node).set_function(partial(ledger.in_flight, node))
 
     # -- cooldowns -----------------------------------------------------------
 

@@ -70,6 +70,11 @@ class WorkloadRunner:
         )
         self._attempts = attempts
         self._milestones = milestones
+        self._relay = relay
+
+    def holders(self) -> tuple[object, ...]:
+        """The parts that read ``config`` at use (a reload swaps it in each)."""
+        return (self, self._attempts, self._milestones, self._relay)
 
     async def run(
         self,

@@ -27,6 +27,7 @@ import hashlib
 import importlib.resources
 import json
 import re
+import secrets
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -37,8 +38,9 @@ import trio_websocket
 
 from ..core.answers import error_document, error_headers
 from ..core.auth import admin_allowed
-from ..core.config import split_host_port
+from ..core.config import Config, split_host_port
 from ..core.headers import get
+from ..core.reload import config_document, hmac_mask, masked
 from ..proxy.proxy import Proxy
 from ..telemetry.events import SUBSCRIBER_BUFFER, Subscription
 from ..telemetry.logs import logger
@@ -216,6 +218,7 @@ def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History |
         b"/healthz": lambda p, _: _healthz_reply(p),
         b"/status": lambda p, _: Reply(200, json.dumps(p.status()).encode()),
         b"/metrics": _metrics_reply,
+        b"/config": lambda p, _: Reply(200, json.dumps(running_config(p.config)).encode()),
         b"/": lambda _, __: _dashboard_reply(),
         b"/events": lambda _, __: Reply(
             426,
@@ -232,6 +235,17 @@ def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History |
         reply = _error(405, "method_not_allowed", "the admin API is read-only")
         return attrs.evolve(reply, headers=((b"allow", b"GET, HEAD"),))
     return answer(proxy, request)
+
+
+def running_config(config: Config) -> dict[str, object]:
+    """``GET /config``: the running settings, every secret an HMAC under a fresh salt.
+
+    ``check --config FILE --admin URL`` masks its own settings with the same
+    salt and compares (``core/reload.py``): a rotated key shows as rotated,
+    and no secret, nor a digest that could be matched across requests, leaves.
+    """
+    salt = secrets.token_bytes(16)
+    return {"salt": salt.hex(), "config": config_document(masked(config, hmac_mask(salt)))}
 
 
 def _healthz_reply(proxy: Proxy) -> Reply:

@@ -193,6 +193,14 @@ class History:
             current.slots = max(current.slots, reading.in_flight)
             current.queue = max(current.queue, reading.queued)
 
+    def follow(self, nodes: list[str]) -> None:
+        """Rings for ``nodes`` in their order (a reload changed the list); kept ones keep theirs."""
+        self.rings = {name: self.rings.get(name) or Ring(self.points) for name in nodes}
+        for name in [name for name in self.ttfb if name not in self.rings]:
+            del self.ttfb[name]  # in place: the metrics append to this very dict
+        for name in nodes:
+            self.ttfb.setdefault(name, [])
+
     def _close(self, index: int, readings: Mapping[str, Reading]) -> None:
         for name, ring in self.rings.items():
             current = self._open.get(name) or _Open(failed_before=0)

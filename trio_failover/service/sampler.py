@@ -46,6 +46,9 @@ async def sample_history(proxy: Proxy, history: History) -> None:
     try:
         while True:
             now = trio.current_time()
+            names = [node.name for node in proxy.config.upstreams]
+            if list(history.rings) != names:  # a reload changed the list
+                history.follow(names)
             history.observe(now, read_nodes(proxy))
             await trio.sleep_until(history.next_look(now))
     finally:

@@ -10,6 +10,7 @@ deadline; whatever still runs then is cancelled, which closes its sockets.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import ipaddress
@@ -31,6 +32,7 @@ from ..wire.upstream import Connector
 from .accept import ACCEPT_BATCH, accept_pending
 from .admin import serve_admin
 from .history import History
+from .reloader import ListenerTLS, Loader, Reloader, tls_digest
 
 # Errors of accept() that mean "out of resources, try again later" rather
 # than "this listener is broken" (as trio.serve_listeners treats them).
@@ -176,6 +178,8 @@ async def serve(
     proxy: Proxy | None = None,
     shutdown: trio.Event | None = None,
     history: History | None = None,
+    loader: Loader | None = None,
+    reloads: trio.abc.ReceiveChannel[None] | None = None,
     task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the proxy until cancelled (or until ``shutdown`` is set, then drain).
@@ -187,11 +191,16 @@ async def serve(
         shutdown: when set, stop accepting and drain for ``shutdown_timeout``.
         history: the dashboard's rings, which the admin listener samples
             and shows (default: 15 minutes at 10 s a point).
+        loader: reads the settings again for a reload (``reloader.py``);
+            with ``watch_config``, its file is watched.
+        reloads: one message per reload asked for (``SIGHUP``), with ``loader``.
         task_status: receives the ``BoundAddresses`` once listening.
     """
     log_tls_warnings(config)
     proxy = proxy or Proxy(config, connector=connector)
-    context = server_ssl_context(config)  # bad files fail before anything listens
+    # Bad files fail before anything listens; a reload swaps the context.
+    tls = ListenerTLS(server_ssl_context(config), tls_digest(config))
+    context = tls.context
     host, port = split_host_port(config.listen)
     try:
         listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
@@ -210,6 +219,8 @@ async def serve(
             # One task times every committed stream's --stream-idle-timeout
             # (without it, each stream runs a timer task of its own).
             services.start_soon(proxy.silence.watch)
+            if loader is not None:
+                _start_reloads(services, Reloader(proxy, loader, tls, server_ssl_context), reloads)
             admin = None
             if config.admin_listen is not None:
                 try:
@@ -228,7 +239,7 @@ async def serve(
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:
                         acceptors.start_soon(
-                            _accept_loop, listener, connections, proxy, limiter, context, scheme
+                            _accept_loop, listener, connections, proxy, limiter, tls, scheme
                         )
                     task_status.started(addresses)
                     if shutdown is None:
@@ -237,15 +248,29 @@ async def serve(
                     acceptors.cancel_scope.cancel()
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
-                logger.info("draining", extra={"fields": {"timeout_s": config.shutdown_timeout}})
+                timeout = proxy.config.shutdown_timeout  # a reload may have changed it
+                logger.info("draining", extra={"fields": {"timeout_s": timeout}})
                 proxy.begin_drain()
-                connections.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
+                connections.cancel_scope.deadline = trio.current_time() + timeout
             services.cancel_scope.cancel()
     finally:
         # Cancelled from outside (an embedder's scope, a test): still no leak.
         for listener in listeners:
             await trio.aclose_forcefully(listener)
         await proxy.pool.aclose()
+
+
+def _start_reloads(
+    services: trio.Nursery, reloader: Reloader, reloads: trio.abc.ReceiveChannel[None] | None
+) -> None:
+    if reloads is not None:
+        services.start_soon(reloader.run, reloads)
+    path = reloader.load.path
+    if reloader.proxy.config.watch_config:
+        if path is None:
+            logger.warning("--watch-config without a config file: nothing to watch")
+        else:
+            services.start_soon(reloader.watch_file, path)
 
 
 def _cannot_listen(listener: str, option: str, address: str, exc: OSError) -> ConfigError:
@@ -262,12 +287,14 @@ async def _accept_loop(
     connections: trio.Nursery,
     proxy: Proxy,
     limiter: trio.CapacityLimiter,
-    context: ssl.SSLContext | None,
+    tls: ListenerTLS | None,
     scheme: str,
 ) -> None:
     # Accept only while below max_connections: further clients wait in the
     # kernel's backlog instead of being accepted and dropped.
     def start(stream: trio.SocketStream, token: object) -> None:
+        # Read at each accept: a reload may have swapped the certificate.
+        context = tls.context if tls is not None else None
         connections.start_soon(_handle, stream, proxy, limiter, token, context, scheme)
 
     while True:
@@ -320,11 +347,12 @@ async def _handle(
         limiter.release_on_behalf_of(token)
 
 
-def run_server(config: Config) -> int:
+def run_server(config: Config, *, loader: Loader | None = None) -> int:
     """Run the proxy in the foreground until SIGINT/SIGTERM; returns the exit code.
 
     The first signal drains (``shutdown_timeout``) and exits 0; a second one
-    cancels what still runs and exits 1.
+    cancels what still runs and exits 1. With ``loader``, ``SIGHUP`` reloads
+    (``reloader.py``); without, it is logged and ignored.
     """
     secrets = [value for node in config.upstreams for value in node.headers.values()]
     secrets += [client.key for client in config.clients]
@@ -340,7 +368,7 @@ def run_server(config: Config) -> int:
     bad_setting: ConfigError | None = None
     cannot_listen: OSError | None = None
     try:
-        return _run_flushing(config, handler)
+        return _run_flushing(config, handler, loader)
     except* ConfigError as group:
         bad_setting = next(exc for exc in _leaves(group) if isinstance(exc, ConfigError))
     except* OSError as group:
@@ -353,9 +381,9 @@ def run_server(config: Config) -> int:
     return 1
 
 
-def _run_flushing(config: Config, handler: BatchedStreamHandler) -> int:
+def _run_flushing(config: Config, handler: BatchedStreamHandler, loader: Loader | None) -> int:
     try:
-        return trio.run(_main, config, instruments=[FlushLogs(handler)])
+        return trio.run(_main, config, loader, instruments=[FlushLogs(handler)])
     finally:
         handler.flush()
 
@@ -366,15 +394,23 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def _main(config: Config) -> int:
+async def _main(config: Config, loader: Loader | None = None) -> int:
     shutdown = trio.Event()
     forced = False
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    ask_reload, reloads = trio.open_memory_channel[None](1)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def watch_signals() -> None:
                 nonlocal forced
                 async for signum in signals:
+                    if signum == signal.SIGHUP:  # reload (SPEC 9); one waits at most
+                        if loader is None:
+                            logger.warning("SIGHUP: nothing to reload from, ignored")
+                        else:
+                            with contextlib.suppress(trio.WouldBlock):
+                                ask_reload.send_nowait(None)
+                        continue
                     if shutdown.is_set():
                         logger.warning("second signal: stopping now")
                         forced = True
@@ -386,7 +422,9 @@ async def _main(config: Config) -> int:
             nursery.start_soon(watch_signals)
             async with trio.open_nursery() as server:
                 addresses: BoundAddresses = await server.start(
-                    functools.partial(serve, config, shutdown=shutdown)
+                    functools.partial(
+                        serve, config, shutdown=shutdown, loader=loader, reloads=reloads
+                    )
                 )
                 logger.info(f"listening on {addresses.client_url}")
                 if addresses.admin_url:

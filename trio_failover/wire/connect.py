@@ -77,6 +77,15 @@ class TCPConnector:
             if node.scheme == "https":
                 self.ssl_context(node)
 
+    def reconfigure(self, config: Config) -> None:
+        """A reload: contexts for the new nodes' TLS options, the new dead-peer timeout.
+
+        Raises:
+            ConfigError: a node's ``ca_file`` cannot be loaded; nothing changed then.
+        """
+        fresh = TCPConnector(config)
+        self._ssl_contexts, self._dead_peer_timeout = fresh._ssl_contexts, fresh._dead_peer_timeout
+
     def ssl_context(self, node: Upstream) -> ssl.SSLContext:
         """The TLS context for an https:// node (verifying unless configured not to)."""
         key = (node.ca_file, node.insecure_skip_verify)

@@ -218,7 +218,6 @@ class ConnectionPool:
         max_idle: the most idle connections per node (``0``: no pooling).
         idle_timeout: seconds after which an idle connection is not reused
             (``0``: no pooling).
-
         on_stray: called with a node's name each time one of its
             connections is found with stray bytes (the proxy counts them).
 
@@ -227,6 +226,8 @@ class ConnectionPool:
     caller is being cancelled.
     """
 
+    origins: dict[str, object] | None = None  # after a reload: each name's node (response.py)
+
     def __init__(
         self,
         *,
@@ -234,8 +235,7 @@ class ConnectionPool:
         idle_timeout: float,
         on_stray: Callable[[str], None] | None = None,
     ) -> None:
-        self.max_idle = max_idle
-        self.idle_timeout = idle_timeout
+        self.max_idle, self.idle_timeout = max_idle, idle_timeout
         self.on_stray = on_stray
         self._idle: dict[str, list[IdleConnection]] = {}
         # One poll object for the checkout look: registering an fd in it is
@@ -406,10 +406,11 @@ class ConnectionPool:
         for entry in entries:
             await trio.aclose_forcefully(entry.stream)
 
-    async def aclose(self) -> None:
-        """Close every idle connection (at shutdown)."""
-        entries = [entry for node in self._idle.values() for entry in node]
-        self._idle.clear()
+    async def aclose(self, node: str | None = None) -> None:
+        """Close every idle connection (at shutdown), or ``node``'s (a reload removed it)."""
+        idle = self._idle if node is None else {node: self._idle.pop(node, [])}
+        entries = [entry for listed in idle.values() for entry in listed]
+        idle.clear()
         await self._close_all(entries)
 
 

@@ -112,7 +112,10 @@ class UpstreamResponse:
         if not self._open:
             return
         self._open = False
-        if self._pool is not None:  # it checks that the exchange ended cleanly
+        origins = self._pool.origins if self._pool is not None else None
+        if origins is not None and origins.get(self.node.name, self.node) != self.node:
+            await trio.aclose_forcefully(self._stream)  # a reload moved or removed the node
+        elif self._pool is not None:  # it checks that the exchange ended cleanly
             await self._pool.release(self.node.name, self._stream, self._conn)
         else:
             await trio.aclose_forcefully(self._stream)

@@ -20,6 +20,7 @@ from ...core.units import format_duration, format_size, parse_duration, parse_si
 
 __all__ = [
     "ADMIN",
+    "BOOL",
     "CAPACITIES",
     "CLIENTS",
     "CODES",
@@ -275,6 +276,24 @@ ENDPOINT = Kind(
 TOKEN = Kind("token", str, str, _show_secret)
 # --config, --upstream, --capacity, --engine and --api-key are read by resolve()
 # itself; these kinds only show them.
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _bool_text(text: str) -> bool:
+    folded = text.strip().lower()
+    if folded in _TRUE or folded in _FALSE:
+        return folded in _TRUE
+    raise ValueError("expected true or false")
+
+
+def _bool_toml(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+BOOL = Kind("bool", _bool_text, _bool_toml, lambda value: "true" if value else "false")
+"""A switch: a flag without a value (``--watch-config``), ``true``/``false`` elsewhere."""
 CONFIG_PATH = Kind("path", str, str, show_path)
 NODES = Kind("nodes", str, str, str)
 CAPACITIES = Kind("capacity", str, str, str)

@@ -21,6 +21,7 @@ from ...core.engines import ENGINE_KINDS
 from ...core.slot_ledger import BALANCE_MODES
 from .kinds import (
     ADMIN,
+    BOOL,
     CAPACITIES,
     CLIENTS,
     CODES,
@@ -210,6 +211,8 @@ OPTIONS: tuple[Option, ...] = (
             "OpenTelemetry collector (OTLP/HTTP) for traces; needs the otel extra. "
             "Also read from OTEL_EXPORTER_OTLP_ENDPOINT.",
             fallback_env="OTEL_EXPORTER_OTLP_ENDPOINT"),
+    _option("watch_config", "watch_config", BOOL, "",
+            "Reload the config file when it changes, as on SIGHUP (polled each second)."),
 )
 # fmt: on
 

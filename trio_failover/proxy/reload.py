@@ -1,0 +1,188 @@
+"""A reload in the shell: a running ``Proxy`` takes a new ``Config`` (SPEC 9).
+
+``core/reload.py`` says what changes and what is refused; ``apply_reload``
+carries a diff without refusals out, in an order that cannot half-apply:
+first what may fail (the nodes' TLS contexts), then the swaps, which
+cannot. How each part takes the new configuration:
+
+- read at use, from their ``config`` attribute, swapped here in one pass
+  (``_swap_config``): ``Proxy`` (a new client connection's limits and
+  timeouts), ``Report`` and its ``StatusView`` (``/status``), the workload
+  runner with its ``Attempts``, ``Milestones`` and ``Relay`` (candidates,
+  timeouts, ``client_close``), ``LivenessChecker``, ``FleetLists``;
+- ``TCPConnector``: its TLS contexts built for the new nodes (a bad
+  ``ca_file`` refuses the reload before anything changed) and its
+  dead-peer timeout;
+- ``ClientGate``: its key table, replaced;
+- ``SlotQueue``: the capacities, balance and queue length; a lowered
+  capacity lets no new attempt in until the node is under it; when the
+  node list changed, the waiting workloads resolve their candidates again
+  (a removed node's waiters go elsewhere, or get their answer);
+- ``ConnectionPool``: its limits; the idle connections of removed nodes,
+  and of nodes whose URL or TLS changed, are closed;
+- ``Discovery``: checks the added nodes, stops checking the removed ones;
+- the node state (cooldowns, down flags, inventories, counters, the
+  liveness checks' books, the metrics' series): ``_reconcile_node_state``,
+  the one function that knows where it lives.
+
+Running workloads keep the ``Upstream`` they hold: their attempt, and the
+stream after it, end where they began.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import trio
+
+from ..core.config import Config
+from ..core.errors import ConfigError
+from ..core.reload import diff_configs
+from ..telemetry.logs import logger
+from ..wire.connect import TCPConnector
+from .health import NodeHealth
+from .records import NodeStats
+
+if TYPE_CHECKING:
+    from ..telemetry.events import EventBus
+    from ..wire.pool import ConnectionPool
+    from ..wire.upstream import Connector
+    from .discovery import Discovery
+    from .gate import ClientGate
+    from .lists import FleetLists
+    from .liveness import LivenessChecker
+    from .report import Report
+    from .workload import WorkloadRunner
+
+
+class Proxy(Protocol):
+    """The parts of ``proxy.Proxy`` a reload touches (named here: proxy.py imports this)."""
+
+    config: Config
+    connector: Connector
+    pool: ConnectionPool
+    report: Report
+    liveness: LivenessChecker
+    lists: FleetLists
+    discovery: Discovery
+    _gate: ClientGate
+    _workloads: WorkloadRunner
+
+    @property
+    def events(self) -> EventBus: ...
+
+
+__all__ = ["ReloadResult", "apply_reload", "failed_reload"]
+
+
+@attrs.frozen
+class ReloadResult:
+    """What a reload did: applied (``ok``) with its ``changes``, or not and why (``error``)."""
+
+    ok: bool
+    changes: tuple[str, ...] = ()
+    error: str | None = None
+
+    def event(self) -> dict[str, Any]:
+        """The ``reload`` event (SPEC 9)."""
+        return {"type": "reload", "ok": self.ok, "changes": list(self.changes), "error": self.error}
+
+
+def failed_reload(proxy: Proxy, error: str) -> ReloadResult:
+    """Tell of a reload that changes nothing: its log line and its ``reload`` event."""
+    result = ReloadResult(False, (), error)
+    logger.error("reload refused", extra={"fields": {"error": error}})
+    proxy.events.publish(result.event())
+    return result
+
+
+async def apply_reload(
+    proxy: Proxy, new: Config, *, tls_files_changed: bool = False, dry_run: bool = False
+) -> ReloadResult:
+    """Make ``new`` the running configuration of ``proxy``, or say why not.
+
+    ``dry_run``: only say what it would change (no log line, no event).
+    """
+    diff = diff_configs(proxy.config, new, tls_files_changed=tls_files_changed)
+    if dry_run:
+        return ReloadResult(diff.ok, tuple(diff.changes()), "; ".join(diff.refused) or None)
+    if not diff.ok:
+        return failed_reload(proxy, "; ".join(diff.refused))
+    connector = proxy.connector
+    if isinstance(connector, TCPConnector):
+        try:
+            connector.reconfigure(new)  # may refuse: a CA file that cannot be loaded
+        except ConfigError as exc:
+            return failed_reload(proxy, str(exc))
+    old = proxy.config
+    _swap_config(proxy, new)
+    _reconcile_node_state(proxy, old, new)
+    proxy.report.readiness.queue.reconfigure(new, moved=diff.nodes_changed)
+    proxy._gate.keys = tuple((client.name, client.key) for client in new.clients)
+    restart = {change.name for change in diff.changed if change.reconnects}
+    if old.discovery_interval != new.discovery_interval:
+        restart |= {node.name for node in new.upstreams}
+    proxy.discovery.reconcile(new, restart)
+    await _close_idle(proxy, set(diff.removed) | restart)
+    result = ReloadResult(True, tuple(diff.changes()))
+    logger.info("reloaded", extra={"fields": {"changes": list(result.changes) or "none"}})
+    proxy.events.publish(result.event())
+    return result
+
+
+def _swap_config(proxy: Proxy, new: Config) -> None:
+    """Every part that reads the configuration at use gets the new one."""
+    holders: list[Any] = [
+        proxy,
+        proxy.report,
+        proxy.report.view,
+        *proxy._workloads.holders(),
+        proxy.liveness,
+        proxy.lists,
+    ]
+    for holder in holders:
+        holder.config = new
+    pool = proxy.pool
+    pool.max_idle, pool.idle_timeout = new.pool_max_idle, new.pool_idle_timeout
+    # A stream still running at a node a reload moved (URL, TLS) or removed
+    # does not give its connection back to the pool when it ends.
+    pool.origins = {node.name: node for node in new.upstreams}
+
+
+def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
+    """The nodes' state after a reload: fresh for added nodes, kept for kept ones.
+
+    The one place that knows where node state lives (the seam that the
+    node board's ``reconcile`` replaces). A removed node's entries stay
+    (out of ``/status``, which lists the configured nodes, and of every
+    ranking): the workloads still running there write their outcome to
+    them. Its cooldown ends, so that the cooling gauge counts configured
+    nodes only. A node added again under an old name starts afresh.
+    """
+    report = proxy.report
+    before = {node.name for node in old.upstreams}
+    readiness = report.readiness
+    added = [node.name for node in new.upstreams if node.name not in before]
+    for name in added:
+        report.health.nodes[name] = NodeHealth()
+        report.health.inventories.pop(name, None)
+        report.stats[name] = NodeStats()
+        readiness.cooldowns.restore(name)
+    after = {node.name for node in new.upstreams}
+    for name in before - after:
+        readiness.cooldowns.restore(name)
+        report.health.inventories.pop(name, None)
+        report.health.nodes[name].down = False  # counted nowhere any more
+    proxy.liveness.reconcile(added)
+    proxy.lists.forget([*added, *(before - after)])
+    report.metrics.declare_nodes(added)
+    readiness.watch_in_flight(added)
+    now = trio.current_time()
+    report.metrics.cooling.set(len(readiness.cooldowns.active(now)))
+    report.metrics.down.set(sum(report.health.is_down(name) for name in after))
+
+
+async def _close_idle(proxy: Proxy, nodes: set[str]) -> None:
+    for name in sorted(nodes):
+        await proxy.pool.aclose(name)
