@@ -333,6 +333,10 @@ class ClientKey:
     key: str = attrs.field(validator=_check_key, repr=False)
 
 
+def _key_tuple(value: Iterable[ClientKey]) -> tuple[ClientKey, ...]:
+    return tuple(value)
+
+
 def _check_clients(
     instance: Config, attribute: attrs.Attribute[Any], value: tuple[ClientKey, ...]
 ) -> None:
@@ -428,7 +432,7 @@ class Config:
     pool_max_idle: int = attrs.field(default=256, validator=_non_negative)
 
     clients: tuple[ClientKey, ...] = attrs.field(
-        default=(), converter=tuple, validator=_check_clients
+        default=(), converter=_key_tuple, validator=_check_clients
     )
     """Client API keys; with none, nothing is checked."""
     admin_token: str | None = attrs.field(default=None, validator=_check_token, repr=_show_token)

@@ -217,7 +217,7 @@ def masked(config: Config, mask: Callable[[str], str]) -> Config:
         )
         for node in config.upstreams
     ]
-    clients = [ClientKey(client.name, mask(client.key)) for client in config.clients]
+    clients = tuple(ClientKey(client.name, mask(client.key)) for client in config.clients)
     token = None if config.admin_token is None else mask(config.admin_token)
     return attrs.evolve(config, upstreams=nodes, clients=clients, admin_token=token)
 

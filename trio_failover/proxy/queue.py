@@ -152,8 +152,19 @@ class SlotQueue:
         ``moved``: the node list changed; every waiter wakes without a slot
         and with ``moved`` set, to resolve its candidates again.
         """
+        ledger = self.scheduler.ledger
+        kept = set(ledger.nodes)
         waiters = self.scheduler.reconfigure(
-            {node.name: node.capacity for node in config.upstreams},
+            {  # an ``auto`` node keeps the capacity its engine gave (SPEC 5c), a new one 0
+                node.name: (
+                    node.capacity
+                    if node.capacity is not None
+                    else ledger.capacity(node.name)
+                    if node.name in kept
+                    else 0
+                )
+                for node in config.upstreams
+            },
             balance=config.balance,
             max_queue=config.max_queue,
             moved=moved,
