@@ -18,6 +18,7 @@ import attrs
 
 from .errors import ConfigError
 from .names import WILDCARD, accepts, node_model_name
+from .state_settings import StateSettings
 
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]
@@ -384,8 +385,8 @@ MiB = 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
-class Config:
-    """Everything the proxy needs to serve; see docs/configuration.md."""
+class Config(StateSettings):
+    """Everything the proxy needs to serve; docs/configuration.md (and ``StateSettings``)."""
 
     upstreams: tuple[Upstream, ...] = attrs.field(
         converter=_upstreams_converter, validator=_check_upstreams
