@@ -143,6 +143,10 @@ def serve(**flags: Any) -> None:
         from .reexec import exec_serve
 
         exec_serve(config, sys.argv)  # returns only where it cannot (see reexec)
+    if config.workers > 1:
+        from ..service.workers import run_workers
+
+        raise typer.Exit(run_workers(config))
     from ..service.server import run_server
 
     raise typer.Exit(run_server(config))
