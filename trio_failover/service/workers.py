@@ -151,7 +151,7 @@ class _Supervisor:
             if self.stopped.is_set():
                 return
             if not served and first:
-                self.failed = status
+                self.failed = status or 1
                 self.stop()
                 return
             lived = trio.current_time() - started
@@ -176,9 +176,14 @@ class _Supervisor:
             process = await trio.lowlevel.open_process(
                 command, pass_fds=[fd for fd in fds if fd >= 0], start_new_session=True
             )
+        except BaseException:
+            os.close(read_end)
+            raise
         finally:
             os.close(write_end)
         self.processes[index] = process
+        if self.stopped.is_set():  # stopped while it was being started
+            process.send_signal(signal.SIGTERM)
         served = False
         try:
             async with trio.lowlevel.FdStream(read_end) as ready:
