@@ -24,12 +24,12 @@ class Lines(list[str]):
         self._added.set()
         self._added = trio.Event()
 
-    async def wait_for(self, text: str) -> str:
-        """The first line containing ``text``, once it has been written.
+    async def wait_for(self, text: str, after: int = 0) -> str:
+        """The first line containing ``text`` (from line ``after`` on), once it has been written.
 
         Bound it with ``trio.fail_after``: a line that never comes waits forever.
         """
-        seen = 0
+        seen = after
         while True:
             for line in self[seen:]:
                 if text in line:

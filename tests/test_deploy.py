@@ -7,11 +7,9 @@
   ``TRIO_FAILOVER_`` variable it uses is the proxy's, its arguments pass
   ``trio-failover check``, and its probes, ports and grace period agree.
 
-The example already shows the shared-state flags of SPEC section 3, which
-the CLI does not have yet (issue 31). Those, and only those, are allowed
-while missing from the option table (``PENDING``); once a flag is added
-there, this test insists it leave ``PENDING``, so from then on it is
-checked like every other.
+Every flag of the example is in the option table: the shared-state flags
+of SPEC section 3 were allowed there before the CLI had them (a
+``PENDING`` list, now gone), and are checked like every other since.
 """
 
 from __future__ import annotations
@@ -37,8 +35,6 @@ KUBERNETES = DEPLOY / "kubernetes" / "trio-failover.yaml"
 FLAGS = {option.flag: option for option in OPTIONS}
 ENVS = {option.env for option in OPTIONS}
 SHUTDOWN_DEFAULT = parse_duration(FLAGS["--shutdown-timeout"].default_text)
-# SPEC section 3's shared-state flags, not in the CLI yet (issue 31).
-PENDING = frozenset({"--state", "--state-prefix", "--lease-ttl", "--state-timeout", "--workers"})
 
 
 # -- the systemd unit --------------------------------------------------------------------
@@ -132,16 +128,18 @@ def flag_values() -> list[tuple[str, str]]:
 
 
 def test_example_uses_only_the_proxys_flags_and_variables() -> None:
-    unknown = [flag for flag, _ in flag_values() if flag not in FLAGS and flag not in PENDING]
+    unknown = [flag for flag, _ in flag_values() if flag not in FLAGS]
     assert unknown == []
     envs = [item["name"] for item in proxy_container()["env"]]
     assert envs
     assert [name for name in envs if name not in ENVS] == []
 
 
-def test_pending_flags_are_only_those_still_missing() -> None:
-    # A flag of PENDING that the CLI now has must be checked like the rest.
-    assert sorted(PENDING & FLAGS.keys()) == []
+def test_example_shares_the_fleet_through_redis() -> None:
+    values = dict(flag_values())
+    assert values["--state"].startswith("redis://")
+    for flag in ("--state-prefix", "--lease-ttl", "--state-timeout"):
+        assert flag in values, flag
 
 
 def test_example_arguments_pass_check() -> None:
@@ -150,7 +148,7 @@ def test_example_arguments_pass_check() -> None:
         item["name"]: secret[item["valueFrom"]["secretKeyRef"]["key"]]
         for item in proxy_container()["env"]
     }
-    args = [f"{flag}={value}" for flag, value in flag_values() if flag in FLAGS]
+    args = [f"{flag}={value}" for flag, value in flag_values()]
     result = CliRunner().invoke(app, ["check", *args], env=env)
     assert result.exit_code == 0, result.output
 

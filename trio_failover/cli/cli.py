@@ -21,6 +21,7 @@ import typer
 
 from ..core.config import Config
 from ..core.errors import ConfigError, ConfigErrors
+from ..core.redis_url import MEMORY
 from ..core.version import __version__
 from .loader import SettingsLoader
 from .settings import OPTIONS, Source, describe, resolve
@@ -105,15 +106,17 @@ def _check_extras(config: Config, sources: Mapping[str, Source]) -> None:
 
     Found, not imported: ``serve`` execs a fresh image, which imports them.
     """
-    if config.otel_endpoint is None or all(map(_installed, OTEL_MODULES)):
-        return
-    source = sources["otel_endpoint"]
-    label = "otel_endpoint" if source.kind == "file" else "otel-endpoint"
+    if config.otel_endpoint is not None and not all(map(_installed, OTEL_MODULES)):
+        _missing_extra(sources, "otel_endpoint", "traces need the OpenTelemetry SDK", "otel")
+    if config.state != MEMORY and not _installed("hiredis"):
+        _missing_extra(sources, "state", "a Redis state needs hiredis", "redis")
+
+
+def _missing_extra(sources: Mapping[str, Source], field: str, what: str, extra: str) -> None:
+    source = sources[field]
+    label = field if source.kind == "file" else field.replace("_", "-")
     raise ConfigError(
-        label,
-        source.raw,
-        "traces need the OpenTelemetry SDK: pip install 'trio-failover[otel]'",
-        source.where,
+        label, source.raw, f"{what}: pip install 'trio-failover[{extra}]'", source.where
     )
 
 
@@ -161,6 +164,10 @@ def serve(**flags: Any) -> None:
         from .reexec import exec_serve
 
         exec_serve(config, sys.argv, loader)  # returns only where it cannot (see reexec)
+    if config.workers > 1:
+        from ..service.workers import run_workers
+
+        raise typer.Exit(run_workers(config))
     from ..service.server import run_server
 
     raise typer.Exit(run_server(config, loader=loader))

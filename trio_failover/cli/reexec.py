@@ -76,6 +76,10 @@ def main(argv: list[str]) -> int:
         config, loader = pickle.load(file)  # written by our own image, just before the exec
     if not isinstance(config, Config):
         raise TypeError(f"expected a Config, read {type(config).__name__}")
+    if config.workers > 1:
+        from ..service.workers import run_workers
+
+        return run_workers(config)
     from ..service.server import run_server
 
     return run_server(config, loader=loader)

@@ -20,6 +20,7 @@ from .engines import check_engine_kind
 from .errors import ConfigError
 from .names import WILDCARD, accepts, node_model_name
 from .slot_ledger import BALANCE_MODES, Balance
+from .state_settings import StateSettings
 
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]
@@ -387,8 +388,8 @@ MiB = 1024 * 1024
 
 
 @attrs.frozen(kw_only=True)
-class Config:
-    """Everything the proxy needs to serve; see docs/configuration.md."""
+class Config(StateSettings):
+    """Everything the proxy needs to serve; docs/configuration.md (and ``StateSettings``)."""
 
     upstreams: tuple[Upstream, ...] = attrs.field(converter=_nodes, validator=_check_upstreams)
     listen: str = attrs.field(default="127.0.0.1:8080", validator=_check_listen)

@@ -17,7 +17,16 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-__all__ = ["DEFAULT_PORT", "RedisAddress", "parse_redis_url"]
+__all__ = [
+    "DEFAULT_PORT",
+    "MEMORY",
+    "RedisAddress",
+    "masked_url",
+    "parse_redis_url",
+    "parse_state",
+]
+
+MEMORY = "memory"
 
 DEFAULT_PORT = 6379
 # Redis' own limit: `databases` is 16 by default; a server may be set
@@ -109,3 +118,28 @@ def _db(path: str) -> int:
     if not (number.isascii() and number.isdigit()):
         raise ValueError(f"the path must be a database number, not {path!r}; expected {_EXPECTED}")
     return int(number)
+
+
+def parse_state(text: str) -> RedisAddress | None:
+    """``--state``'s value: None for ``memory`` (this process alone), else the Redis address.
+
+    Raises:
+        ValueError: neither ``memory`` nor a ``redis://``/``rediss://`` URL.
+    """
+    value = text.strip()
+    if value == MEMORY:
+        return None
+    try:
+        return parse_redis_url(value)
+    except ValueError as exc:
+        raise ValueError(f"expected memory or {str(exc).removeprefix('expected ')}") from None
+
+
+def masked_url(text: str) -> str:
+    """``text`` with the password of a ``USER:PASS@`` part shown as ``***``."""
+    scheme, sep, rest = text.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        login, _, host = authority.rpartition("@")
+        authority = f"{login.partition(':')[0]}:***@{host}"
+    return scheme + sep + authority + slash + path

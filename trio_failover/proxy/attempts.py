@@ -49,6 +49,7 @@ class Plan:
     client_address: str | None
     scheme: str
 
+
 # What ``take_slot`` returns for a waiter a reload took out of the queue.
 MOVED = "moved"
 

@@ -28,6 +28,7 @@ import importlib.resources
 import json
 import re
 import secrets
+import socket
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -79,9 +80,10 @@ async def serve_admin(
     *,
     event_buffer: int = SUBSCRIBER_BUFFER,
     history: History | None = None,
+    sock: socket.socket | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the admin API on ``listen`` until cancelled.
+    """Serve the admin API on ``listen`` (or on ``sock``, already listening) until cancelled.
 
     Args:
         proxy: the proxy to report on.
@@ -90,10 +92,15 @@ async def serve_admin(
             counts as fallen behind and is dropped.
         history: the rings ``GET /history`` shows (default: 15 minutes at
             10 s a point), filled by a sampler this listener runs.
+        sock: a socket already bound and listening, to serve instead of
+            opening one on ``listen`` (a ``--workers`` supervisor binds once).
         task_status: receives the bound ``(host, port)``.
     """
     host, port = split_host_port(listen, "admin-listen")
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    if sock is not None:  # a --workers supervisor's (service/workers.py)
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock))]
+    else:
+        listeners = await trio.open_tcp_listeners(port, host=host)
     sockname = listeners[0].socket.getsockname()
     if history is None:
         history = History(node.name for node in proxy.config.upstreams)

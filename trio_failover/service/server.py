@@ -16,8 +16,10 @@ import functools
 import ipaddress
 import logging
 import signal
+import socket
 import ssl
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -57,6 +59,14 @@ class BoundAddresses:
         if self.admin is None:
             return None
         return f"http://{_url_host(self.admin[0])}:{self.admin[1]}"
+
+
+@attrs.frozen
+class InheritedSockets:
+    """A ``--workers`` worker's listeners, bound and listening by its supervisor."""
+
+    client: socket.socket
+    admin: socket.socket | None = None
 
 
 def _url_host(host: str) -> str:
@@ -180,6 +190,7 @@ async def serve(
     history: History | None = None,
     loader: Loader | None = None,
     reloads: trio.abc.ReceiveChannel[None] | None = None,
+    sockets: InheritedSockets | None = None,
     task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the proxy until cancelled (or until ``shutdown`` is set, then drain).
@@ -194,6 +205,8 @@ async def serve(
         loader: reads the settings again for a reload (``reloader.py``);
             with ``watch_config``, its file is watched.
         reloads: one message per reload asked for (``SIGHUP``), with ``loader``.
+        sockets: listeners already bound and listening (a ``--workers``
+            worker's, from its supervisor), served instead of binding.
         task_status: receives the ``BoundAddresses`` once listening.
     """
     log_tls_warnings(config)
@@ -203,7 +216,11 @@ async def serve(
     context = tls.context
     host, port = split_host_port(config.listen)
     try:
-        listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
+        listeners: list[trio.SocketListener] = (
+            [trio.SocketListener(trio.socket.from_stdlib_socket(sockets.client))]
+            if sockets is not None
+            else await trio.open_tcp_listeners(port, host=host)
+        )
     except OSError as exc:
         raise _cannot_listen("client", "listen", config.listen, exc) from exc
     scheme = "https" if context else "http"
@@ -226,8 +243,11 @@ async def serve(
                 try:
                     # The admin listener also runs the sampler of the
                     # dashboard's history: none without it (sampler.py).
+                    admin_sock = sockets.admin if sockets is not None else None
                     admin = await services.start(
-                        functools.partial(serve_admin, history=history), proxy, config.admin_listen
+                        functools.partial(serve_admin, history=history, sock=admin_sock),
+                        proxy,
+                        config.admin_listen,
                     )
                 except OSError as exc:
                     raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
@@ -347,12 +367,21 @@ async def _handle(
         limiter.release_on_behalf_of(token)
 
 
-def run_server(config: Config, *, loader: Loader | None = None) -> int:
+def run_server(
+    config: Config,
+    *,
+    loader: Loader | None = None,
+    sockets: InheritedSockets | None = None,
+    on_listening: Callable[[BoundAddresses], None] | None = None,
+) -> int:
     """Run the proxy in the foreground until SIGINT/SIGTERM; returns the exit code.
 
     The first signal drains (``shutdown_timeout``) and exits 0; a second one
     cancels what still runs and exits 1. With ``loader``, ``SIGHUP`` reloads
-    (``reloader.py``); without, it is logged and ignored.
+    (``reloader.py``); without, it is logged and ignored. A ``--workers``
+    worker (``service/workers.py``) passes the ``sockets`` its supervisor
+    bound, and ``on_listening`` to tell it when it serves, instead of the
+    ``listening on`` lines, which the supervisor prints once.
     """
     secrets = [value for node in config.upstreams for value in node.headers.values()]
     secrets += [client.key for client in config.clients]
@@ -368,7 +397,7 @@ def run_server(config: Config, *, loader: Loader | None = None) -> int:
     bad_setting: ConfigError | None = None
     cannot_listen: OSError | None = None
     try:
-        return _run_flushing(config, handler, loader)
+        return _run_flushing(config, handler, loader, sockets, on_listening)
     except* ConfigError as group:
         bad_setting = next(exc for exc in _leaves(group) if isinstance(exc, ConfigError))
     except* OSError as group:
@@ -381,9 +410,16 @@ def run_server(config: Config, *, loader: Loader | None = None) -> int:
     return 1
 
 
-def _run_flushing(config: Config, handler: BatchedStreamHandler, loader: Loader | None) -> int:
+def _run_flushing(
+    config: Config,
+    handler: BatchedStreamHandler,
+    loader: Loader | None,
+    sockets: InheritedSockets | None,
+    on_listening: Callable[[BoundAddresses], None] | None,
+) -> int:
     try:
-        return trio.run(_main, config, loader, instruments=[FlushLogs(handler)])
+        main = functools.partial(_main, config, loader, sockets, on_listening)
+        return trio.run(main, instruments=[FlushLogs(handler)])
     finally:
         handler.flush()
 
@@ -394,7 +430,12 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-async def _main(config: Config, loader: Loader | None = None) -> int:
+async def _main(
+    config: Config,
+    loader: Loader | None = None,
+    sockets: InheritedSockets | None = None,
+    on_listening: Callable[[BoundAddresses], None] | None = None,
+) -> int:
     shutdown = trio.Event()
     forced = False
     ask_reload, reloads = trio.open_memory_channel[None](1)
@@ -423,12 +464,20 @@ async def _main(config: Config, loader: Loader | None = None) -> int:
             async with trio.open_nursery() as server:
                 addresses: BoundAddresses = await server.start(
                     functools.partial(
-                        serve, config, shutdown=shutdown, loader=loader, reloads=reloads
+                        serve,
+                        config,
+                        shutdown=shutdown,
+                        loader=loader,
+                        reloads=reloads,
+                        sockets=sockets,
                     )
                 )
-                logger.info(f"listening on {addresses.client_url}")
-                if addresses.admin_url:
-                    logger.info(f"admin on {addresses.admin_url}")
+                if on_listening is not None:
+                    on_listening(addresses)
+                else:
+                    logger.info(f"listening on {addresses.client_url}")
+                    if addresses.admin_url:
+                        logger.info(f"admin on {addresses.admin_url}")
                 for handler in logger.handlers:
                     handler.flush()  # the startup lines leave now, not with the next pass
             nursery.cancel_scope.cancel()

@@ -16,6 +16,7 @@ import attrs
 from ...core.config import HOST_PORT_EXPECTED, redact_url, split_host_port
 from ...core.engines import ENGINE_KINDS
 from ...core.errors import ConfigError
+from ...core.redis_url import masked_url, parse_state
 from ...core.units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
@@ -35,7 +36,9 @@ __all__ = [
     "NODES",
     "SECRET",
     "SIZE",
+    "STATE",
     "STATUSES",
+    "TEXT",
     "TOKEN",
     "Kind",
     "QuotedNumber",
@@ -272,6 +275,18 @@ ENDPOINT = Kind(
     _toml_str(_endpoint_text, 'a URL such as "http://127.0.0.1:4318", or "off"'),
     lambda value: "none" if value is None else redact_url(str(value)),
 )
+
+
+def _state_text(text: str) -> str:
+    parse_state(text)
+    return text.strip()
+
+
+# --state: memory or a Redis URL, shown (and quoted in errors) without its password.
+STATE = Kind(
+    "memory|url", _state_text, _toml_str(_state_text, 'memory or "redis://HOST:PORT"'), masked_url
+)
+TEXT = Kind("text", str, _toml_str(str, "text"), str)
 # The token's checks are Config's own validator (run on every given value).
 TOKEN = Kind("token", str, str, _show_secret)
 # --config, --upstream, --capacity, --engine and --api-key are read by resolve()

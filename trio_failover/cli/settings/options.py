@@ -34,7 +34,9 @@ from .kinds import (
     INT,
     NODES,
     SIZE,
+    STATE,
     STATUSES,
+    TEXT,
     TOKEN,
     Kind,
     choice_kind,
@@ -213,6 +215,18 @@ OPTIONS: tuple[Option, ...] = (
             fallback_env="OTEL_EXPORTER_OTLP_ENDPOINT"),
     _option("watch_config", "watch_config", BOOL, "",
             "Reload the config file when it changes, as on SIGHUP (polled each second)."),
+    # The replicas' shared state (SPEC 8, docs/replicas.md).
+    _option("state", "state", STATE, "memory|URL",
+            "Shared state of several replicas: memory (this process alone) or "
+            "redis://[USER:PASS@]HOST:PORT[/DB] (rediss:// for TLS); needs the redis extra."),
+    _option("state_prefix", "state_prefix", TEXT, "TEXT",
+            "Prefix of every key and channel in the shared state (several fleets, one Redis)."),
+    _option("lease_ttl", "lease_ttl", DURATION, "DUR",
+            "A slot's lease in the shared state, renewed while its attempt runs."),
+    _option("state_timeout", "timeouts.state", DURATION, "DUR",
+            "Longest wait for the shared state on a request's path."),
+    _option("workers", "workers", INT, "N",
+            "Processes sharing the listeners (SO_REUSEPORT); more than 1 needs --state redis://."),
 )
 # fmt: on
 

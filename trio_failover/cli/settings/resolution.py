@@ -13,10 +13,11 @@ import attrs
 
 from ...core.config import Config
 from ...core.errors import ConfigError
+from ...core.redis_url import masked_url
 from .capacity import resolve_capacity, resolve_engines
 from .clients import resolve_clients
 from .given import Given
-from .kinds import SECRET, expected_of
+from .kinds import SECRET, STATE, expected_of
 from .nodes import resolve_nodes
 from .options import BY_FIELD, BY_NAME, OPTIONS, Option
 from .sources import DEFAULT, Mistakes, Source
@@ -80,6 +81,8 @@ def _resolve_options(
         for raw, source in given.values(opt):
             if opt.secret:
                 source = attrs.evolve(source, raw=SECRET)
+            elif opt.kind is STATE and isinstance(raw, str):
+                source = attrs.evolve(source, raw=masked_url(raw))  # a password in the URL
             try:
                 parsed.append((_parse(opt, raw, source), source))
             except ConfigError as exc:

@@ -1,0 +1,199 @@
+"""``--workers N`` with real processes on real loopback (SPEC 8): one port, lines printed once,
+a dead worker started again, SIGTERM drains them all; and the pure decisions (core/workers.py).
+
+Every wait is for a log line or a process's exit, bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+from conftest import RedisServer
+from support import Lines
+
+from trio_failover.core.config import Config, Upstream
+from trio_failover.core.workers import RESTART_FIRST, RESTART_MOST, restart_delay, worker_config
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+
+LIMIT = 60.0
+
+
+@attrs.define
+class Supervisor:
+    process: trio.Process
+    lines: Lines
+    # Set at the end of stderr: every process that shares it (the workers
+    # inherit the supervisor's) has exited.
+    stderr_closed: trio.Event = attrs.Factory(trio.Event)
+
+    async def worker_pid(self, index: int, after: int = 0) -> int:
+        """The pid of worker ``index`` as the supervisor logs it, from line ``after`` on."""
+        line = await self.lines.wait_for(f"worker serving worker={index} pid=", after)
+        return int(line.rpartition("pid=")[2].split()[0])
+
+    async def address(self, what: str) -> tuple[str, int]:
+        line = await self.lines.wait_for(f"{what} on http://")
+        found = re.search(rf"{what} on http://(\S+?):(\d+)\b", line)
+        assert found is not None
+        return found[1], int(found[2])
+
+
+@asynccontextmanager
+async def supervisor(*options: str) -> AsyncIterator[Supervisor]:
+    command = [sys.executable, "-m", "trio_failover", "serve", "--listen=127.0.0.1:0"]
+    command += ["--admin-listen=127.0.0.1:0", "--discovery-interval=0", "--shutdown-timeout=2s"]
+    process = await trio.lowlevel.open_process(
+        [*command, *options], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    sup = Supervisor(process, Lines())
+
+    async def read_stderr() -> None:
+        assert process.stderr is not None
+        buffer = b""
+        while chunk := await process.stderr.receive_some(65536):
+            *done, buffer = (buffer + chunk).split(b"\n")
+            for raw in done:
+                sup.lines.append(raw.decode(errors="replace"))
+        sup.stderr_closed.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_stderr)
+            yield sup
+            nursery.cancel_scope.cancel()
+    finally:
+        if process.returncode is None:
+            process.kill()
+        with trio.CancelScope(shield=True):
+            await process.wait()
+
+
+def listening_sockets(port: int) -> int:
+    """How many TCP sockets on this host listen on ``port`` (``/proc/net/tcp``)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        count += state == "0A" and int(local.rpartition(":")[2], 16) == port
+    return count
+
+
+async def http_get(address: tuple[str, int], path: str) -> bytes:
+    """One request on a fresh connection; the whole answer (the proxy closes it)."""
+    stream = await trio.open_tcp_stream(*address)
+    async with stream:
+        request = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        await stream.send_all(request.encode())
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+        return answer
+
+
+async def test_two_workers_share_the_port_restart_and_drain(redis_server: RedisServer) -> None:
+    state = f"--state=redis://127.0.0.1:{redis_server.port}"
+    with trio.fail_after(LIMIT):
+        async with supervisor("--upstream=a=http://127.0.0.1:9", "--workers=2", state) as sup:
+            client = await sup.address("listening")
+            admin = await sup.address("admin")
+            first = [await sup.worker_pid(0), await sup.worker_pid(1)]
+            # One socket a worker on the one port (SO_REUSEPORT), none elsewhere.
+            assert listening_sockets(client[1]) == 2
+            for _ in range(8):  # spread over both sockets by the kernel's hash
+                assert (await http_get(client, "/v1/models")).startswith(b"HTTP/1.1 ")
+            assert (await http_get(admin, "/healthz")).startswith(b"HTTP/1.1 200 ")
+
+            # A worker killed outright is started again, on the same socket.
+            seen = len(sup.lines)
+            os.kill(first[1], signal.SIGKILL)
+            await sup.lines.wait_for("worker exited: starting it again")
+            second = [first[0], await sup.worker_pid(1, after=seen)]
+            assert second[1] != first[1]
+            for _ in range(4):
+                assert (await http_get(client, "/v1/models")).startswith(b"HTTP/1.1 ")
+
+            # Printed once, whatever the workers did.
+            assert sum("listening on" in entry for entry in sup.lines) == 1
+            assert sum("admin on" in entry for entry in sup.lines) == 1
+
+            sup.process.send_signal(signal.SIGTERM)
+            assert await sup.process.wait() == 0
+            assert sum("draining" in entry for entry in sup.lines) == 2
+            for pid in second:
+                with pytest.raises(ProcessLookupError):
+                    os.kill(pid, 0)
+
+
+async def test_workers_whose_supervisor_was_killed_drain_and_exit(
+    redis_server: RedisServer,
+) -> None:
+    state = f"--state=redis://127.0.0.1:{redis_server.port}"
+    with trio.fail_after(LIMIT):
+        async with supervisor("--upstream=a=http://127.0.0.1:9", "--workers=2", state) as sup:
+            await sup.lines.wait_for("listening on")
+            sup.process.kill()
+            await sup.process.wait()
+            # Each worker noticed, drained, and exited (closing its stderr).
+            await sup.stderr_closed.wait()
+            assert sum("draining" in line for line in sup.lines) == 2
+
+
+async def test_a_taken_port_stops_the_supervisor_with_exit_2(redis_server: RedisServer) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "trio_failover", "serve", f"--listen=127.0.0.1:{port}"]
+        command += ["--upstream=http://127.0.0.1:9", "--workers=2", "--admin-listen=off"]
+        command.append(f"--state=redis://127.0.0.1:{redis_server.port}")
+        done = await trio.run_process(command, capture_stderr=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.decode().startswith(
+        f"trio-failover: error: --listen: invalid value '127.0.0.1:{port}'"
+    )
+
+
+# -- the pure decisions ----------------------------------------------------------------------
+
+
+def test_each_worker_gets_the_bound_addresses_and_only_the_first_the_admin() -> None:
+    config = Config(
+        upstreams=[Upstream("a", "http://127.0.0.1:9")],
+        listen="127.0.0.1:0",
+        admin_listen="127.0.0.1:0",
+        state="redis://r:6379",
+        workers=3,
+    )
+    first = worker_config(config, 0, "127.0.0.1:4000", "127.0.0.1:4001")
+    assert (first.listen, first.admin_listen, first.workers) == (
+        "127.0.0.1:4000",
+        "127.0.0.1:4001",
+        3,
+    )
+    other = worker_config(config, 2, "127.0.0.1:4000", "127.0.0.1:4001")
+    assert (other.listen, other.admin_listen) == ("127.0.0.1:4000", None)
+
+
+@pytest.mark.parametrize(
+    ("failures", "lived", "delay"),
+    [
+        (1, 0.0, RESTART_FIRST),
+        (2, 0.0, 2 * RESTART_FIRST),
+        (3, 1.0, 4 * RESTART_FIRST),
+        (20, 1.0, RESTART_MOST),
+        (20, 30.0, RESTART_FIRST),  # it had run steadily: not a crash loop
+    ],
+)
+def test_restart_delay(failures: int, lived: float, delay: float) -> None:
+    assert restart_delay(failures, lived) == delay

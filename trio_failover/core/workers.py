@@ -1,0 +1,54 @@
+"""Pure: the decisions of ``--workers N`` (SPEC 8): each worker's settings, and restarts.
+
+The supervisor (``service/workers.py``) binds the listeners once and hands
+them to its workers; these functions say what each worker is told and how
+long to wait before a dead one is started again.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .config import Config
+
+__all__ = ["RESTART_FIRST", "RESTART_MOST", "STEADY_AFTER", "restart_delay", "worker_config"]
+
+RESTART_FIRST = 0.1
+RESTART_MOST = 10.0
+# A worker that ran this long before it died counts as a fresh failure,
+# not as one more of a crash loop: its restart is not delayed.
+STEADY_AFTER = 30.0
+
+
+def worker_config(config: Config, index: int, listen: str, admin_listen: str | None) -> Config:
+    """The settings of worker ``index`` (0 is the first).
+
+    Args:
+        config: the program's settings.
+        index: the worker's place, 0 to ``workers - 1``.
+        listen: the client listener as bound by the supervisor (its real
+            port, when 0 was asked), so that every worker says the same.
+        admin_listen: the admin listener as bound, or None when off.
+
+    Returns:
+        ``config`` with those addresses; the admin listener is the first
+        worker's only. ``workers`` is kept: a worker knows it is one of many.
+    """
+    return attrs.evolve(config, listen=listen, admin_listen=admin_listen if index == 0 else None)
+
+
+def restart_delay(failures: int, lived: float) -> float:
+    """Seconds before a worker that died is started again.
+
+    Args:
+        failures: how many times in a row it died (this death included).
+        lived: seconds it ran before this death.
+
+    Returns:
+        ``RESTART_FIRST`` doubled with each failure in a row, at most
+        ``RESTART_MOST``; ``RESTART_FIRST`` after a worker that had run for
+        ``STEADY_AFTER`` seconds (a crash now and then is not a loop).
+    """
+    if lived >= STEADY_AFTER or failures <= 1:
+        return RESTART_FIRST
+    return min(RESTART_MOST, RESTART_FIRST * 2.0 ** min(failures - 1, 32))

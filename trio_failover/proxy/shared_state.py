@@ -1,0 +1,398 @@
+"""The replicas' shared state in Redis (SPEC 8): one ``SharedState`` per replica.
+
+It owns two connections (``wire/redis.py``): one for commands, shared by
+every task, and one subscription that receives the other replicas' change
+records and the freed-slot announcements. What it offers:
+
+- ``publish(record, node=...)``: tell the other replicas a change (and
+  store it in the node's hash, which a replica loads when it (re)joins);
+- ``take_slot`` / ``renew_slot`` / ``release_slot``: the slot lease
+  (``wire/slot_lease.py``'s scripts) with ``--lease-ttl``; ``hold_slot``
+  renews one until cancelled;
+- callbacks, all synchronous and called from its own task:
+  ``on_record(RemoteRecord)`` for each record of another replica,
+  ``on_freed(node)`` for each freed slot (its own releases too: a waiter of
+  this replica may take it), ``on_snapshot(records)`` once per join;
+- ``status()``, the ``/status`` document's ``state``; ``replicas``, the live
+  count it last saw; ``share(capacity)``, its share while Redis is away.
+
+Bounds: every call on a request's path waits at most ``--state-timeout``
+and never raises a ``StateError``: it returns None when Redis did not
+answer, and at once while Redis is away (the caller goes on with its local
+state and its share of the capacity). ``run`` is the lifetime: it joins,
+keeps the heartbeat, listens, notices Redis going away (a lost connection,
+or a heartbeat or request-path call that timed out and a probe that then
+timed out too), logs that once, and rejoins by itself with a bounded
+backoff (``core/state_layout.rejoin_delay``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from ..core import state_layout
+from ..core.errors import StateError
+from ..core.lease_script import LeaseTake, freed_channel
+from ..core.redis_url import RedisAddress
+from ..core.state_layout import RemoteRecord
+from ..telemetry.logs import logger
+from ..wire.redis import RedisConnection, Subscription, open_redis, open_subscription
+from ..wire.shared_records import SharedRecords
+from ..wire.slot_lease import SlotLeases
+
+__all__ = ["RemoteRecord", "SharedState"]
+
+T = TypeVar("T")
+
+
+def _ignore(*_: object) -> None:
+    return None
+
+
+@attrs.frozen
+class _Link:
+    """The joined connection and the verbs over it."""
+
+    connection: RedisConnection
+    leases: SlotLeases
+    records: SharedRecords
+
+
+class SharedState:
+    """One replica's link to the shared state; ``await nursery.start(state.run)`` to join.
+
+    Args:
+        address: the Redis (``core.redis_url.parse_state``).
+        nodes: the configured nodes' names (whose hashes a join loads).
+        prefix: ``--state-prefix``.
+        lease_ttl: ``--lease-ttl``, seconds.
+        state_timeout: ``--state-timeout``, seconds: the bound of each call
+            on a request's path, and of each connect.
+        replica_id: this replica's id (default: a random one).
+        heartbeat_interval: seconds between heartbeats (default: a third of
+            ``lease_ttl``, at most 5 s); a replica counts as live for three.
+        ssl_context: for ``rediss://`` (default: the system's).
+        on_record, on_freed, on_snapshot: the callbacks (module docstring).
+    """
+
+    def __init__(
+        self,
+        address: RedisAddress,
+        nodes: Sequence[str],
+        *,
+        prefix: str = "trio-failover:",
+        lease_ttl: float = 30.0,
+        state_timeout: float = 0.25,
+        replica_id: str | None = None,
+        heartbeat_interval: float | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        on_record: Callable[[RemoteRecord], None] = _ignore,
+        on_freed: Callable[[str], None] = _ignore,
+        on_snapshot: Callable[[list[RemoteRecord]], None] = _ignore,
+    ) -> None:
+        self.address = address
+        self.nodes = tuple(nodes)
+        self.prefix = prefix
+        self.lease_ttl = lease_ttl
+        self.state_timeout = state_timeout
+        self.replica_id = replica_id or uuid.uuid4().hex[:12]
+        self.heartbeat_interval = heartbeat_interval or min(lease_ttl / 3, 5.0)
+        self.ssl_context = ssl_context
+        self.on_record, self.on_freed, self.on_snapshot = on_record, on_freed, on_snapshot
+        self.replicas = 1
+        """Live replicas (this one included) as last seen; kept while Redis is away."""
+        self.joins = 0
+        """How many times this replica has joined (1 after the first)."""
+        self.channels = (state_layout.records_channel(prefix), freed_channel(prefix))
+        self._link: _Link | None = None
+        self._probe = trio.Event()
+        self._changed = trio.Event()
+        self._lease_ids = itertools.count(1)
+
+    # -- what the proxy reads ------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether Redis is reachable now (False while going on alone)."""
+        return self._link is not None
+
+    def status(self) -> dict[str, Any]:
+        """``/status``'s ``state``: ``{"backend", "connected", "replicas"}``."""
+        return {"backend": "redis", "connected": self.connected, "replicas": self.replicas}
+
+    def share(self, capacity: int) -> int:
+        """This replica's share of ``capacity`` while Redis is away (at least 1; 0 stays 0)."""
+        return state_layout.share_of(capacity, self.replicas)
+
+    async def wait_changed(self) -> None:
+        """Return at the next join, loss of Redis or change of ``replicas``."""
+        await self._changed.wait()
+
+    # -- the request path: each call bounded by --state-timeout --------------------------
+
+    def new_lease_id(self) -> str:
+        """A lease id unique to one attempt: this replica's id and a counter."""
+        return f"{self.replica_id}:{next(self._lease_ids)}"
+
+    async def publish(self, record: Mapping[str, Any], *, node: str | None = None) -> bool:
+        """Tell the other replicas ``record``; with ``node``, also store it in the node's hash.
+
+        The hash keeps the latest record of each field (``record_field``:
+        the kind, and ``record["key"]`` when there is one), which is what a
+        joining replica loads.
+
+        Returns:
+            True once Redis has it; False while Redis is away or when it did
+            not answer within ``--state-timeout``.
+
+        Raises:
+            ValueError: ``record`` has no string ``"kind"`` or is not JSON.
+        """
+        envelope = state_layout.encode_envelope(self.replica_id, node, record)
+        field = state_layout.record_field(record)
+
+        async def publish(link: _Link, deadline: float) -> bool:
+            await link.records.publish(envelope, node, field, deadline=deadline)
+            return True
+
+        return await self._bounded(publish) is not None
+
+    async def take_slot(self, node: str, lease_id: str, capacity: int) -> LeaseTake | None:
+        """Take a slot at ``node`` fleet-wide (``SlotLeases.take``), or None when Redis is away.
+
+        None means "decide locally": take the slot in the local ledger
+        within ``share(capacity)``. A take that timed out may still have
+        happened in Redis: release ``lease_id`` anyway when the attempt ends.
+        """
+        ttl = self.lease_ttl
+        return await self._bounded(
+            lambda link, deadline: link.leases.take(
+                node, lease_id, capacity=capacity, ttl=ttl, deadline=deadline
+            )
+        )
+
+    async def renew_slot(self, node: str, lease_id: str) -> bool | None:
+        """Extend the lease by ``--lease-ttl``: True, False (it had expired), None (Redis away)."""
+        ttl = self.lease_ttl
+        return await self._bounded(
+            lambda link, deadline: link.leases.renew(node, lease_id, ttl=ttl, deadline=deadline)
+        )
+
+    async def release_slot(self, node: str, lease_id: str) -> bool | None:
+        """End the lease (announced as freed): True, False (already gone), None (Redis away).
+
+        A lease Redis never heard released ends by itself within one TTL.
+        """
+        return await self._bounded(
+            lambda link, deadline: link.leases.release(node, lease_id, deadline=deadline)
+        )
+
+    async def hold_slot(self, node: str, lease_id: str) -> None:
+        """Renew the lease every third of ``--lease-ttl`` until cancelled (beside the attempt).
+
+        A renewal that fails is tried again at the next turn: the lease has
+        two more turns before it lapses.
+        """
+        while True:
+            await trio.sleep(self.lease_ttl / 3)
+            await self.renew_slot(node, lease_id)
+
+    async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
+        """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
+        link = self._link
+        if link is None:
+            await trio.lowlevel.checkpoint()
+            return None
+        try:
+            return await call(link, trio.current_time() + self.state_timeout)
+        except StateError as exc:
+            # The heartbeat probes Redis now, and a probe that fails too is an
+            # outage: one slow answer on a busy host is not, while a lost
+            # connection fails the probe at once and a silent Redis by its deadline.
+            logger.debug("shared state: a call failed", extra={"fields": {"error": str(exc)}})
+            self._probe.set()
+            return None
+
+    # -- the lifetime ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join, stay joined, rejoin after every loss, until cancelled; never raises a StateError.
+
+        ``task_status.started()`` comes after the first try to join, joined
+        or not: the proxy serves either way (alone until Redis answers).
+        Cancellation: leaves the replicas' set when it can within
+        ``--state-timeout`` and closes both connections.
+        """
+        await _Membership(self).run(task_status)
+
+    def _joined(self, link: _Link | None) -> None:
+        self._link = link
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _counted(self, replicas: int) -> None:
+        if replicas != self.replicas:
+            self.replicas = replicas
+            self._changed.set()
+            self._changed = trio.Event()
+
+    def _take_probe(self) -> trio.Event:
+        """The event a failed call sets, fresh for the next one."""
+        probe, self._probe = self._probe, trio.Event()
+        return probe
+
+
+class _Membership:
+    """``SharedState.run``'s body: join, heartbeat, listen, notice a loss, rejoin."""
+
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+        self.outage: str | None = "not joined yet"
+
+    async def run(self, task_status: trio.TaskStatus[None]) -> None:
+        failures = 0
+        while True:
+            try:
+                connection, subscription = await self._join()
+            except StateError as exc:
+                failures += 1
+                self._went_down(str(exc))
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+                await trio.sleep(state_layout.rejoin_delay(failures))
+                continue
+            failures = 0
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
+            reason = await self._stay_joined(connection, subscription)
+            self._went_down(reason)
+            await trio.sleep(state_layout.rejoin_delay(1))
+
+    async def _join(self) -> tuple[RedisConnection, Subscription]:
+        """Connect both, count the replicas, load the snapshot; all or nothing."""
+        state = self.state
+        deadline = trio.current_time() + state.state_timeout
+        subscription = await open_subscription(
+            state.address, state.channels, deadline=deadline, ssl_context=state.ssl_context
+        )
+        try:
+            connection = await open_redis(
+                state.address,
+                deadline=deadline,
+                ssl_context=state.ssl_context,
+                client_name=f"trio-failover:{state.replica_id}",
+            )
+            try:
+                # Subscribed first: a record told meanwhile waits in the socket
+                # and is applied after the snapshot, which it is newer than.
+                records = SharedRecords(connection, state.prefix)
+                await self._heartbeat(records)
+                snapshot = await records.snapshot(state.nodes, deadline=deadline)
+            except BaseException:
+                await connection.aclose()
+                raise
+        except BaseException:
+            await subscription.aclose()
+            raise
+        state.on_snapshot([record for record in snapshot if record.origin != state.replica_id])
+        return connection, subscription
+
+    async def _stay_joined(self, connection: RedisConnection, subscription: Subscription) -> str:
+        """Serve the joined state until Redis is lost; returns why."""
+        state = self.state
+        records = SharedRecords(connection, state.prefix)
+        state.joins += 1
+        state._joined(_Link(connection, SlotLeases(connection, state.prefix), records))
+        self.outage = None
+        message = "shared state: rejoined" if state.joins > 1 else "shared state: joined"
+        logger.log(
+            logging.WARNING if state.joins > 1 else logging.INFO,
+            message,
+            extra={"fields": self._fields()},
+        )
+        reason: str | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def watch(check: Callable[[], Awaitable[None]]) -> None:
+                    nonlocal reason
+                    try:
+                        await check()
+                    except StateError as exc:
+                        reason = str(exc)
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch, lambda: self._listen(subscription))
+                nursery.start_soon(watch, lambda: self._beat(records))
+        finally:
+            state._joined(None)
+            if reason is None and connection.closed_reason is None:
+                # Cancelled (the proxy stops): leave the live count at once
+                # rather than one heartbeat TTL later, if Redis answers.
+                with trio.move_on_after(state.state_timeout, shield=True):
+                    deadline = trio.current_time() + state.state_timeout
+                    with contextlib.suppress(StateError):
+                        await records.heartbeat(state.replica_id, 0, deadline=deadline)
+            try:
+                await connection.aclose()
+            finally:  # a cancelled close still closes, then raises Cancelled
+                await subscription.aclose()
+        return reason or "the connection ended"
+
+    async def _listen(self, subscription: Subscription) -> None:
+        """Hand each message to its callback; raises StateUnavailable when the connection goes."""
+        state = self.state
+        records, freed = (channel.encode() for channel in state.channels)
+        async for message in subscription:
+            if message.channel == freed:
+                state.on_freed(message.data.decode(errors="replace"))
+            elif message.channel == records:
+                record = state_layout.decode_envelope(message.data)
+                if record is not None and record.origin != state.replica_id:
+                    state.on_record(record)
+        raise StateError("subscription", "ended")
+
+    async def _beat(self, records: SharedRecords) -> None:
+        """The heartbeat, every interval, or at once when a call asks for a probe."""
+        while True:
+            with trio.move_on_after(self.state.heartbeat_interval):
+                await self.state._probe.wait()
+            self.state._take_probe()
+            await self._heartbeat(records)
+
+    async def _heartbeat(self, records: SharedRecords) -> None:
+        state = self.state
+        # Off the request path: a little more room than a request gets, so
+        # that one slow answer on a busy host is not an outage.
+        deadline = trio.current_time() + max(
+            state.state_timeout, min(1.0, state.heartbeat_interval)
+        )
+        ttl = 3 * state.heartbeat_interval
+        state._counted(max(1, await records.heartbeat(state.replica_id, ttl, deadline=deadline)))
+
+    def _went_down(self, reason: str) -> None:
+        """Redis is away: say it once per outage (and at the first failed join)."""
+        if self.outage is None or self.outage == "not joined yet":
+            logger.warning(
+                "shared state unreachable: going on alone with this replica's share "
+                "of each capacity until it is back",
+                extra={"fields": {**self._fields(), "error": reason}},
+            )
+        self.outage = reason
+
+    def _fields(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "state": state.address.display(),
+            "replica": state.replica_id,
+            "replicas": state.replicas,
+        }

@@ -1,0 +1,324 @@
+"""``--workers N``: a supervisor process and N worker processes on the same listeners (SPEC 8).
+
+Spawn, not fork. The supervisor binds the listeners itself, once: the
+client address ``N`` times with ``SO_REUSEPORT`` (the first one decides the
+port when ``0`` was asked, the others take that port), and the admin
+address once. Then it starts each worker as a fresh interpreter,
+``python -P -m trio_failover.service.workers``, passing it its own client
+socket, the admin socket for the first worker only, and the settings in an
+anonymous memory file (as ``cli/reexec.py`` does). Forking a process that
+already runs Trio (or any thread) is unsafe, and a fresh image also drops
+the command line's imports; binding in each worker instead would leave a
+port ``0`` for each to choose, and lose a dead worker's accept queue.
+
+Why a socket per worker, kept by the supervisor: the kernel spreads new
+connections over the ``SO_REUSEPORT`` sockets by a hash of the addresses,
+so each worker accepts its own share without a shared accept lock; and
+because the supervisor keeps every socket open, the connections waiting in
+a dead worker's queue wait there for its successor instead of being reset.
+
+The supervisor prints ``listening on`` and ``admin on`` once every worker
+has said it serves (a byte on a pipe of its own), restarts a worker that
+exits with a bounded backoff (``core/workers.restart_delay``), and on
+``SIGTERM``/``SIGINT`` passes the signal on to every worker (each drains,
+as a single proxy does) and exits when they all have; a second signal is
+passed on too (each worker then stops at once). Workers run in a session of
+their own, so a Ctrl-C in a terminal reaches them only through it, once;
+a worker whose supervisor died (``kill -9``) drains as on ``SIGTERM``: it
+holds the read end of a pipe whose other end only the supervisor has.
+
+A worker that exits before it ever served, while the workers start, stops
+the whole program with its exit status (a bad TLS file is exit 2 for all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+
+import attrs
+import trio
+
+from ..core.config import Config, split_host_port
+from ..core.errors import ConfigError
+from ..core.workers import STEADY_AFTER, restart_delay, worker_config
+from ..telemetry.logs import configure_logging, logger
+from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
+
+__all__ = ["Listeners", "bind_listeners", "main", "run_workers"]
+
+READY = b"r"
+BACKLOG = 4096
+
+
+@attrs.frozen
+class Listeners:
+    """The sockets a supervisor binds once: one client socket per worker, one admin."""
+
+    clients: tuple[socket.socket, ...]
+    admin: socket.socket | None
+    addresses: BoundAddresses
+
+    def close(self) -> None:
+        for sock in (*self.clients, *([self.admin] if self.admin else [])):
+            sock.close()
+
+
+def _listening(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_listeners(config: Config) -> Listeners:
+    """Bind and listen: ``config.workers`` client sockets on one port, and the admin socket.
+
+    Raises:
+        ConfigError: an address cannot be bound (taken, not this host's...),
+            naming the option that chose it, as a single proxy does.
+    """
+    host, port = split_host_port(config.listen)
+    clients: list[socket.socket] = []
+    admin = None
+    option, address = "listen", config.listen
+    try:
+        for _ in range(config.workers):
+            clients.append(_listening(host, port, reuse_port=True))
+            port = clients[0].getsockname()[1]  # a port 0 is chosen once
+        if config.admin_listen is not None:
+            option, address = "admin-listen", config.admin_listen
+            admin = _listening(*split_host_port(config.admin_listen, option), reuse_port=False)
+    except OSError as exc:
+        for sock in clients:
+            sock.close()
+        which = "client" if option == "listen" else "admin"
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            option, address, f"cannot listen ({which} listener): {reason}", "--" + option
+        ) from exc
+    client_name = clients[0].getsockname()
+    admin_name = admin.getsockname() if admin is not None else None
+    addresses = BoundAddresses(
+        client=(client_name[0], client_name[1]),
+        admin=(admin_name[0], admin_name[1]) if admin_name else None,
+        scheme="https" if config.tls_cert else "http",
+    )
+    return Listeners(tuple(clients), admin, addresses)
+
+
+def _host_port(address: tuple[str, int]) -> str:
+    host = f"[{address[0]}]" if ":" in address[0] else address[0]
+    return f"{host}:{address[1]}"
+
+
+@attrs.define
+class _Supervisor:
+    """The running workers, and whether they are being stopped."""
+
+    config: Config
+    listeners: Listeners
+    settings_fd: int
+    lifeline: int  # the read end of a pipe whose write end only the supervisor holds
+    processes: dict[int, trio.Process] = attrs.Factory(dict)
+    stopped: trio.Event = attrs.Factory(trio.Event)
+    ready: int = 0
+    failed: int | None = None  # the exit status of a worker that never started
+
+    async def keep(self, index: int, all_ready: trio.Event) -> None:
+        """Run worker ``index``, and start it again whenever it dies, until stopping."""
+        failures, first = 0, True
+        while not self.stopped.is_set():
+            started = trio.current_time()
+            served, status = await self._run_once(index, first, all_ready)
+            if self.stopped.is_set():
+                return
+            if not served and first:
+                self.failed = status or 1
+                self.stop()
+                return
+            lived = trio.current_time() - started
+            failures = 1 if lived >= STEADY_AFTER else failures + 1
+            delay = restart_delay(failures, lived)
+            logger.warning(
+                "worker exited: starting it again",
+                extra={"fields": {"worker": index, "status": status, "in_s": delay}},
+            )
+            first = first and not served
+            with trio.move_on_after(delay):
+                await self.stopped.wait()
+
+    async def _run_once(self, index: int, first: bool, all_ready: trio.Event) -> tuple[bool, int]:
+        """One life of worker ``index``: whether it served, and its exit status."""
+        read_end, write_end = os.pipe()
+        admin = self.listeners.admin if index == 0 else None
+        fds = [self.settings_fd, self.lifeline, write_end, self.listeners.clients[index].fileno()]
+        fds.append(admin.fileno() if admin is not None else -1)
+        command = [sys.executable, "-P", "-m", __name__, *map(str, fds), str(index)]
+        try:
+            process = await trio.lowlevel.open_process(
+                command, pass_fds=[fd for fd in fds if fd >= 0], start_new_session=True
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self.processes[index] = process
+        if self.stopped.is_set():  # stopped while it was being started
+            process.send_signal(signal.SIGTERM)
+        served = False
+        try:
+            async with trio.lowlevel.FdStream(read_end) as ready:
+                served = await ready.receive_some(1) == READY
+            if served:
+                logger.info(
+                    "worker serving", extra={"fields": {"worker": index, "pid": process.pid}}
+                )
+            if served and first:
+                self.ready += 1
+                if self.ready == len(self.listeners.clients):
+                    all_ready.set()
+            status = await process.wait()
+        finally:
+            self.processes.pop(index, None)
+        return served, status
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop restarting, and pass ``signum`` on to every worker."""
+        self.stopped.set()
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
+
+async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lifeline: int) -> int:
+    supervisor = _Supervisor(config, listeners, settings_fd, lifeline)
+    all_ready = trio.Event()
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def announce() -> None:
+                await all_ready.wait()
+                if not supervisor.stopped.is_set():
+                    _log_listening(listeners.addresses, config.workers)
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    logger.info(
+                        f"{signal.Signals(signum).name}: stopping the workers",
+                        extra={"fields": {"workers": len(supervisor.processes)}},
+                    )
+                    supervisor.stop(signal.SIGTERM)
+
+            nursery.start_soon(announce)
+            nursery.start_soon(watch_signals)
+            # Each keeper returns once stopping and its worker is gone.
+            async with trio.open_nursery() as keepers:
+                for index in range(config.workers):
+                    keepers.start_soon(supervisor.keep, index, all_ready)
+            nursery.cancel_scope.cancel()
+    return supervisor.failed or 0
+
+
+def _log_listening(addresses: BoundAddresses, workers: int) -> None:
+    logger.info(f"listening on {addresses.client_url}", extra={"fields": {"workers": workers}})
+    if addresses.admin_url:
+        logger.info(f"admin on {addresses.admin_url}")
+    for handler in logger.handlers:
+        handler.flush()
+
+
+def run_workers(config: Config) -> int:
+    """The supervisor of ``config.workers`` workers, in the foreground; returns the exit code.
+
+    A bad TLS file or an address that cannot be bound is exit 2 here, with
+    one line, before any worker starts.
+    """
+    configure_logging(config.log_format, config.log_level)
+    try:
+        server_ssl_context(config)
+        listeners = bind_listeners(config)
+    except ConfigError as exc:
+        print(f"trio-failover: error: {exc}", file=sys.stderr)
+        return 2
+    settings_fd = os.memfd_create("trio-failover-config", 0)
+    lifeline, lifeline_end = os.pipe()  # not inherited: the workers get only the read end
+    try:
+        with os.fdopen(os.dup(settings_fd), "wb") as file:
+            pickle.dump(config, file)
+        return trio.run(_supervise, config, listeners, settings_fd, lifeline)
+    finally:
+        for fd in (settings_fd, lifeline, lifeline_end):
+            os.close(fd)
+        listeners.close()
+
+
+# -- the worker's side ---------------------------------------------------------------
+
+
+def _read_settings(fd: int) -> Config:
+    """The settings in the supervisor's memory file, read without moving the shared offset."""
+    data = b""
+    while chunk := os.pread(fd, 1 << 20, len(data)):
+        data += chunk
+    config = pickle.loads(data)  # written by our own supervisor, just before our start
+    if not isinstance(config, Config):
+        raise TypeError(f"expected a Config, read {type(config).__name__}")
+    return config
+
+
+def _watch_lifeline(fd: int) -> None:
+    """In a thread: when the supervisor is gone (the pipe's end), drain as on SIGTERM.
+
+    A pipe rather than Linux's ``PR_SET_PDEATHSIG``: that fires when the
+    *thread* that started the worker ends, and Trio starts processes from
+    its worker threads, which end when idle.
+    """
+    with contextlib.suppress(OSError):
+        os.read(fd, 1)  # blocks until the supervisor's write end closes
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str]) -> int:
+    """A worker: ``python -m trio_failover.service.workers FD FD FD FD FD INDEX``.
+
+    The descriptors: the settings, the lifeline, the ready pipe, the client
+    socket and the admin socket (-1 for none).
+    """
+    settings_fd, lifeline_fd, ready_fd, client_fd, admin_fd, index = map(int, argv[1:7])
+    threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), daemon=True).start()
+    config = _read_settings(settings_fd)
+    os.close(settings_fd)
+    client = socket.socket(fileno=client_fd)
+    admin = socket.socket(fileno=admin_fd) if admin_fd >= 0 else None
+    admin_listen = _host_port(admin.getsockname()) if admin is not None else None
+    config = worker_config(config, index, _host_port(client.getsockname()), admin_listen)
+
+    def served(_: BoundAddresses) -> None:
+        os.write(ready_fd, READY)
+        os.close(ready_fd)
+
+    sockets = InheritedSockets(client=client, admin=admin)
+    return run_server(config, sockets=sockets, on_listening=served)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
