@@ -61,6 +61,17 @@ class EngineHolder:
         self.signals: dict[str, Signals] = {}
         queue.scheduler.ledger.signals = self.signals
 
+    def reconcile(self, config: Config) -> None:
+        """A reload: fresh state for added nodes; kept nodes keep their readings."""
+        self.config = config
+        self.max_age = stale_after(config.load_interval, config.discovery_interval)
+        for node in config.upstreams:
+            if node.name not in self.states:
+                self.states[node.name] = EngineState(
+                    engine=configured_engine(EngineKind(node.engine))
+                )
+        self._auto = {node.name for node in config.upstreams if node.capacity is None}
+
     def on_signal(self, node: str, signal: EngineSignal) -> None:
         """The reader's callback: one read of ``node``'s engine."""
         if node not in self.states:

@@ -175,6 +175,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
         report.health.inventories.pop(name, None)
         report.health.nodes[name].down = False  # counted nowhere any more
     proxy.liveness.reconcile(added)
+    proxy.engines.reconcile(new)
     proxy.lists.forget([*added, *(before - after)])
     report.metrics.declare_nodes(added)
     readiness.watch_in_flight(added)
