@@ -31,6 +31,7 @@ from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
 from .milestones import Milestones
+from .queue import SlotQueue
 from .records import Workload
 from .report import Report
 
@@ -46,6 +47,7 @@ class Attempts:
         config: Config,
         connector: Connector,
         pool: ConnectionPool,
+        queue: SlotQueue,
         report: Report,
         milestones: Milestones,
         relay: Relay,
@@ -56,6 +58,7 @@ class Attempts:
         self.liveness = liveness
         self.connector = connector
         self.pool = pool
+        self.queue = queue
         self.report = report
         self.milestones = milestones
         self.relay = relay
@@ -65,7 +68,7 @@ class Attempts:
     ) -> tuple[list[Upstream], str | None]:
         """The candidates in resolved order, and the node resolution put first (or None).
 
-        Not partitioned here: the slot queue asks ``Readiness.is_demoted`` at
+        Not partitioned here: the slot queue asks ``NodeBoard.is_demoted`` at
         each attempt (``slots.choose_node``), so a node that recovers while
         a workload waits or fails over regains its place.
         """
@@ -78,7 +81,7 @@ class Attempts:
             is_cooling=_never,
             selected=selected,
             affinity_key=key,
-            inventories=self.report.health.inventories,
+            inventories=self.milestones.board.inventories,
         )
         first = candidates[0].name if candidates else None
         preferred = (
@@ -114,7 +117,7 @@ class Attempts:
             # workload began (the clock still reads work.started); after a
             # failed one it has.
             now = work.started if not tried else trio.current_time()
-            slot = await take_slot(self.report, work, order, tried, preferred, now)
+            slot = await take_slot(self.queue, self.report, work, order, tried, preferred, now)
             if isinstance(slot, str):
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
@@ -152,7 +155,7 @@ class Attempts:
                 else:
                     return await self.relay(client, work, node, response)
             finally:
-                self.report.readiness.queue.release(slot)
+                self.queue.release(slot)
             if not moving_on:
                 break
         work.state = State.FAILED
@@ -195,6 +198,7 @@ def request_for(
 
 
 async def take_slot(
+    queue: SlotQueue,
     report: Report,
     work: Workload,
     order: list[str],
@@ -215,7 +219,6 @@ async def take_slot(
 
     Cancellation: a waiting workload leaves the queue (the client left).
     """
-    queue = report.readiness.queue
     result = queue.acquire(order, tried=tried, preferred=preferred, now=now)
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:

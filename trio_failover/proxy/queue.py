@@ -6,7 +6,7 @@ parked on its own ``trio.Event``; a decision that hands it a slot sets that
 event and no other, so a freed slot wakes exactly one workload, and no task
 runs per waiter. The waiter's own ``move_on_at`` is its queue timeout.
 
-Readiness comes from one predicate, ``Readiness.is_demoted`` (cooling, and
+Readiness comes from one predicate, ``NodeBoard.is_demoted`` (cooling, and
 whatever else demotes a node), asked lazily with the current time. Whoever
 changes a node between ready and demoted calls ``dispatch()``: that can let
 a waiter onto a node it could not use before.
