@@ -49,10 +49,12 @@ def test_the_longer_cooldown_wins_and_is_told() -> None:
     board.demote("a", 2.0, "rate_limited", 10.0)  # shorter: the stall's runs on
     assert heard[1] == NodeChange(COOLING, "a", "rate_limited", 20.0)
     entry = board.cooldown("a", 10.0)
-    assert entry is not None and (entry.reason, entry.until) == ("stall", 30.0)
+    assert entry is not None
+    assert (entry.reason, entry.until) == ("stall", 30.0)
     board.demote("a", 60.0, "rate_limited", 10.0)  # longer: it replaces
     entry = board.cooldown("a", 10.0)
-    assert entry is not None and (entry.reason, entry.until) == ("rate_limited", 70.0)
+    assert entry is not None
+    assert (entry.reason, entry.until) == ("rate_limited", 70.0)
 
 
 def test_a_model_cooldown_is_stored_and_told_but_does_not_demote_the_node() -> None:
@@ -60,7 +62,8 @@ def test_a_model_cooldown_is_stored_and_told_but_does_not_demote_the_node() -> N
     board.demote("a", 5.0, "model_busy", 0.0, model="m")
     assert heard == [NodeChange(COOLING, "a", "model_busy", 5.0, model="m")]
     entry = board.cooldown("a", 1.0, model="m")
-    assert entry is not None and entry.until == 5.0
+    assert entry is not None
+    assert entry.until == 5.0
     assert board.cooldown("a", 1.0) is None
     assert board.cooldown("a", 1.0, model="other") is None
     assert not board.is_demoted("a", 1.0)
@@ -162,9 +165,12 @@ def test_reconcile_keeps_drops_and_adds() -> None:
     kept.served = 3
     board.reconcile(["a", "c"])
     assert list(board.nodes) == ["a", "c"]
-    assert board.nodes["a"] is kept and board.is_demoted("a", 1.0)
-    assert board.cooldown("b", 1.0) is None and "b" not in board.inventories
-    assert board.nodes["c"].served == 0 and not board.is_demoted("c", 1.0)
+    assert board.nodes["a"] is kept
+    assert board.is_demoted("a", 1.0)
+    assert board.cooldown("b", 1.0) is None
+    assert "b" not in board.inventories
+    assert board.nodes["c"].served == 0
+    assert not board.is_demoted("c", 1.0)
 
 
 def test_apply_takes_a_remote_record_and_ignores_unknown_nodes() -> None:
