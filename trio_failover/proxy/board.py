@@ -121,19 +121,15 @@ class NodeBoard:
     def wake_at(self) -> float:
         """When the next node-wide cooldown ends (``inf``: none), for the ticker.
 
-        Cooldowns that ran out but were not noticed yet count too: their end
-        lies in the past, so the ticker looks now.
+        One that ran out unnoticed counts too: it ended, so the ticker looks now.
         """
         return min((entry.until for entry in self.cooldowns.active(-math.inf)), default=math.inf)
 
     def known_tags(self, name: str) -> list[dict[str, object]] | None:
         """The ``models`` entries of the node's last ``/api/tags`` answer to a check.
 
-        None while the node has given none: discovery is off, no check has
-        asked yet, or its last answer was not a tags list (a ``404`` from an
-        engine without the route). A check that got no answer at all
-        (timeout, refused) keeps the answer before it. The entries are the
-        node's own; do not change them.
+        None while it has given none (discovery off, not asked yet, not a
+        tags list); a check without any answer keeps the one before. Read only.
         """
         return self.nodes[name].tags
 
@@ -174,13 +170,8 @@ class NodeBoard:
         ``record``: the check as ``/status`` shows it (None: leave ``last_check``).
         """
         state = self.nodes[node]
-        state.last_outcome = f"check_{verdict.result}"
-        if record is not None:
-            state.last_check = record
-        if verdict.last_error is not None:
-            state.last_error = verdict.last_error
+        _keep_verdict(state, verdict, record)
         if verdict.replace_inventory:
-            state.inventory = verdict.inventory
             if verdict.inventory:
                 self.inventories[node] = verdict.inventory
             else:
@@ -280,6 +271,17 @@ class NodeBoard:
         """A fresh re-check event for a check that begins now; a later ask sets it."""
         event = self.nodes[name].recheck = trio.Event()
         return event
+
+
+def _keep_verdict(state: NodeState, verdict: CheckVerdict, record: CheckRecord | None) -> None:
+    """Keep what a finished check says of the node, beside its health."""
+    state.last_outcome = f"check_{verdict.result}"
+    if record is not None:
+        state.last_check = record
+    if verdict.last_error is not None:
+        state.last_error = verdict.last_error
+    if verdict.replace_inventory:
+        state.inventory = verdict.inventory
 
 
 class _Streaming:

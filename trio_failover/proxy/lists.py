@@ -51,7 +51,7 @@ from ..wire.connect import Connector
 from ..wire.fetch import fetch
 from .board import NodeBoard
 from .queue import SlotQueue
-from .report import Report
+from .report import Report, log_listed
 
 MODELS_PATH = b"/v1/models"
 TAGS_PATH = b"/api/tags"
@@ -159,7 +159,7 @@ class FleetLists:
         with contextlib.suppress(ClientGone, h11.LocalProtocolError):
             sent = await client.send_json(status, document, headers)
         nodes = [f"{item.node}:{item.result}" for item in built.asked]
-        self.report.listed(request_id, text, client_name, status, nodes, started, sent)
+        log_listed(request_id, text, client_name, status, nodes, started, sent)
         return client.reusable
 
     async def models(self) -> Built:

@@ -10,6 +10,7 @@ the node events (``node_news.py``) listen to the board.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import trio
@@ -56,7 +57,7 @@ class Proxy:
         self.board = NodeBoard(node.name for node in config.upstreams)
         self.queue = SlotQueue(config, self.board.is_demoted)
         self.report = Report(config)
-        self.report.gauge_queue(self.queue)
+        _gauge_queue(self.report.metrics, config, self.queue)
         self.board.listen(self._queue_news)
         self.board.listen(NodeNews(self.board, self.report.events, self.report.metrics))
         self.view = StatusView(config, self.board, self.queue, self.report.recent, self.report.live)
@@ -183,3 +184,12 @@ class Proxy:
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
         return self.view.document()
+
+
+def _gauge_queue(metrics: Metrics, config: Config, queue: SlotQueue) -> None:
+    """Have the in-flight and queue-length gauges read ``queue`` at scrape time."""
+    ledger = queue.scheduler.ledger
+    for node in config.upstreams:
+        # Read at scrape time: no gauge update per attempt.
+        metrics.in_flight.labels(node.name).set_function(partial(ledger.in_flight, node.name))
+    metrics.queue_length.set_function(queue.__len__)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -26,7 +25,6 @@ from ..telemetry.events import EventBus
 from ..telemetry.logs import access_logger, log_access, logger
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientRequest
-from .queue import SlotQueue
 from .records import Workload, ms
 from .status import workload_event
 
@@ -58,16 +56,6 @@ class Report:
             from ..telemetry.tracing import Tracing
 
             self.tracing = Tracing.to_collector(config.otel_endpoint)
-
-    def gauge_queue(self, queue: SlotQueue) -> None:
-        """Have the in-flight and queue-length gauges read ``queue`` at scrape time."""
-        ledger = queue.scheduler.ledger
-        for node in self.config.upstreams:
-            # Read at scrape time: no gauge update per attempt.
-            self.metrics.in_flight.labels(node.name).set_function(
-                partial(ledger.in_flight, node.name)
-            )
-        self.metrics.queue_length.set_function(queue.__len__)
 
     # -- attempts ------------------------------------------------------------
 
@@ -222,39 +210,6 @@ class Report:
             }
         )
 
-    def listed(
-        self,
-        request_id: str,
-        path: str,
-        client: str | None,
-        status: int,
-        nodes: list[str],
-        started: float,
-        sent: int,
-    ) -> None:
-        """Log the access line of a fleet list the proxy answered itself (no workload).
-
-        ``nodes``: each node asked live as ``node:result`` (``proxy/lists.py``).
-        Like a 401, it stays out of ``/status`` and the events: clients such
-        as Open WebUI load the list on every page and would push the fleet's
-        workloads out of view.
-        """
-        log_access(
-            {
-                "id": request_id,
-                "method": "GET",
-                "path": path,
-                "client": client,
-                "status": status,
-                "state": str(State.COMPLETED if status < 400 else State.FAILED),
-                "nodes": nodes,
-                "commit_ms": None,
-                "duration_ms": ms(trio.current_time() - started),
-                "queued_ms": 0.0,
-                "bytes": sent,
-            }
-        )
-
     def unauthorized(
         self, request_id: str, method: str, path: str, started: float, sent: int = 0
     ) -> None:
@@ -278,3 +233,36 @@ class Report:
                 "bytes": sent,  # the 401's own body
             }
         )
+
+
+def log_listed(
+    request_id: str,
+    path: str,
+    client: str | None,
+    status: int,
+    nodes: list[str],
+    started: float,
+    sent: int,
+) -> None:
+    """Log the access line of a fleet list the proxy answered itself (no workload).
+
+    ``nodes``: each node asked live as ``node:result`` (``proxy/lists.py``).
+    Like a 401, it stays out of ``/status`` and the events: clients such
+    as Open WebUI load the list on every page and would push the fleet's
+    workloads out of view.
+    """
+    log_access(
+        {
+            "id": request_id,
+            "method": "GET",
+            "path": path,
+            "client": client,
+            "status": status,
+            "state": str(State.COMPLETED if status < 400 else State.FAILED),
+            "nodes": nodes,
+            "commit_ms": None,
+            "duration_ms": ms(trio.current_time() - started),
+            "queued_ms": 0.0,
+            "bytes": sent,
+        }
+    )
