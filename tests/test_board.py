@@ -99,7 +99,7 @@ def test_served_after_an_unnoticed_expiry_is_no_news() -> None:
     board, heard = board_heard()
     board.demote("a", 5.0, "stall", 0.0)
     board.served("a", 200, 9.0)
-    assert heard[1:] == []
+    assert heard[1:] == [NodeChange(COOLED, "a", "expired")]  # no "ready" news
     assert board.wake_at() == math.inf  # the ended entry is gone
 
 

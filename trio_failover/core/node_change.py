@@ -3,9 +3,10 @@
 Every change of whether a node takes requests is one ``NodeChange``: it
 began cooling (``COOLING``), it takes requests again (``READY``), its last
 check could not reach it (``DOWN``), its down flag cleared while a
-cooldown still runs (``UP``), or its cooldown ran out while it is down
-(``COOLED``). The board (``proxy/board.py``) makes them,
-applies them to its state and hands them to its listeners; a board over a
+cooldown still runs (``UP``), or its cooldown ran out with nothing to
+tell (``COOLED``: it is down, or it had run out unnoticed). The board
+(``proxy/board.py``) makes them, applies them to its state and hands them
+to its listeners; a board over a
 shared store (issue 31) publishes the ones it applies and applies the ones
 other replicas publish. So a record holds no absolute clock time: the
 Trio clocks of two processes differ. ``remaining`` is seconds from the
@@ -28,7 +29,9 @@ class ChangeKind(enum.StrEnum):
     READY = "ready"  # takes requests: no cooldown, not down
     DOWN = "down"  # its last check could not reach it
     UP = "up"  # no longer down, but a cooldown runs on for ``remaining`` seconds
-    COOLED = "cooled"  # its cooldown ran out while it is down: still demoted
+    # Its cooldown ran out, and that is no news: the node is down (still
+    # demoted), or it had run out unnoticed when an answer was served.
+    COOLED = "cooled"
 
 
 @attrs.frozen

@@ -151,7 +151,7 @@ class NodeBoard:
         if state.down or (entry is not None and entry.until > now):
             self.apply(NodeChange(ChangeKind.READY, node, READY_REASON_SERVED), now)
         elif entry is not None:  # ran out unnoticed: gone, no news
-            self.cooldowns.restore(node)
+            self.apply(NodeChange(ChangeKind.COOLED, node, "expired"), now)
 
     def attempt_ended(self, node: str, outcome: str, error: str | None, *, failed: bool) -> None:
         """Keep an attempt's or stream's outcome (and error, if any); count a failure."""
