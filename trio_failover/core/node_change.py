@@ -8,8 +8,8 @@ tell (``COOLED``: it is down, or it had run out unnoticed). The board
 (``proxy/board.py``) makes them, applies them to its state and hands them
 to its listeners; a board over a shared store (issue 31) publishes the
 ones it applies and applies the ones other replicas publish. So a record
-holds no absolute clock time: the Trio clocks of two processes differ. ``remaining`` is seconds from the
-moment the record was made.
+holds no absolute clock time: the Trio clocks of two processes differ.
+``remaining`` is seconds from the moment the record was made.
 """
 
 from __future__ import annotations
