@@ -17,7 +17,6 @@ from trio_failover.core.inventory import (
     Inventory,
     Listing,
     advertised_ids,
-    health_after_served,
     inventory_of,
     is_model_not_found,
     judge_check,
@@ -352,10 +351,6 @@ def test_judge_check(arguments: dict[str, object], expected: CheckVerdict) -> No
 def test_judge_check_needs_a_result() -> None:
     with pytest.raises(ValueError, match="failure or a status"):
         judge_check()
-
-
-def test_a_served_request_makes_a_node_ready() -> None:
-    assert health_after_served() is Health.READY
 
 
 # -- the fleet-wide lists ---------------------------------------------------------------

@@ -97,7 +97,9 @@ async def checking(
         upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=interval, **settings
     )
     proxy = Proxy(config, connector=fleet.connector)
-    proxy.discovery = Discovery(config, fleet.connector, proxy.report, jitter=lambda: jitter)
+    proxy.discovery = Discovery(
+        config, fleet.connector, proxy.board, proxy.queue, proxy.report, jitter=lambda: jitter
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run_discovery)
         yield proxy
@@ -203,7 +205,9 @@ async def test_a_slow_check_of_a_streaming_node_does_not_count(
     async with Fleet({"a": busy}) as fleet:
         config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=30.0)
         proxy = Proxy(config, connector=fleet.connector)
-        proxy.discovery = Discovery(config, fleet.connector, proxy.report, jitter=lambda: 0.0)
+        proxy.discovery = Discovery(
+            config, fleet.connector, proxy.board, proxy.queue, proxy.report, jitter=lambda: 0.0
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: request(proxy, body=chat()))
             await trio.sleep(0.5)  # committed, streaming
@@ -324,11 +328,11 @@ async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
 ) -> None:
     config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
     proxy = Proxy(config)
-    readiness = proxy.report.readiness
+    board = proxy.board
     with proxy.events.subscribe(0) as subscription:
-        readiness.demote("a", 5.0, "header_timeout", trio.current_time())
+        board.demote("a", 5.0, "header_timeout", trio.current_time())
         down = judge_check(failure=CheckFailure.CONNECT_FAILED, detail="refused")
-        readiness.check_finished("a", down, trio.current_time())
+        board.check_finished("a", down, trio.current_time())
         both = node_status(proxy, "a")
         await trio.sleep(6.0)
         proxy.expire_cooldowns()  # the cooldown is over, but the node is still down
@@ -341,7 +345,7 @@ async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
     )
     assert (after["state"], after["cooldown_remaining_s"]) == ("down", 0)
     assert [event["state"] for event in events] == ["cooling", "down"]
-    assert readiness.is_demoted("a", trio.current_time())
+    assert board.is_demoted("a", trio.current_time())
 
 
 # -- names the engines serve (issue 27, SPEC 5 item 4) ------------------------------

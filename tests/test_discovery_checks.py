@@ -255,7 +255,9 @@ async def test_no_inventory_question_while_a_stream_runs_through_the_proxy(
         upstreams = [Upstream("a", "http://a.invalid", capacity=capacity)]
         config = Config(upstreams=upstreams, admin_listen=None, discovery_interval=2.0)
         proxy = Proxy(config, connector=fleet.connector)
-        proxy.discovery = Discovery(config, fleet.connector, proxy.report, jitter=lambda: 0.0)
+        proxy.discovery = Discovery(
+            config, fleet.connector, proxy.board, proxy.queue, proxy.report, jitter=lambda: 0.0
+        )
         answers: list[Any] = []
 
         async def client() -> None:
@@ -333,7 +335,9 @@ async def test_a_down_node_is_checked_after_1_2_4_8_s_up_to_the_interval(
         recording = Recording(fleet.connector)
         config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=interval)
         proxy = Proxy(config, connector=recording)
-        proxy.discovery = Discovery(config, recording, proxy.report, jitter=lambda: 0.0)
+        proxy.discovery = Discovery(
+            config, recording, proxy.board, proxy.queue, proxy.report, jitter=lambda: 0.0
+        )
         async with trio.open_nursery() as nursery:
             if how == "refused":
                 node.refuse = True
@@ -379,7 +383,9 @@ async def test_an_attempt_that_begins_while_the_check_connects_stops_its_models_
         slow = SlowConnect(fleet.connector)
         config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=30.0)
         proxy = Proxy(config, connector=slow)
-        proxy.discovery = Discovery(config, slow, proxy.report, jitter=lambda: 0.0)
+        proxy.discovery = Discovery(
+            config, slow, proxy.board, proxy.queue, proxy.report, jitter=lambda: 0.0
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.run_discovery)
             await trio.sleep(0.7)

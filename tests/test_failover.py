@@ -440,7 +440,7 @@ async def test_a_cooldown_that_ends_during_an_attempt_counts_at_the_next(
     nodes = {"a": FakeNode(frozen()), "b": FakeNode(healthy(b"b")), "c": FakeNode(healthy(b"c"))}
     async with Fleet(nodes) as fleet:
         proxy = make_proxy(fleet, response_header_timeout=10.0)
-        proxy.report.readiness.demote("b", 5.0, "header_timeout", trio.current_time())
+        proxy.board.demote("b", 5.0, "header_timeout", trio.current_time())
         response = await request(proxy, body=BODY)
         assert response is not None
         assert (response.status, response.at) == (200, 10.0)

@@ -403,11 +403,11 @@ async def test_a_down_node_is_not_asked_but_its_known_models_are_listed(
         proxy = memory_proxy(fleet, discovery_interval=0)
         now = trio.current_time()
         refused = judge_check(failure=CheckFailure.CONNECT_FAILED)
-        proxy.report.readiness.check_finished("down", refused, now)
-        proxy.report.readiness.check_finished("known", refused, now)
+        proxy.board.check_finished("down", refused, now)
+        proxy.board.check_finished("known", refused, now)
         ok = judge_check(status=200, body=json.dumps({"data": [{"id": "m1"}]}).encode())
-        proxy.report.health.apply_check("known", ok)
-        proxy.report.readiness.check_finished("known", refused, now)  # down, inventory kept
+        proxy.board.check_finished("known", ok, now)
+        proxy.board.check_finished("known", refused, now)  # down, inventory kept
         models = await get_memory(proxy, "/v1/models")
         tags_answer = await get_memory(proxy, "/api/tags")
     assert models.at == 0.0  # nobody frozen was asked: no wait at all

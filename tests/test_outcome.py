@@ -10,6 +10,7 @@ from email.utils import formatdate
 
 import pytest
 
+from trio_failover.core.cooldown import ends_cooldown
 from trio_failover.core.outcome import (
     RULES,
     AttemptRecord,
@@ -18,7 +19,6 @@ from trio_failover.core.outcome import (
     Verdict,
     after_commit,
     classify_head,
-    ends_cooldown,
     error_code,
     fails_over_on,
     failure_code,

@@ -67,7 +67,7 @@ def ids(node: FakeNode) -> list[str]:
 
 
 def in_flight(proxy: Proxy) -> dict[str, int]:
-    ledger = proxy.report.readiness.queue.scheduler.ledger
+    ledger = proxy.queue.scheduler.ledger
     return {name: ledger.in_flight(name) for name in ledger.nodes}
 
 
@@ -372,7 +372,7 @@ async def test_a_waiter_takes_a_free_cooling_node_once_its_ready_one_cools_too(
     nodes = {"a": FakeNode(frozen()), "b": FakeNode(healthy(b"B"))}
     async with Fleet(nodes) as fleet:
         proxy = make_proxy(fleet, capacity=1, response_header_timeout=10.0)
-        proxy.report.readiness.demote("b", 1000.0, "manual", 0.0)  # free, but cooling
+        proxy.board.demote("b", 1000.0, "manual", 0.0)  # free, but cooling
 
         async def script(t: Traffic) -> None:
             await t.start("r1")  # a is ready: r1 takes it (and stalls there)
@@ -392,7 +392,7 @@ async def test_an_expiring_cooldown_hands_its_node_to_a_waiter_on_time(
     nodes = {"a": FakeNode(slow_head(100.0)), "b": FakeNode(healthy(b"B"))}
     async with Fleet(nodes) as fleet:
         proxy = make_proxy(fleet, capacity=1)
-        proxy.report.readiness.demote("b", 0.5, "manual", 0.0)
+        proxy.board.demote("b", 0.5, "manual", 0.0)
 
         async def script(t: Traffic) -> None:
             t.nursery.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
@@ -423,7 +423,7 @@ async def test_a_success_ending_a_cooldown_dispatches_the_queue(
         ]
         config = Config(upstreams=upstreams, admin_listen=None)
         proxy = Proxy(config, connector=fleet.connector)
-        proxy.report.readiness.demote("b", 1000.0, "manual", 0.0)
+        proxy.board.demote("b", 1000.0, "manual", 0.0)
         other_model = json.dumps({"model": "m2", "messages": []}).encode()
 
         async def script(t: Traffic) -> None:
@@ -580,16 +580,16 @@ async def test_a_down_node_coming_back_dispatches_the_queue(
     nodes = {"a": FakeNode(slow_head(50.0)), "b": FakeNode(healthy(b"B"))}
     async with Fleet(nodes) as fleet:
         proxy = make_proxy(fleet, capacity=1)
-        readiness = proxy.report.readiness
-        readiness.check_finished("b", judge_check(failure=CheckFailure.CONNECT_FAILED), 0.0)
-        assert readiness.is_demoted("b", 0.0)
+        board = proxy.board
+        board.check_finished("b", judge_check(failure=CheckFailure.CONNECT_FAILED), 0.0)
+        assert board.is_demoted("b", 0.0)
 
         async def script(t: Traffic) -> None:
             await t.start("r1")
             await t.start("r2", "queued")
             await trio.sleep(2.0)
             listing = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
-            readiness.check_finished("b", judge_check(status=200, body=listing), 2.0)
+            board.check_finished("b", judge_check(status=200, body=listing), 2.0)
             running = await t.wait_for("r2", "running")
             assert (running["node"], trio.current_time()) == ("b", 2.0)
             await t.wait_for("r2", "completed")

@@ -4,14 +4,26 @@ Two rules hold for the whole table:
 
 1. A cooldown *demotes* a node behind its ready peers; it never excludes it
    (that is ``ranking.py``'s business, this table only answers "cooling?").
-2. A cooldown ends by expiry or by a successful response from the node,
-   whichever comes first. Expiry is computed from ``now`` when asked: there
+2. A cooldown ends by expiry or by a successful response from the node
+   (``ends_cooldown``), whichever comes first. Expiry is computed from ``now`` when asked: there
    is no timer task per node, so the table works the same under a mock clock.
 """
 
 from __future__ import annotations
 
 import attrs
+
+
+def ends_cooldown(status: int) -> bool:
+    """Whether a committed answer with ``status`` ends its node's cooldown early.
+
+    A cooldown is for a node that stalled. One that answers promptly with a
+    client error (``400``, ``404``...) is alive: the error is the request's,
+    as nginx and Envoy count it, so any status below 500 ends the cooldown.
+    A relayed 5xx (one not in retry-status) is the node's own failure and
+    proves nothing: the cooldown runs on (docs/failover.md).
+    """
+    return status < 500
 
 
 @attrs.frozen

@@ -28,7 +28,8 @@ Use, in the shell:
   health changes);
 - a pre-commit ``404`` with ``is_model_not_found(status, body)``: fail over
   without cooldown, and ask for that node's re-check;
-- a commit: ``health_after_served()`` (a down node is ready again);
+- a commit with ``cooldown.ends_cooldown``: a down node is ready again
+  (reason ``READY_REASON_SERVED``; the node board, ``proxy/board.py``);
 - ``GET /v1/models``: ``advertised_ids`` per node, a live
   ``parse_model_list`` for the nodes where it is None, then
   ``models_document`` (None: answer 502);
@@ -291,15 +292,6 @@ def judge_check(
 
 def _down(error: str, result: str) -> CheckVerdict:
     return CheckVerdict(Health.DOWN, DOWN_REASON, False, None, error, result)
-
-
-def health_after_served() -> Health:
-    """A node that committed an attempt is ready (reason ``READY_REASON_SERVED``).
-
-    Call it where the shell ends a cooldown on commit: a down node becomes
-    ready at once, with a node event only when it was down.
-    """
-    return Health.READY
 
 
 # -- the fleet-wide lists ---------------------------------------------------------

@@ -173,18 +173,6 @@ def after_commit(outcome: Outcome) -> Outcome:
     return Outcome.DEAD_PEER if outcome is Outcome.DEAD_PEER else Outcome.STREAM_BROKEN
 
 
-def ends_cooldown(status: int) -> bool:
-    """Whether a committed answer with ``status`` ends its node's cooldown early.
-
-    A cooldown is for a node that stalled. One that answers promptly with a
-    client error (``400``, ``404``...) is alive: the error is the request's,
-    as nginx and Envoy count it, so any status below 500 ends the cooldown.
-    A relayed 5xx (one not in retry-status) is the node's own failure and
-    proves nothing: the cooldown runs on (docs/failover.md).
-    """
-    return status < 500
-
-
 def may_pool(*, relayed: bool, client_gone: bool) -> bool:
     """Whether a node connection may carry another request after this one.
 

@@ -33,6 +33,7 @@ from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamRespon
 from .answers import send_failure, send_saved, turn_away
 from .engine_holder import EngineHolder
 from .milestones import Milestones
+from .queue import SlotQueue
 from .records import Workload
 from .report import Report
 
@@ -65,6 +66,7 @@ class Attempts:
         config: Config,
         connector: Connector,
         pool: ConnectionPool,
+        queue: SlotQueue,
         report: Report,
         milestones: Milestones,
         relay: Relay,
@@ -78,6 +80,7 @@ class Attempts:
         self.liveness = liveness
         self.connector = connector
         self.pool = pool
+        self.queue = queue
         self.report = report
         self.milestones = milestones
         self.relay = relay
@@ -85,7 +88,7 @@ class Attempts:
     def plan(self, request: ClientRequest, client_address: str | None, scheme: str) -> Plan:
         """The workload's plan: its request parsed once, and its candidates in resolved order.
 
-        Not partitioned here: the slot queue asks ``Readiness.is_demoted`` at
+        Not partitioned here: the slot queue asks ``NodeBoard.is_demoted`` at
         each attempt (``slots.choose_node``), so a node that recovers while
         a workload waits or fails over regains its place.
         """
@@ -101,7 +104,7 @@ class Attempts:
             model=model,
             selected=selected,
             affinity_key=key,
-            inventories=self.report.health.inventories,
+            inventories=self.milestones.board.inventories,
         )
         first = candidates[0].name if candidates else None
         preferred = (
@@ -141,7 +144,9 @@ class Attempts:
             # failed one, or a wait, it has.
             now = work.started if first else trio.current_time()
             first = False
-            slot = await take_slot(self.report, work, order, tried, preferred, now, loaded)
+            slot = await take_slot(
+                self.queue, self.report, work, order, tried, preferred, now, loaded
+            )
             if slot == MOVED:  # taken out of the queue by a reload: resolved again above
                 continue
             if isinstance(slot, str):
@@ -185,7 +190,7 @@ class Attempts:
                 else:
                     return await self.relay(client, work, node, response)
             finally:
-                self.report.readiness.queue.release(slot)
+                self.queue.release(slot)
             if not moving_on:
                 break
         work.state = State.FAILED
@@ -229,6 +234,7 @@ def request_for(node: Upstream, plan: Plan, work: Workload) -> OutgoingRequest:
 
 
 async def take_slot(
+    queue: SlotQueue,
     report: Report,
     work: Workload,
     order: list[str],
@@ -252,7 +258,6 @@ async def take_slot(
 
     Cancellation: a waiting workload leaves the queue (the client left).
     """
-    queue = report.readiness.queue
     result = queue.acquire(order, tried=tried, preferred=preferred, now=now, loaded=loaded)
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:

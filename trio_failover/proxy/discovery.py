@@ -18,12 +18,12 @@ server's services nursery starts it; an embedder starts it the same way,
    end of its relay, at any capacity, ``0`` included; read before the
    connect and again right before the request goes out): llama-cpp-python
    ends a running stream for a ``/v1/models``;
-3. hands the verdict to ``Readiness.check_finished``;
+3. hands the verdict to ``NodeBoard.check_finished``;
 4. waits until ``checks.next_check_at``: one interval after the check
    began (up to a tenth early by jitter, never before it ended: one check
    per node at a time), for a down node 1, 2, 4, 8 s ... after it ended;
    or less when a stale-inventory ``404`` asks for a re-check
-   (``Report.health.ask_recheck``).
+   (``NodeBoard.ask_recheck``).
 
 A check is not an attempt: no slot, no ``in_flight``, no pooled connection.
 """
@@ -60,6 +60,8 @@ from ..core.liveness import CheckRecord
 from ..telemetry.logs import logger
 from ..wire.connect import Connector
 from ..wire.fetch import Answer, fetch_if
+from .board import NodeBoard
+from .queue import SlotQueue
 from .report import Report
 
 _TIMEOUTS = (errors.ConnectTimeout, errors.HeaderTimeout)
@@ -84,6 +86,8 @@ class Discovery:
         self,
         config: Config,
         connector: Connector,
+        board: NodeBoard,
+        queue: SlotQueue,
         report: Report,
         *,
         jitter: Callable[[], float] = random.random,
@@ -93,6 +97,8 @@ class Discovery:
         # Told after each check (node, good): the engine reader reads then (SPEC 5c).
         self._on_checked = on_checked
         self.connector = connector
+        self.board = board
+        self.queue = queue
         self.report = report
         # Random in [0, 1]: each proxy's checks drift apart from the others'.
         self._jitter = jitter
@@ -155,14 +161,14 @@ class Discovery:
                 self._start(nursery, node, now)
 
     async def _check_every(self, node: Upstream, first_at: float, interval: float) -> None:
-        health = self.report.health
+        board = self.board
         deadline = first_at
         down_checks = 0  # checks in a row that left the node down: its re-check backoff
         while True:
             with trio.move_on_at(deadline):
-                await health.nodes[node.name].recheck.wait()
+                await board.nodes[node.name].recheck.wait()
             started = trio.current_time()
-            health.take_recheck(node.name)  # an ask from now on means "once more"
+            board.take_recheck(node.name)  # an ask from now on means "once more"
             try:
                 verdict = await self.check(node)
             except Exception as exc:
@@ -172,11 +178,12 @@ class Discovery:
                 error = f"health check: internal error ({type(exc).__name__})"
                 verdict = CheckVerdict(Health.UNCHANGED, None, False, None, error, "internal_error")
             finished = trio.current_time()
-            self.report.readiness.check_finished(node.name, verdict, finished)
-            self.report.record_check(node.name, health_check_record(verdict, finished))
+            self.report.health_checked(node.name, verdict.result)
+            record = health_check_record(verdict, finished)
+            board.check_finished(node.name, verdict, finished, record=record)
             if self._on_checked is not None:
                 self._on_checked(node.name, verdict.health is not Health.DOWN)
-            down_checks = down_checks + 1 if health.is_down(node.name) else 0
+            down_checks = down_checks + 1 if board.is_down(node.name) else 0
             deadline = next_check_at(
                 started=started,
                 finished=finished,
@@ -221,14 +228,12 @@ class Discovery:
     async def _ask_tags(self, node: Upstream) -> None:
         reply = await self._ask(node, TAGS_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)
         if reply.answer is not None:  # no answer at all keeps the last one
-            self.report.health.keep_tags(
-                node.name, tags_answer(reply.answer.status, reply.answer.body)
-            )
+            self.board.keep_tags(node.name, tags_answer(reply.answer.status, reply.answer.body))
 
     def _in_flight(self, node: Upstream) -> bool:
         # The ledger counts every attempt from its slot to the end of its
         # relay, at nodes of any capacity (0, no limit, included).
-        return self.report.readiness.queue.scheduler.ledger.in_flight(node.name) > 0
+        return self.queue.scheduler.ledger.in_flight(node.name) > 0
 
     async def _ask(
         self, node: Upstream, path: str, limit: int, *, unless_busy: bool = False
@@ -252,7 +257,7 @@ class Discovery:
         except errors.UpstreamError as exc:
             detail = f"{exc.phase}: {exc.detail}"
             if isinstance(exc, _TIMEOUTS):
-                streaming = self.report.health.streamed_since(node.name, started)
+                streaming = self.board.streamed_since(node.name, started)
                 return _Reply(None, CheckFailure.TIMED_OUT, detail, streaming)
             if isinstance(exc, errors.UpstreamProtocolError):
                 return _Reply(None, CheckFailure.NOT_HTTP, detail)

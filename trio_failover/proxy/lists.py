@@ -49,7 +49,9 @@ from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest
 from ..wire.connect import Connector
 from ..wire.fetch import fetch
-from .report import Report
+from .board import NodeBoard
+from .queue import SlotQueue
+from .report import Report, log_listed
 
 MODELS_PATH = b"/v1/models"
 TAGS_PATH = b"/api/tags"
@@ -114,9 +116,18 @@ def failure_message(path: str, asked: Iterable[Asked]) -> str:
 class FleetLists:
     """Builds and sends the two fleet-wide lists."""
 
-    def __init__(self, config: Config, connector: Connector, report: Report) -> None:
+    def __init__(
+        self,
+        config: Config,
+        connector: Connector,
+        board: NodeBoard,
+        queue: SlotQueue,
+        report: Report,
+    ) -> None:
         self.config = config
         self.connector = connector
+        self.board = board
+        self.queue = queue
         self.report = report
         # Per node asked, after the connect (SPEC 5a: 2 s).
         self.answer_timeout = LIST_ANSWER_TIMEOUT
@@ -153,17 +164,17 @@ class FleetLists:
         with contextlib.suppress(ClientGone, h11.LocalProtocolError):
             sent = await client.send_json(status, document, headers)
         nodes = [f"{item.node}:{item.result}" for item in built.asked]
-        self.report.listed(request_id, text, client_name, status, nodes, started, sent)
+        log_listed(request_id, text, client_name, status, nodes, started, sent)
         return client.reusable
 
     async def models(self) -> Built:
         """The fleet's ``/v1/models`` document, and the nodes asked live for it."""
-        inventories = self.report.health.inventories
+        inventories = self.board.inventories
         # Not while an attempt of this proxy runs there: llama-cpp-python ends
         # a running generation for any request that needs its model, this
         # one included (SPEC 5a says so of the checks). Such a node lists
         # what it answered last time, if it ever did.
-        ledger = self.report.readiness.queue.scheduler.ledger
+        ledger = self.queue.scheduler.ledger
         live = [
             node
             for node in self.config.upstreams
@@ -202,7 +213,7 @@ class FleetLists:
         A node with one is not asked live; None (discovery off, no check
         yet, or an engine without the route) has it asked now.
         """
-        entries = self.report.health.known_tags(node.name)
+        entries = self.board.known_tags(node.name)
         return None if entries is None else json.dumps({"models": entries}).encode()
 
     async def _ask_live(
@@ -212,10 +223,10 @@ class FleetLists:
 
         In ``nodes``' order (ranking order), down nodes included as ``down``.
         """
-        health = self.report.health
+        board = self.board
         asked: dict[str, Asked] = {}
         for node in nodes:  # placed first: the answers' order is the ranking's
-            if health.is_down(node.name):
+            if board.is_down(node.name):
                 asked[node.name] = Asked(node.name, None, "down", f"{node.name} is down")
             else:
                 asked[node.name] = Asked(node.name, None, "pending")

@@ -34,6 +34,7 @@ from ..core.config import Config, Upstream
 from ..core.liveness import KIND, LIVENESS_PATH, CheckRecord, check_timeout, passes, reuses_pass
 from ..wire.connect import Connector
 from ..wire.fetch import fetch_head
+from .board import NodeBoard
 from .report import Report
 
 
@@ -54,9 +55,12 @@ class _NodeChecks:
 class LivenessChecker:
     """Runs the liveness checks of one proxy's nodes; ``Proxy`` owns one."""
 
-    def __init__(self, config: Config, connector: Connector, report: Report) -> None:
+    def __init__(
+        self, config: Config, connector: Connector, board: NodeBoard, report: Report
+    ) -> None:
         self.config = config
         self.connector = connector
+        self.board = board
         self.report = report
         self._nodes = {node.name: _NodeChecks() for node in config.upstreams}
         self._path = LIVENESS_PATH.encode()
@@ -118,5 +122,6 @@ class LivenessChecker:
         now = trio.current_time()
         ok = passes(status)
         record = CheckRecord(KIND, ok, status, error, now)
+        self.board.liveness_checked(node.name, record)
         self.report.liveness_checked(node.name, record, elapsed=now - started)
         return ok

@@ -3,8 +3,8 @@
 An attempt failed before commit, a head was committed, a committed stream
 ended, the client left: each is judged by ``core/outcome.py`` (fail over?
 cool the node, how long? ask for a health check?) and recorded through
-``Report``. The workload shell (``workload.py``, ``attempts.py``) calls
-these; nothing here waits.
+the node board (node state) and ``Report`` (telemetry). The workload
+shell (``workload.py``, ``attempts.py``) calls these; nothing here waits.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..core.errors import RetryableResponse, UpstreamError
 from ..core.outcome import AttemptRecord, Outcome, judge, retry_after_of
 from ..core.workload import State
 from ..wire.upstream import UpstreamResponse
+from .board import NodeBoard
 from .records import Workload
 from .report import Report
 
@@ -23,8 +24,9 @@ from .report import Report
 class Milestones:
     """Records a workload's milestones and executes their verdicts."""
 
-    def __init__(self, config: Config, report: Report) -> None:
+    def __init__(self, config: Config, board: NodeBoard, report: Report) -> None:
         self.config = config
+        self.board = board
         self.report = report
 
     def attempt_failed(
@@ -51,11 +53,12 @@ class Milestones:
             detail=str(failure),
         )
         work.checks += failure.checks
+        self.board.attempt_ended(node.name, str(failure.outcome), record.detail, failed=True)
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
-            self.report.readiness.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+            self.board.demote(node.name, verdict.cooldown, str(failure.outcome), now)
         if verdict.recheck:
-            self.report.health.ask_recheck(node.name)
+            self.board.ask_recheck(node.name)
         return verdict.fail_over
 
     def committed(self, work: Workload, node: Upstream, response: UpstreamResponse) -> None:
@@ -69,6 +72,7 @@ class Milestones:
         work.status = response.status
         if response.checks:
             work.checks += response.checks
+        self.board.served(node.name, response.status, now)
         self.report.committed(work, node.name, timings.head - timings.written, now)
 
     def stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:
@@ -76,10 +80,12 @@ class Milestones:
         now = trio.current_time()
         record = AttemptRecord(node.name, outcome, now - work.attempt_started, work.status, detail)
         work.state = State.COMPLETED if outcome is Outcome.COMPLETED else State.FAILED
+        failed = outcome is not Outcome.COMPLETED
+        self.board.attempt_ended(node.name, str(outcome), detail if failed else None, failed=failed)
         self.report.stream_ended(work, record)
         verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
         if verdict.cooldown > 0:
-            self.report.readiness.demote(node.name, verdict.cooldown, str(outcome), now)
+            self.board.demote(node.name, verdict.cooldown, str(outcome), now)
 
     def client_aborted(self, work: Workload) -> None:
         """The client left before the workload was settled."""

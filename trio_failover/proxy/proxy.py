@@ -2,8 +2,10 @@
 
 ``Proxy`` wires the parts together and is what embedders, ``server.serve``,
 the admin API and the demo hold: the client connection (``wire.client``),
-one ``WorkloadRunner`` per proxy (``workload.py``) and the books with their
-telemetry (``report.py``).
+one ``WorkloadRunner`` per proxy (``workload.py``), the node board
+(``board.py``: every node's state, and its only writer), the slot queue
+(``queue.py``) and the telemetry (``report.py``). The queue's dispatch and
+the node events (``node_news.py``) listen to the board.
 """
 
 from __future__ import annotations
@@ -14,22 +16,26 @@ import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
+from ..core.node_change import ChangeKind, NodeChange
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.drain import Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
+from .board import NodeBoard, NodeState
 from .discovery import Discovery
 from .engine_holder import EngineHolder
 from .engine_reader import EngineReader
 from .gate import ClientGate
 from .lists import FleetLists, is_list_route
 from .liveness import LivenessChecker
-from .records import NodeStats
+from .node_news import NodeNews
+from .queue import SlotQueue, gauge_in_flight
 from .reload import ReloadResult, apply_reload
 from .report import Report
 from .silence import SilenceWatch
+from .status import StatusView
 from .workload import WorkloadRunner
 
 __all__ = ["Proxy"]
@@ -50,7 +56,14 @@ class Proxy:
         self.pool = ConnectionPool(
             max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
         )
+        self.board = NodeBoard(node.name for node in config.upstreams)
+        self.queue = SlotQueue(config, self.board.is_demoted)
         self.report = Report(config)
+        gauge_in_flight(self.report.metrics, self.board.configured, self.queue)
+        self.report.metrics.queue_length.set_function(self.queue.__len__)
+        self.board.listen(self._queue_news)
+        self.board.listen(NodeNews(self.board, self.report.events, self.report.metrics))
+        self.view = StatusView(config, self.board, self.queue, self.report.recent, self.report.live)
         metrics = self.report.metrics
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
@@ -58,30 +71,44 @@ class Proxy:
         # The idle timers of committed streams; ``serve()`` runs ``silence.watch``.
         self.silence = SilenceWatch()
         # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
-        self.liveness = LivenessChecker(config, self.connector, self.report)
+        self.liveness = LivenessChecker(config, self.connector, self.board, self.report)
         # The engines' signals (SPEC 5c): read by engine_reader, held by
         # engines (until the node board holds them), read by the slot queue.
-        self.engines = EngineHolder(config, self.report.readiness.queue)
+        self.engines = EngineHolder(config, self.queue)
         self.engine_reader = EngineReader(config, self.connector, self.engines.on_signal)
         self._workloads = WorkloadRunner(
             config,
             self.connector,
             self.pool,
+            self.board,
+            self.queue,
             self.report,
             self.silence,
             self.liveness,
             self.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
-        self.lists = FleetLists(config, self.connector, self.report)
+        self.lists = FleetLists(config, self.connector, self.board, self.queue, self.report)
         self.discovery = Discovery(
-            config, self.connector, self.report, on_checked=self.engine_reader.checked
+            config,
+            self.connector,
+            self.board,
+            self.queue,
+            self.report,
+            on_checked=self.engine_reader.checked,
         )
+
+    def _queue_news(self, change: NodeChange) -> None:
+        """The board's listener for the queue: a node changed between ready and demoted."""
+        if change.kind is ChangeKind.COOLING:
+            self.queue.demoted()  # also lets the ticker see its end
+        else:
+            self.queue.dispatch()
 
     @property
     def cooldowns(self) -> CooldownTable:
-        """The nodes' cooldown table (``cooldown.CooldownTable``)."""
-        return self.report.readiness.cooldowns
+        """The nodes' cooldown table (``cooldown.CooldownTable``); read it, change the board."""
+        return self.board.cooldowns
 
     @property
     def events(self) -> EventBus:
@@ -94,14 +121,14 @@ class Proxy:
         return self.report.metrics
 
     @property
-    def stats(self) -> dict[str, NodeStats]:
-        """Counters per node, as ``/status`` shows them."""
-        return self.report.stats
+    def stats(self) -> dict[str, NodeState]:
+        """Each node's state and counters, as ``/status`` shows them (the board's)."""
+        return self.board.nodes
 
     @property
     def recent(self) -> list[dict[str, Any]]:
         """The last finished workloads, oldest first, in their ``/status`` form."""
-        return self.report.view.recent()
+        return self.view.recent()
 
     @property
     def draining(self) -> bool:
@@ -162,9 +189,9 @@ class Proxy:
         """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check (SPEC 5a).
 
         None while it has given none (discovery off, not asked yet, or an
-        engine without the route); see ``HealthBooks.known_tags``.
+        engine without the route); see ``NodeBoard.known_tags``.
         """
-        return self.report.health.known_tags(node)
+        return self.board.known_tags(node)
 
     def begin_drain(self) -> None:
         """Stop taking new requests: idle keep-alive connections close now.
@@ -173,11 +200,11 @@ class Proxy:
         (nothing was sent for them); those holding a slot run on.
         """
         self._drain.begin()
-        self.report.readiness.queue.close()
+        self.queue.close()
 
     def expire_cooldowns(self, now: float | None = None) -> None:
         """Notice cooldowns that ran out (publishing ``ready`` node events)."""
-        self.report.readiness.expire_cooldowns(now)
+        self.board.expire(trio.current_time() if now is None else now)
 
     async def reload(
         self, config: Config, *, tls_files_changed: bool = False, dry_run: bool = False
@@ -195,7 +222,7 @@ class Proxy:
 
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
-        document = self.report.view.document()
+        document = self.view.document()
         now = trio.current_time()
         for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
             node.update(self.engines.describe(node["name"], now))

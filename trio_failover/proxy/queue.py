@@ -6,7 +6,7 @@ parked on its own ``trio.Event``; a decision that hands it a slot sets that
 event and no other, so a freed slot wakes exactly one workload, and no task
 runs per waiter. The waiter's own ``move_on_at`` is its queue timeout.
 
-Readiness comes from one predicate, ``Readiness.is_demoted`` (cooling, and
+Readiness comes from one predicate, ``NodeBoard.is_demoted`` (cooling, and
 whatever else demotes a node), asked lazily with the current time. Whoever
 changes a node between ready and demoted calls ``dispatch()``: that can let
 a waiter onto a node it could not use before.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import trio
 
@@ -28,6 +29,7 @@ from ..core.slots import (
     SlotScheduler,
     Waiter,
 )
+from ..telemetry.metrics import Metrics
 
 Demoted = Callable[[str, float], bool]
 
@@ -197,3 +199,11 @@ class SlotQueue:
     def _wake(handoffs: list[Handoff[trio.Event]]) -> None:
         for handoff in handoffs:
             handoff.waiter.token.set()
+
+
+def gauge_in_flight(metrics: Metrics, nodes: Iterable[str], queue: SlotQueue) -> None:
+    """Have the in-flight gauges of ``nodes`` read ``queue``'s ledger at scrape time."""
+    ledger = queue.scheduler.ledger
+    for node in nodes:
+        # Read at scrape time: no gauge update per attempt.
+        metrics.in_flight.labels(node).set_function(partial(ledger.in_flight, node))

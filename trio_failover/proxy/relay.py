@@ -22,6 +22,7 @@ from ..core.headers import client_response_headers
 from ..core.outcome import Outcome, after_commit, may_pool
 from ..wire.client import ClientConnection, ClientGone, Closed
 from ..wire.upstream import UpstreamResponse
+from .board import NodeBoard
 from .milestones import Milestones
 from .records import Workload
 from .report import Report
@@ -32,9 +33,15 @@ class Relay:
     """Relays committed responses; one per proxy, shared by its workloads."""
 
     def __init__(
-        self, config: Config, report: Report, milestones: Milestones, silence: SilenceWatch
+        self,
+        config: Config,
+        board: NodeBoard,
+        report: Report,
+        milestones: Milestones,
+        silence: SilenceWatch,
     ) -> None:
         self.config = config
+        self.board = board
         self.report = report
         self.silence = silence
         self._milestones = milestones
@@ -43,7 +50,7 @@ class Relay:
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
     ) -> bool:
         try:
-            with self.report.health.streaming(node.name):  # a slow check then proves nothing
+            with self.board.streaming(node.name):  # a slow check then proves nothing
                 relayed = await self._relay(client, work, node, response)
         except BaseException:
             await response.aclose()  # cancelled or failed: never pooled

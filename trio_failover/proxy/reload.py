@@ -41,18 +41,21 @@ from ..core.errors import ConfigError
 from ..core.reload import diff_configs
 from ..telemetry.logs import logger
 from ..wire.connect import TCPConnector
-from .health import NodeHealth
-from .records import NodeStats
+from .queue import gauge_in_flight
 
 if TYPE_CHECKING:
     from ..telemetry.events import EventBus
     from ..wire.pool import ConnectionPool
     from ..wire.upstream import Connector
+    from .board import NodeBoard
     from .discovery import Discovery
+    from .engine_holder import EngineHolder
     from .gate import ClientGate
     from .lists import FleetLists
     from .liveness import LivenessChecker
+    from .queue import SlotQueue
     from .report import Report
+    from .status import StatusView
     from .workload import WorkloadRunner
 
 
@@ -63,6 +66,10 @@ class Proxy(Protocol):
     connector: Connector
     pool: ConnectionPool
     report: Report
+    board: NodeBoard
+    view: StatusView
+    queue: SlotQueue
+    engines: EngineHolder
     liveness: LivenessChecker
     lists: FleetLists
     discovery: Discovery
@@ -118,7 +125,7 @@ async def apply_reload(
     old = proxy.config
     _swap_config(proxy, new)
     _reconcile_node_state(proxy, old, new)
-    proxy.report.readiness.queue.reconfigure(new, moved=diff.nodes_changed)
+    proxy.queue.reconfigure(new, moved=diff.nodes_changed)
     proxy._gate.keys = tuple((client.name, client.key) for client in new.clients)
     restart = {change.name for change in diff.changed if change.reconnects}
     if old.discovery_interval != new.discovery_interval:
@@ -136,7 +143,7 @@ def _swap_config(proxy: Proxy, new: Config) -> None:
     holders: list[Any] = [
         proxy,
         proxy.report,
-        proxy.report.view,
+        proxy.view,
         *proxy._workloads.holders(),
         proxy.liveness,
         proxy.lists,
@@ -153,35 +160,24 @@ def _swap_config(proxy: Proxy, new: Config) -> None:
 def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     """The nodes' state after a reload: fresh for added nodes, kept for kept ones.
 
-    The one place that knows where node state lives (the seam that the
-    node board's ``reconcile`` replaces). A removed node's entries stay
-    (out of ``/status``, which lists the configured nodes, and of every
-    ranking): the workloads still running there write their outcome to
-    them. Its cooldown ends, so that the cooling gauge counts configured
-    nodes only. A node added again under an old name starts afresh.
+    The board keeps it (``NodeBoard.reconcile``: a removed node's entry
+    stays while the workloads still running there write their outcome);
+    here the parts outside it follow: liveness books, the fleet lists'
+    cache, the metric series, the engines' state.
     """
-    report = proxy.report
     before = {node.name for node in old.upstreams}
-    readiness = report.readiness
     added = [node.name for node in new.upstreams if node.name not in before]
-    for name in added:
-        report.health.nodes[name] = NodeHealth()
-        report.health.inventories.pop(name, None)
-        report.stats[name] = NodeStats()
-        readiness.cooldowns.restore(name)
     after = {node.name for node in new.upstreams}
-    for name in before - after:
-        readiness.cooldowns.restore(name)
-        report.health.inventories.pop(name, None)
-        report.health.nodes[name].down = False  # counted nowhere any more
+    board = proxy.board
+    board.reconcile(node.name for node in new.upstreams)
     proxy.liveness.reconcile(added)
     proxy.engines.reconcile(new)
     proxy.lists.forget([*added, *(before - after)])
-    report.metrics.declare_nodes(added)
-    readiness.watch_in_flight(added)
-    now = trio.current_time()
-    report.metrics.cooling.set(len(readiness.cooldowns.active(now)))
-    report.metrics.down.set(sum(report.health.is_down(name) for name in after))
+    metrics = proxy.report.metrics
+    metrics.declare_nodes(added)
+    gauge_in_flight(metrics, added, proxy.queue)
+    metrics.cooling.set(board.cooling_count(trio.current_time()))
+    metrics.down.set(board.down_count())
 
 
 async def _close_idle(proxy: Proxy, nodes: set[str]) -> None:

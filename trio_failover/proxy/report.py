@@ -1,12 +1,12 @@
-"""What the proxy tells about its work: node counters, recent workloads, and
-the events, metrics and log lines they make.
+"""What the proxy tells about its work: the recent and live workloads, and
+the events, metrics, log lines and traces of its milestones.
 
-``Report`` is the one place that writes them; the workload shell
+``Report`` is a sink for telemetry only: the workload shell
 (``workload.py``, ``attempts.py``, ``milestones.py``) calls it at each
-milestone, with the workload's record (``records.py``). Its parts:
-``Readiness`` (``readiness.py``) keeps the cooldowns and down flags and
-tells their changes, ``StatusView`` (``status.py``) builds ``/status`` and
-the recent workloads for the admin API and the demo (through ``Proxy``).
+milestone, with the workload's record (``records.py``). It writes no node
+state (the node board, ``board.py``, does; ``node_news.py`` tells its
+changes) and hands out no slots. ``StatusView`` (``status.py``) reads the
+workloads it keeps.
 """
 
 from __future__ import annotations
@@ -18,18 +18,15 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..core.config import Config
-from ..core.inventory import Health
 from ..core.liveness import CheckRecord
-from ..core.outcome import AttemptRecord, Outcome, ends_cooldown
+from ..core.outcome import AttemptRecord, Outcome
 from ..core.workload import State
 from ..telemetry.events import EventBus
 from ..telemetry.logs import access_logger, log_access, logger
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientRequest
-from .health import HealthBooks
-from .readiness import Readiness
-from .records import NodeStats, Workload, ms
-from .status import StatusView, workload_event
+from .records import Workload, ms
+from .status import workload_event
 
 if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
     from ..core.config import Upstream
@@ -43,21 +40,16 @@ ANONYMOUS = "anonymous"
 
 
 class Report:
-    """The proxy's books and the telemetry written from them."""
+    """The telemetry of the proxy's work, and the recent and live workloads."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.health = HealthBooks(node.name for node in config.upstreams)
         self.events = EventBus()
         self.metrics = Metrics(node.name for node in config.upstreams)
-        self.stats = {node.name: NodeStats() for node in config.upstreams}
-        # Cooldowns, down flags and the slot queue: callers use it directly.
-        self.readiness = Readiness(config, self.health, self.events, self.metrics)
         # Finished workloads and when they ended; summarised only when asked.
-        self._recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
+        self.recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
-        self._live: dict[int, Workload] = {}
-        self.view = StatusView(config, self.readiness, self.stats, self._recent, self._live)
+        self.live: dict[int, Workload] = {}
         # The traces' sink (SPEC 9). None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
         if config.otel_endpoint is not None:
@@ -81,8 +73,6 @@ class Report:
         work.attempts.append(record)
         if work.trace is not None:
             work.trace.attempt_ended(record)
-        self.stats[record.node].failed += 1
-        self.health.attempt_ended(record.node, str(record.outcome), record.detail)
         self.metrics.attempt_ended(record.node, str(record.outcome))
         if moving_on:
             self.metrics.child(self.metrics.failovers, record.node, str(record.outcome)).inc()
@@ -92,20 +82,7 @@ class Report:
         )
 
     def committed(self, work: Workload, node: str, time_to_head: float, now: float) -> None:
-        """Count a commit; an answer below 500 ends the node's cooldown (``ends_cooldown``)."""
-        self.stats[node].served += 1
-        readiness = self.readiness
-        alive = work.status is not None and ends_cooldown(work.status)
-        ended = readiness.cooldowns.restore(node) if alive else None
-        # The same test for down: a served answer proves the node is back.
-        was_down = alive and self.health.served(node) is Health.READY
-        if ended is not None:
-            self.metrics.cooling.set(len(readiness.cooldowns.active(now)))
-        if was_down:
-            self.metrics.down.set(self.health.down_count())
-        if was_down or (ended is not None and ended.until > now):
-            readiness.node_ready(node, "success")
-            readiness.queue.dispatch()
+        """Count a commit in the metrics; its ``workload`` event; with traces on, its span."""
         self.metrics.committed(node, time_to_head, now - work.started)
         self.publish_workload(work)
         if work.trace is not None:
@@ -116,14 +93,9 @@ class Report:
         work.attempts.append(record)
         if work.trace is not None:
             work.trace.attempt_ended(record)
-        failed = record.outcome is not Outcome.COMPLETED
-        self.health.attempt_ended(
-            record.node, str(record.outcome), record.detail if failed else None
-        )
         self.metrics.attempt_ended(record.node, str(record.outcome))
-        if not failed:
+        if record.outcome is Outcome.COMPLETED:
             return
-        self.stats[record.node].failed += 1
         logger.warning("stream aborted", extra={"fields": {"id": work.id, **record.to_json()}})
 
     def client_aborted(self, work: Workload, record: AttemptRecord | None) -> None:
@@ -137,13 +109,12 @@ class Report:
 
     # -- checks --------------------------------------------------------------
 
-    def record_check(self, node: str, record: CheckRecord) -> None:
-        """Keep ``record`` as the node's ``last_check`` of ``/status`` (any kind of check)."""
-        self.stats[node].last_check = record
+    def health_checked(self, node: str, result: str) -> None:
+        """Count a finished discovery check (``CheckVerdict.result``)."""
+        self.metrics.child(self.metrics.checks, node, result).inc()
 
     def liveness_checked(self, node: str, record: CheckRecord, *, elapsed: float) -> None:
-        """Tell a finished liveness check: ``last_check``, metric, log line, ``check`` event."""
-        self.record_check(node, record)
+        """Tell a finished liveness check: metric, log line, ``check`` event."""
         result = "passed" if record.ok else "failed"
         self.metrics.child(self.metrics.liveness_checks, node, result).inc()
         event = {
@@ -177,7 +148,7 @@ class Report:
         ``request`` (its headers: the client's ``traceparent``), ``document``
         (the model), ``client_address`` and ``scheme`` are for the span only.
         """
-        self._live[id(work)] = work
+        self.live[id(work)] = work
         if self.tracing is not None:
             headers = request.headers if request is not None else []
             work.trace = self.tracing.workload(work, headers, document, client_address, scheme)
@@ -206,8 +177,8 @@ class Report:
     def finish(self, work: Workload) -> None:
         """Keep, count, publish and log a finished workload."""
         now = trio.current_time()
-        self._live.pop(id(work), None)
-        self._recent.append((work, now))
+        self.live.pop(id(work), None)
+        self.recent.append((work, now))
         client = ANONYMOUS if work.client is None else work.client
         self.metrics.finished(str(work.state), client, work.node, now - work.started)
         if work.trace is not None:
@@ -239,39 +210,6 @@ class Report:
             }
         )
 
-    def listed(
-        self,
-        request_id: str,
-        path: str,
-        client: str | None,
-        status: int,
-        nodes: list[str],
-        started: float,
-        sent: int,
-    ) -> None:
-        """Log the access line of a fleet list the proxy answered itself (no workload).
-
-        ``nodes``: each node asked live as ``node:result`` (``proxy/lists.py``).
-        Like a 401, it stays out of ``/status`` and the events: clients such
-        as Open WebUI load the list on every page and would push the fleet's
-        workloads out of view.
-        """
-        log_access(
-            {
-                "id": request_id,
-                "method": "GET",
-                "path": path,
-                "client": client,
-                "status": status,
-                "state": str(State.COMPLETED if status < 400 else State.FAILED),
-                "nodes": nodes,
-                "commit_ms": None,
-                "duration_ms": ms(trio.current_time() - started),
-                "queued_ms": 0.0,
-                "bytes": sent,
-            }
-        )
-
     def unauthorized(
         self, request_id: str, method: str, path: str, started: float, sent: int = 0
     ) -> None:
@@ -295,3 +233,36 @@ class Report:
                 "bytes": sent,  # the 401's own body
             }
         )
+
+
+def log_listed(
+    request_id: str,
+    path: str,
+    client: str | None,
+    status: int,
+    nodes: list[str],
+    started: float,
+    sent: int,
+) -> None:
+    """Log the access line of a fleet list the proxy answered itself (no workload).
+
+    ``nodes``: each node asked live as ``node:result`` (``proxy/lists.py``).
+    Like a 401, it stays out of ``/status`` and the events: clients such
+    as Open WebUI load the list on every page and would push the fleet's
+    workloads out of view.
+    """
+    log_access(
+        {
+            "id": request_id,
+            "method": "GET",
+            "path": path,
+            "client": client,
+            "status": status,
+            "state": str(State.COMPLETED if status < 400 else State.FAILED),
+            "nodes": nodes,
+            "commit_ms": None,
+            "duration_ms": ms(trio.current_time() - started),
+            "queued_ms": 0.0,
+            "bytes": sent,
+        }
+    )

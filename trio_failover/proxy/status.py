@@ -1,7 +1,8 @@
 """The JSON forms of the books: ``GET /status`` (SPEC 6), recent workloads, events.
 
-``StatusView`` reads what ``Report`` and ``Readiness`` keep (node counters,
-cooldowns, health, the slot ledger, the finished and live workloads) and
+``StatusView`` reads what the node board (``board.py``), the slot queue and
+``Report`` keep (node state and counters, cooldowns, the slot ledger, the
+finished and live workloads) and
 builds the JSON only when asked; ``workload_event`` is a workload's
 ``workload`` event. Nothing here writes the books.
 """
@@ -16,10 +17,11 @@ import trio
 from ..core.config import Config, redact_url
 from ..core.inventory import DOWN_REASON, advertised_ids
 from ..core.version import __version__
-from .readiness import Readiness
 
 if TYPE_CHECKING:
-    from .records import NodeStats, Workload
+    from .board import NodeBoard
+    from .queue import SlotQueue
+    from .records import Workload
 
 
 class StatusView:
@@ -28,14 +30,14 @@ class StatusView:
     def __init__(
         self,
         config: Config,
-        readiness: Readiness,
-        stats: dict[str, NodeStats],
+        board: NodeBoard,
+        queue: SlotQueue,
         recent: deque[tuple[Workload, float]],
         live: dict[int, Workload],
     ) -> None:
         self.config = config
-        self.readiness = readiness
-        self.stats = stats
+        self.board = board
+        self.queue = queue
         self._recent = recent  # finished workloads and when they ended
         self._live = live  # workloads not finished yet, oldest first
 
@@ -46,18 +48,17 @@ class StatusView:
     def document(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
         now = trio.current_time()
-        readiness = self.readiness
-        readiness.expire_cooldowns(now)
+        board = self.board
+        board.expire(now)
+        ledger = self.queue.scheduler.ledger
         nodes = []
         for node in self.config.upstreams:
-            entry = readiness.cooldowns.get(node.name, now)
-            stats = self.stats[node.name]
-            ledger = readiness.queue.scheduler.ledger
-            health = readiness.health.nodes[node.name]
+            entry = board.cooldown(node.name, now)
+            known = board.nodes[node.name]
             state, reason = ("cooling", entry.reason) if entry else ("ready", None)
-            if health.down:  # the graver news: its last check could not reach it
+            if known.down:  # the graver news: its last check could not reach it
                 state, reason = "down", DOWN_REASON
-            models = advertised_ids(node.models, health.inventory)
+            models = advertised_ids(node.models, known.inventory)
             nodes.append(
                 {
                     "name": node.name,
@@ -67,20 +68,20 @@ class StatusView:
                     "reason": reason,
                     "in_flight": ledger.in_flight(node.name),
                     "capacity": ledger.capacity(node.name),  # auto: as resolved now
-                    "served": stats.served,
-                    "failed": stats.failed,
+                    "served": known.served,
+                    "failed": known.failed,
                     "models": list(models) if models is not None else None,
-                    "last_outcome": health.last_outcome,
-                    "last_error": health.last_error,
+                    "last_outcome": known.last_outcome,
+                    "last_error": known.last_error,
                     "last_check": (
-                        stats.last_check.to_json(now) if stats.last_check is not None else None
+                        known.last_check.to_json(now) if known.last_check is not None else None
                     ),
                 }
             )
         live = [work.summary(now) for work in self._live.values()]
         return {
             "version": __version__,
-            "queued": len(readiness.queue),
+            "queued": len(self.queue),
             "nodes": nodes,
             "workloads": self.recent() + live,
         }

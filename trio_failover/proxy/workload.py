@@ -28,9 +28,10 @@ from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness
 from .answers import send_failure
 from .attempts import Attempts
+from .board import NodeBoard
 from .engine_holder import EngineHolder
 from .milestones import Milestones
-from .queue import REFUSALS
+from .queue import REFUSALS, SlotQueue
 from .records import Workload
 from .relay import Relay
 from .report import Report
@@ -52,6 +53,8 @@ class WorkloadRunner:
         config: Config,
         connector: Connector,
         pool: ConnectionPool,
+        board: NodeBoard,
+        queue: SlotQueue,
         report: Report,
         silence: SilenceWatch | None = None,
         liveness: Liveness | None = None,
@@ -62,11 +65,20 @@ class WorkloadRunner:
         self.silence = silence if silence is not None else SilenceWatch()
         self.connector = connector
         self.pool = pool
+        self.board = board
         self.report = report
-        milestones = Milestones(config, report)
-        relay = Relay(config, report, milestones, self.silence)
+        milestones = Milestones(config, board, report)
+        relay = Relay(config, board, report, milestones, self.silence)
         attempts = Attempts(
-            config, connector, pool, report, milestones, relay.commit_and_relay, liveness, engines
+            config,
+            connector,
+            pool,
+            queue,
+            report,
+            milestones,
+            relay.commit_and_relay,
+            liveness,
+            engines,
         )
         self._attempts = attempts
         self._milestones = milestones
@@ -91,7 +103,7 @@ class WorkloadRunner:
         (``ClientGate``), None when no key is configured.
         """
         now = trio.current_time()
-        self.report.readiness.expire_cooldowns(now)
+        self.board.expire(now)
         work = Workload(
             id=workload_id(request.headers),
             method=request.method.decode("ascii", "replace"),

@@ -20,11 +20,11 @@ from .history import History, Reading
 
 def read_nodes(proxy: Proxy) -> dict[str, Reading]:
     """What one look sees of every node: slots in use, waiters it could take, failures."""
-    scheduler = proxy.report.readiness.queue.scheduler
+    scheduler = proxy.queue.scheduler
     waiting: Counter[str] = Counter()
     for waiter in scheduler.waiting():  # a copy; short unless the fleet is saturated
         waiting.update(waiter.untried)
-    stats = proxy.report.stats
+    stats = proxy.board.nodes
     return {
         node.name: Reading(
             in_flight=scheduler.ledger.in_flight(node.name),

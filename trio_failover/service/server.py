@@ -170,11 +170,11 @@ async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
     also asks at the moment each cooldown ends: a node turning ready may
     be what a waiter waits for, and noticing it dispatches the queue.
     """
-    readiness = proxy.report.readiness
+    board, queue = proxy.board, proxy.queue
     tick = trio.current_time() + interval
     while True:
-        with trio.move_on_at(min(tick, readiness.queue_wake_at())):
-            await readiness.queue.wait_schedule_changed()
+        with trio.move_on_at(min(tick, queue.wake_at((board.wake_at(),)))):
+            await queue.wait_schedule_changed()
         now = trio.current_time()
         proxy.expire_cooldowns(now)
         if now >= tick:

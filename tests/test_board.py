@@ -1,0 +1,198 @@
+"""The node board's verbs: the change records they make, what listeners hear, the state left.
+
+No sockets and no clock: every verb takes ``now``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trio_failover.core.inventory import CheckFailure, judge_check
+from trio_failover.core.liveness import CheckRecord
+from trio_failover.core.node_change import ChangeKind, NodeChange
+from trio_failover.proxy.board import NodeBoard
+
+COOLING, READY, DOWN, UP, COOLED = (
+    ChangeKind.COOLING,
+    ChangeKind.READY,
+    ChangeKind.DOWN,
+    ChangeKind.UP,
+    ChangeKind.COOLED,
+)
+REFUSED = judge_check(failure=CheckFailure.CONNECT_FAILED, detail="refused")
+LISTED = judge_check(status=200, body=b'{"object": "list", "data": [{"id": "m"}]}')
+
+
+def board_heard(*names: str) -> tuple[NodeBoard, list[NodeChange]]:
+    board = NodeBoard(names or ("a", "b"))
+    heard: list[NodeChange] = []
+    board.listen(heard.append)
+    return board, heard
+
+
+def test_demote_tells_cooling_with_the_seconds_left() -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "header_timeout", 10.0)
+    assert heard == [NodeChange(COOLING, "a", "header_timeout", 5.0)]
+    assert board.is_demoted("a", 14.9)
+    assert not board.is_demoted("a", 15.0)
+    assert not board.is_demoted("b", 10.0)
+    assert board.wake_at() == 15.0
+    assert board.cooling_count(10.0) == 1
+
+
+def test_the_longer_cooldown_wins_and_is_told() -> None:
+    board, heard = board_heard()
+    board.demote("a", 30.0, "stall", 0.0)
+    board.demote("a", 2.0, "rate_limited", 10.0)  # shorter: the stall's runs on
+    assert heard[1] == NodeChange(COOLING, "a", "rate_limited", 20.0)
+    entry = board.cooldown("a", 10.0)
+    assert entry is not None
+    assert (entry.reason, entry.until) == ("stall", 30.0)
+    board.demote("a", 60.0, "rate_limited", 10.0)  # longer: it replaces
+    entry = board.cooldown("a", 10.0)
+    assert entry is not None
+    assert (entry.reason, entry.until) == ("rate_limited", 70.0)
+
+
+def test_a_model_cooldown_is_stored_and_told_but_does_not_demote_the_node() -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "model_busy", 0.0, model="m")
+    assert heard == [NodeChange(COOLING, "a", "model_busy", 5.0, model="m")]
+    entry = board.cooldown("a", 1.0, model="m")
+    assert entry is not None
+    assert entry.until == 5.0
+    assert board.cooldown("a", 1.0) is None
+    assert board.cooldown("a", 1.0, model="other") is None
+    assert not board.is_demoted("a", 1.0)
+    board.expire(6.0)
+    assert board.cooldown("a", 1.0, model="m") is None
+
+
+@pytest.mark.parametrize(
+    ("status", "ends"),
+    [(200, True), (404, True), (499, True), (500, False), (503, False)],
+)
+def test_served_ends_the_cooldown_below_500(status: int, ends: bool) -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "stall", 0.0)
+    board.served("a", status, 1.0)
+    assert board.nodes["a"].served == 1
+    assert board.is_demoted("a", 1.0) is not ends
+    assert heard[1:] == ([NodeChange(READY, "a", "success")] if ends else [])
+
+
+def test_served_clears_down_and_a_ready_node_hears_nothing() -> None:
+    board, heard = board_heard()
+    board.served("a", 200, 0.0)  # ready already: no news
+    board.check_finished("a", REFUSED, 1.0)
+    board.served("a", 200, 2.0)
+    assert [change.kind for change in heard] == [DOWN, READY]
+    assert heard[0].error == REFUSED.last_error
+    assert not board.is_down("a")
+    assert board.down_count() == 0
+
+
+def test_served_after_an_unnoticed_expiry_is_no_news() -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "stall", 0.0)
+    board.served("a", 200, 9.0)
+    assert heard[1:] == [NodeChange(COOLED, "a", "expired")]  # no "ready" news
+    assert board.wake_at() == math.inf  # the ended entry is gone
+
+
+def test_expire_tells_ready_except_for_down_nodes() -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "stall", 0.0)
+    board.demote("b", 5.0, "stall", 0.0)
+    board.check_finished("b", REFUSED, 1.0)
+    heard.clear()
+    board.expire(4.0)
+    assert heard == []
+    board.expire(5.0)
+    assert heard == [NodeChange(READY, "a", "expired"), NodeChange(COOLED, "b", "expired")]
+    assert board.is_demoted("b", 5.0)  # still down
+    assert board.cooling_count(5.0) == 0
+
+
+def test_a_good_check_of_a_cooling_down_node_tells_up_with_the_time_left() -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "stall", 0.0)
+    board.check_finished("a", REFUSED, 1.0)
+    record = CheckRecord("health", ok=True, status=None, error=None, at=2.0)
+    board.check_finished("a", LISTED, 2.0, record=record)
+    assert heard[1:] == [
+        NodeChange(DOWN, "a", "health_check", error=REFUSED.last_error),
+        NodeChange(UP, "a", "health_check", 3.0),
+    ]
+    state = board.nodes["a"]
+    assert (state.down, state.inventory, state.last_check) == (False, ("m",), record)
+    assert board.inventories == {"a": ("m",)}
+    assert state.last_outcome == "check_ok"
+
+
+def test_attempt_ended_keeps_outcome_error_and_counts_failures() -> None:
+    board, heard = board_heard()
+    board.attempt_ended("a", "header_timeout", "no head in 1 s", failed=True)
+    board.attempt_ended("a", "completed", None, failed=False)
+    state = board.nodes["a"]
+    assert (state.failed, state.last_outcome, state.last_error) == (
+        1,
+        "completed",
+        "no head in 1 s",
+    )
+    assert heard == []
+
+
+def test_tags_and_liveness_checks_are_kept_without_news() -> None:
+    board, heard = board_heard()
+    board.keep_tags("a", [{"name": "m"}])
+    record = CheckRecord("liveness", ok=False, status=None, error="refused", at=1.0)
+    board.liveness_checked("a", record)
+    assert board.known_tags("a") == [{"name": "m"}]
+    assert board.nodes["a"].last_check is record
+    assert heard == []
+
+
+def test_reconcile_keeps_drops_and_adds() -> None:
+    board, _ = board_heard("a", "b")
+    board.demote("a", 5.0, "stall", 0.0)
+    board.demote("b", 5.0, "stall", 0.0)
+    board.check_finished("b", LISTED, 0.0)
+    kept = board.nodes["a"]
+    kept.served = 3
+    retired = board.nodes["b"]
+    board.reconcile(["a", "c"])
+    assert board.configured == ("a", "c")
+    assert board.nodes["a"] is kept
+    assert board.nodes["b"] is retired  # its running workloads still write to it
+    assert not board.is_down("b")
+    board.reconcile(["a", "b", "c"])
+    assert board.nodes["b"] is not retired  # added again: afresh
+    assert board.is_demoted("a", 1.0)
+    assert board.cooldown("b", 1.0) is None
+    assert "b" not in board.inventories
+    assert board.nodes["c"].served == 0
+    assert not board.is_demoted("c", 1.0)
+
+
+def test_apply_takes_a_remote_record_and_ignores_unknown_nodes() -> None:
+    board, heard = board_heard()
+    board.apply(NodeChange(COOLING, "a", "stall", 4.0), 100.0)
+    board.apply(NodeChange(DOWN, "zz", "health_check"), 100.0)
+    assert board.wake_at() == 104.0
+    assert heard == [NodeChange(COOLING, "a", "stall", 4.0)]
+    board.apply(NodeChange(DOWN, "a", "health_check"), 101.0)
+    board.apply(NodeChange(READY, "a", "success"), 102.0)
+    assert not board.is_demoted("a", 102.0)
+
+
+def test_listeners_hear_in_the_order_they_were_added() -> None:
+    board = NodeBoard(["a"])
+    order: list[str] = []
+    board.listen(lambda change: order.append("first"))
+    board.listen(lambda change: order.append("second"))
+    board.demote("a", 1.0, "stall", 0.0)
+    assert order == ["first", "second"]

@@ -1,0 +1,307 @@
+"""The node board: every node's state, and the one place it changes.
+
+``NodeBoard`` holds, per node (``NodeState``), its cooldown, whether it is
+down and its last check, its inventory and ``/api/tags`` answer, its last
+outcome and error, its served and failed counters, and what this proxy's
+streams and re-check asks need. The decisions are the pure core's
+(``cooldown.py``, ``inventory.py``); the board keeps their results.
+
+The contract, for this board and for one over a shared store (issue 31):
+
+- State changes only through the verbs: ``demote``, ``served``,
+  ``attempt_ended``, ``check_finished``, ``liveness_checked``, ``expire``,
+  ``keep_tags``, ``reconcile``. Nothing else writes a ``NodeState`` (the
+  stream counter and the re-check event are this process's own).
+- A change of a node's readiness is a ``core.node_change.NodeChange``
+  record. The verbs make them and hand them to ``apply``, which changes the
+  state and then calls every listener (``listen``) with the record as
+  applied (a ``COOLING`` record then says how long the kept cooldown runs).
+  Listeners run synchronously, in the order they were added, and must not
+  raise: the queue's dispatch, the events, log lines and gauges are
+  listeners (``proxy.py`` wires them), not code in here.
+- ``apply`` also takes records made elsewhere (another replica's): their
+  ``remaining`` counts from the moment they are applied.
+- Reads: ``is_demoted`` (the one readiness predicate the slot queue asks),
+  ``cooldown``, ``is_down``, ``inventories``, ``nodes`` (the per-node view
+  of ``/status``), ``wake_at`` (the next cooldown's end, for the ticker).
+
+``model=``: a cooldown for one model of a node (SPEC 5c, next). It is
+stored and told now; ``is_demoted`` asks only the node-wide ones (None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import attrs
+import trio
+
+from ..core.cooldown import Cooldown, CooldownTable, ends_cooldown
+from ..core.inventory import (
+    DOWN_REASON,
+    READY_REASON_CHECK,
+    READY_REASON_SERVED,
+    CheckVerdict,
+    Health,
+)
+from ..core.liveness import CheckRecord
+from ..core.node_change import ChangeKind, NodeChange
+
+__all__ = ["Listener", "NodeBoard", "NodeState"]
+
+Listener = Callable[[NodeChange], None]
+
+
+@attrs.define
+class NodeState:
+    """One node's state, as the board keeps it (``Proxy.stats`` shows these)."""
+
+    served: int = 0
+    failed: int = 0
+    down: bool = False
+    # The node's last finished check (liveness, SPEC 5.5; or discovery's).
+    last_check: CheckRecord | None = None
+    inventory: tuple[str, ...] | None = None
+    # The entries of its last /api/tags answer; None: it gave none (yet).
+    tags: list[dict[str, object]] | None = None
+    last_outcome: str | None = None
+    last_error: str | None = None
+    streams: int = 0  # this proxy's committed attempts relaying from it now
+    last_stream_end: float = -math.inf
+    # Set to ask the node's checker for a check now; replaced as a check begins.
+    recheck: trio.Event = attrs.Factory(trio.Event)
+
+
+class NodeBoard:
+    """Every node's ``NodeState`` and cooldowns; changed only by its verbs."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.nodes = {name: NodeState() for name in names}
+        # The nodes of the configuration in force; ``nodes`` also keeps
+        # those a reload removed while their workloads end.
+        self.configured = tuple(self.nodes)
+        # Only the nodes with an inventory: what ranking filters on, and
+        # empty (nothing to parse a body for) until a check lists models.
+        self.inventories: dict[str, tuple[str, ...]] = {}
+        self.cooldowns = CooldownTable()  # node-wide; read it, never write it
+        self._model_cooldowns: dict[str, CooldownTable] = {}  # by model (SPEC 5c, next)
+        self._listeners: list[Listener] = []
+
+    def listen(self, listener: Listener) -> None:
+        """Have ``listener`` called with every change the board applies."""
+        self._listeners.append(listener)
+
+    # -- reads ---------------------------------------------------------------
+
+    def is_demoted(self, name: str, now: float) -> bool:
+        """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
+
+        The one readiness predicate: the slot queue asks this (and nothing
+        else) at each attempt. Every change of its answer other than a
+        cooldown's expiry is a ``NodeChange`` (the queue's listener
+        dispatches); the ticker sees to expiries.
+        """
+        return self.cooldowns.is_cooling(name, now) or self.nodes[name].down
+
+    def cooldown(self, name: str, now: float, *, model: str | None = None) -> Cooldown | None:
+        """The node's (or its model's) cooldown still running at ``now``, if any."""
+        table = self.cooldowns if model is None else self._model_cooldowns.get(model)
+        return None if table is None else table.get(name, now)
+
+    def is_down(self, name: str) -> bool:
+        """Whether the node's last health check failed (and nothing served since)."""
+        return self.nodes[name].down
+
+    def down_count(self) -> int:
+        """How many nodes are down now."""
+        return sum(node.down for node in self.nodes.values())
+
+    def cooling_count(self, now: float) -> int:
+        """How many nodes cool down (node-wide) at ``now``."""
+        return len(self.cooldowns.active(now))
+
+    def wake_at(self) -> float:
+        """When the next node-wide cooldown ends (``inf``: none), for the ticker.
+
+        One that ran out unnoticed counts too: it ended, so the ticker looks now.
+        """
+        return min((entry.until for entry in self.cooldowns.active(-math.inf)), default=math.inf)
+
+    def known_tags(self, name: str) -> list[dict[str, object]] | None:
+        """The ``models`` entries of the node's last ``/api/tags`` answer to a check.
+
+        None while it has given none (discovery off, not asked yet, not a
+        tags list); a check without any answer keeps the one before. Read only.
+        """
+        return self.nodes[name].tags
+
+    # -- the verbs -----------------------------------------------------------
+
+    def demote(
+        self, node: str, duration: float, reason: str, now: float, *, model: str | None = None
+    ) -> None:
+        """Cool ``node`` (or its ``model``) down for ``duration`` seconds from ``now``."""
+        self.apply(NodeChange(ChangeKind.COOLING, node, reason, duration, model), now)
+
+    def served(self, node: str, status: int, now: float) -> None:
+        """Count a committed answer; one below 500 ends the cooldown and the down flag."""
+        state = self.nodes[node]
+        state.served += 1
+        if not ends_cooldown(status):
+            return
+        entry = self.cooldowns.get(node, -math.inf)
+        if state.down or (entry is not None and entry.until > now):
+            self.apply(NodeChange(ChangeKind.READY, node, READY_REASON_SERVED), now)
+        elif entry is not None:  # ran out unnoticed: gone, no news
+            self.apply(NodeChange(ChangeKind.COOLED, node, "expired"), now)
+
+    def attempt_ended(self, node: str, outcome: str, error: str | None, *, failed: bool) -> None:
+        """Keep an attempt's or stream's outcome (and error, if any); count a failure."""
+        state = self.nodes[node]
+        state.last_outcome = outcome
+        if error is not None:
+            state.last_error = error
+        if failed:
+            state.failed += 1
+
+    def check_finished(
+        self, node: str, verdict: CheckVerdict, now: float, *, record: CheckRecord | None = None
+    ) -> None:
+        """Keep a finished discovery check: its verdict, inventory and ``last_check``.
+
+        ``record``: the check as ``/status`` shows it (None: leave ``last_check``).
+        """
+        state = self.nodes[node]
+        _keep_verdict(state, verdict, record)
+        if verdict.replace_inventory:
+            if verdict.inventory:
+                self.inventories[node] = verdict.inventory
+            else:
+                self.inventories.pop(node, None)
+        if verdict.health is Health.DOWN and not state.down:
+            change = NodeChange(ChangeKind.DOWN, node, DOWN_REASON, error=verdict.last_error)
+            self.apply(change, now)
+        elif verdict.health is Health.READY and state.down:
+            entry = self.cooldowns.get(node, now)
+            if entry is None:
+                self.apply(NodeChange(ChangeKind.READY, node, READY_REASON_CHECK), now)
+            else:
+                remaining = entry.remaining(now)
+                self.apply(NodeChange(ChangeKind.UP, node, READY_REASON_CHECK, remaining), now)
+
+    def liveness_checked(self, node: str, record: CheckRecord) -> None:
+        """Keep a finished liveness check as the node's ``last_check`` (SPEC 5.5)."""
+        self.nodes[node].last_check = record
+
+    def keep_tags(self, node: str, entries: list[dict[str, object]] | None) -> None:
+        """Keep the node's answer to a check's ``GET /api/tags`` (None: not a tags answer)."""
+        self.nodes[node].tags = entries
+
+    def expire(self, now: float) -> None:
+        """Notice the cooldowns that ran out by ``now``: ``READY`` for the nodes not down."""
+        if self._model_cooldowns:
+            for table in self._model_cooldowns.values():
+                table.expire(now)
+        ended = self.cooldowns.expire(now)
+        if not ended:  # asked at every workload: the common answer costs nothing
+            return
+        for entry in ended:
+            # A down node stays demoted: "ready" would be false news.
+            kind = ChangeKind.COOLED if self.nodes[entry.node].down else ChangeKind.READY
+            self.apply(NodeChange(kind, entry.node, "expired"), now)
+
+    def reconcile(self, names: Iterable[str]) -> None:
+        """Make the board's nodes ``names``: fresh state for new ones, retire removed ones.
+
+        A kept node keeps all its state. A removed one loses its cooldowns,
+        inventory and down flag (it is counted nowhere any more) but keeps
+        its ``NodeState`` while workloads still running there write their
+        outcome to it; a name added again starts afresh. For a reload.
+        """
+        wanted = list(names)
+        for name in [name for name in self.configured if name not in wanted]:
+            self.inventories.pop(name, None)
+            for table in (self.cooldowns, *self._model_cooldowns.values()):
+                table.restore(name)
+            self.nodes[name].down = False
+        for name in wanted:
+            if name not in self.configured:
+                self.nodes[name] = NodeState()
+                self.inventories.pop(name, None)
+        self.configured = tuple(wanted)
+
+    # -- the one writer of readiness -----------------------------------------
+
+    def apply(self, change: NodeChange, now: float) -> None:
+        """Apply ``change`` at ``now`` (local or another replica's), then tell the listeners."""
+        state = self.nodes.get(change.node)
+        if state is None:  # a node this board does not have (a remote's older fleet)
+            return
+        kind = change.kind
+        if kind is ChangeKind.COOLING:
+            table = self.cooldowns
+            if change.model is not None:
+                table = self._model_cooldowns.setdefault(change.model, CooldownTable())
+            entry = table.demote(
+                change.node, now=now, duration=change.remaining, reason=change.reason
+            )
+            change = attrs.evolve(change, remaining=entry.remaining(now))
+        elif kind is ChangeKind.READY:
+            self.cooldowns.restore(change.node)
+            state.down = False
+        elif kind is ChangeKind.DOWN:
+            state.down = True
+        elif kind is ChangeKind.UP:
+            state.down = False
+        else:  # COOLED: ran out (already gone here)
+            self.cooldowns.restore(change.node)
+        for listener in self._listeners:
+            listener(change)
+
+    # -- this process's own: streams and re-checks ---------------------------
+
+    def streaming(self, name: str) -> _Streaming:
+        """Count a committed attempt of ``name`` as streaming while the ``with`` block runs."""
+        return _Streaming(self.nodes[name])
+
+    def streamed_since(self, name: str, since: float) -> bool:
+        """Whether an attempt of ``name`` streamed at any moment from ``since`` on."""
+        node = self.nodes[name]
+        return node.streams > 0 or node.last_stream_end >= since
+
+    def ask_recheck(self, name: str) -> None:
+        """Have the node's checker check it now (or right after its running check)."""
+        self.nodes[name].recheck.set()
+
+    def take_recheck(self, name: str) -> trio.Event:
+        """A fresh re-check event for a check that begins now; a later ask sets it."""
+        event = self.nodes[name].recheck = trio.Event()
+        return event
+
+
+def _keep_verdict(state: NodeState, verdict: CheckVerdict, record: CheckRecord | None) -> None:
+    """Keep what a finished check says of the node, beside its health."""
+    state.last_outcome = f"check_{verdict.result}"
+    if record is not None:
+        state.last_check = record
+    if verdict.last_error is not None:
+        state.last_error = verdict.last_error
+    if verdict.replace_inventory:
+        state.inventory = verdict.inventory
+
+
+class _Streaming:
+    """``NodeBoard.streaming``: a class, not a generator, as it runs on every request."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+
+    def __enter__(self) -> None:
+        self.node.streams += 1
+
+    def __exit__(self, *_exc: object) -> None:
+        self.node.streams -= 1
+        self.node.last_stream_end = trio.current_time()
