@@ -179,7 +179,7 @@ async def test_kept_nodes_keep_their_cooldown_and_counters(
     async with Fleet({"a": FakeNode(healthy()), "b": FakeNode(healthy())}) as fleet:
         proxy = make_proxy(fleet, capacity=0)
         assert (await request(proxy, body=BODY)) is not None
-        proxy.report.readiness.demote("b", 60.0, "test", trio.current_time())
+        proxy.board.demote("b", 60.0, "test", trio.current_time())
         with proxy.events.subscribe(0) as events:
             new = attrs.evolve(proxy.config, upstreams=nodes(fleet, "a", "b", a=3))
             result = await proxy.reload(new)
