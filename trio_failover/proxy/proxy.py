@@ -4,10 +4,19 @@
 the admin API and the demo hold: the client connection (``wire.client``),
 one ``WorkloadRunner`` per proxy (``workload.py``) and the books with their
 telemetry (``report.py``).
+
+The proxy owns its life: ``Proxy.run`` (``async with proxy``, or
+``open_proxy``) runs its own tasks in a nursery of its own — the cooldown
+ticker, the pool's watcher, the streams' silence watch and the checks of
+discovery — and closes its pooled connections when it ends. A proxy serves
+only while they run: nothing in it has a mode without them.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Any
 
 import trio
@@ -27,9 +36,10 @@ from .liveness import LivenessChecker
 from .records import NodeStats
 from .report import Report
 from .silence import SilenceWatch
+from .ticker import EXPIRY_TICK, expire_cooldowns_every
 from .workload import WorkloadRunner
 
-__all__ = ["Proxy"]
+__all__ = ["Proxy", "open_proxy"]
 
 
 class Proxy:
@@ -38,6 +48,8 @@ class Proxy:
     ``await proxy.handle_connection(stream)`` serves one client connection on
     any ``trio.abc.Stream``; ``server.serve`` feeds it accepted sockets, tests
     feed it in-memory streams (with a ``testing.MemoryConnector`` upstream).
+    It serves only while its own tasks run: inside ``async with proxy:``
+    (or ``open_proxy``), or while ``await nursery.start(proxy.run)`` runs.
     """
 
     def __init__(self, config: Config, *, connector: Connector | None = None) -> None:
@@ -52,7 +64,7 @@ class Proxy:
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
-        # The idle timers of committed streams; ``serve()`` runs ``silence.watch``.
+        # The idle timers of committed streams, timed by ``silence.watch`` (``run``).
         self.silence = SilenceWatch()
         # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
         self.liveness = LivenessChecker(config, self.connector, self.report)
@@ -62,6 +74,9 @@ class Proxy:
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.report)
         self.discovery = Discovery(config, self.connector, self.report)
+        self._running = False
+        self._lifetime: trio.Nursery | None = None  # ``async with``'s nursery
+        self._lifetime_manager: Any = None
 
     @property
     def cooldowns(self) -> CooldownTable:
@@ -93,10 +108,97 @@ class Proxy:
         """Whether ``begin_drain`` was called."""
         return self._drain.active
 
+    @property
+    def running(self) -> bool:
+        """Whether its own tasks run (``run``, ``async with``): it may serve."""
+        return self._running
+
+    async def run(
+        self,
+        *,
+        discovery: bool = True,
+        task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the proxy's own tasks until cancelled, then close its pooled connections.
+
+        ``proxy = await nursery.start(Proxy(config).run)`` gives the proxy
+        once they run (the first checks of discovery are scheduled then, not
+        done). The tasks: the cooldown ticker (``ticker.py``), the pool's
+        watcher (idle node connections close when their node closes them or
+        at ``--pool-idle-timeout``, with no traffic needed; SPEC 5 item 11),
+        the one watch that times every committed stream's
+        ``--stream-idle-timeout`` (``silence.py``) and discovery (SPEC 5a;
+        none with ``discovery_interval`` 0).
+
+        Args:
+            discovery: False: no checks of discovery, whatever
+                ``discovery_interval`` says (``testing.start_in_fleet``: a
+                test's fake nodes then see only the test's requests).
+            task_status: receives the proxy once its tasks run.
+
+        Cancellation: the tasks end with the cancellation; the pool is
+        closed even so. Stop it only after the connections it serves ended
+        (``serve()`` does): a stream still relaying loses its idle timer.
+
+        Raises:
+            RuntimeError: it runs already.
+        """
+        if self._running:
+            raise RuntimeError("this Proxy runs already")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(expire_cooldowns_every, self.report.readiness, EXPIRY_TICK)
+                nursery.start_soon(self.pool.watch)
+                nursery.start_soon(self.silence.watch)
+                if discovery:
+                    await nursery.start(self.discovery.run)  # returns at once when off
+                self._running = True
+                task_status.started(self)
+        finally:
+            self._running = False
+            await self.pool.aclose()
+
+    async def __aenter__(self) -> Proxy:
+        """Run the proxy's own tasks (``run``) until the block ends."""
+        manager = trio.open_nursery()
+        nursery = await manager.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException as exc:
+            await manager.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._lifetime, self._lifetime_manager = nursery, manager
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        nursery, manager = self._lifetime, self._lifetime_manager
+        assert nursery is not None, "__aexit__ without __aenter__"
+        self._lifetime = self._lifetime_manager = None
+        nursery.cancel_scope.cancel()
+        # The block's own exception leaves unwrapped: the nursery is told
+        # of none (it holds only the proxy's tasks, which end by our
+        # cancellation; a failure of theirs still comes out as a group).
+        await manager.__aexit__(None, None, None)
+        return False
+
     async def handle_connection(
         self, stream: trio.abc.Stream, *, client_address: str | None = None, scheme: str = "http"
     ) -> None:
-        """Serve one client connection until it closes; closes ``stream``."""
+        """Serve one client connection until it closes; closes ``stream``.
+
+        Raises:
+            RuntimeError: its own tasks do not run (see ``run``).
+        """
+        if not self._running:
+            await trio.aclose_forcefully(stream)
+            raise RuntimeError(
+                "the Proxy does not run: use 'async with Proxy(...)' or 'open_proxy(...)'"
+            )
         config = self.config
         client = ClientConnection(
             stream,
@@ -122,17 +224,6 @@ class Proxy:
 
         await client.serve(handler)
 
-    async def run_discovery(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Run the health and inventory checks of every node until cancelled (SPEC 5a).
-
-        ``serve()`` starts it; an embedder that drives ``handle_connection``
-        itself starts it with ``await nursery.start(proxy.run_discovery)``.
-        With ``discovery_interval`` 0 it returns at once.
-        """
-        await self.discovery.run(task_status=task_status)
-
     def known_tags(self, node: str) -> list[dict[str, object]] | None:
         """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check (SPEC 5a).
 
@@ -157,3 +248,15 @@ class Proxy:
     def status(self) -> dict[str, Any]:
         """The ``GET /status`` document (SPEC 6)."""
         return self.report.view.document()
+
+
+@asynccontextmanager
+async def open_proxy(config: Config, *, connector: Connector | None = None) -> AsyncIterator[Proxy]:
+    """A ``Proxy`` whose own tasks run for the block (``async with Proxy(...)``).
+
+    Args:
+        config: the settings.
+        connector: how to reach nodes (default: TCP/TLS).
+    """
+    async with Proxy(config, connector=connector) as proxy:
+        yield proxy

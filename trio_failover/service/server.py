@@ -10,6 +10,7 @@ deadline; whatever still runs then is cancelled, which closes its sockets.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import ipaddress
@@ -145,30 +146,6 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-EXPIRY_TICK = 1.0
-
-
-async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
-    """Let ``proxy`` notice expired cooldowns every ``interval`` seconds, forever.
-
-    The cooldown table computes expiry from ``now`` when asked (no timer per
-    node); this one task asks, so an idle proxy still publishes its
-    ``ready`` node events and keeps the cooling gauge current, whether or
-    not an admin listener is open. While workloads wait in the queue it
-    also asks at the moment each cooldown ends: a node turning ready may
-    be what a waiter waits for, and noticing it dispatches the queue.
-    """
-    readiness = proxy.report.readiness
-    tick = trio.current_time() + interval
-    while True:
-        with trio.move_on_at(min(tick, readiness.queue_wake_at())):
-            await readiness.queue.wait_schedule_changed()
-        now = trio.current_time()
-        proxy.expire_cooldowns(now)
-        if now >= tick:
-            tick = now + interval
-
-
 async def serve(
     config: Config,
     *,
@@ -197,32 +174,48 @@ async def serve(
         listeners: list[trio.SocketListener] = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
         raise _cannot_listen("client", "listen", config.listen, exc) from exc
+    try:
+        await _serve_listeners(proxy, config, listeners, context, shutdown, history, task_status)
+    finally:
+        # Cancelled from outside (an embedder's scope, a test): still no leak.
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
+
+
+async def _serve_listeners(
+    proxy: Proxy,
+    config: Config,
+    listeners: list[trio.SocketListener],
+    context: ssl.SSLContext | None,
+    shutdown: trio.Event | None,
+    history: History | None,
+    task_status: trio.TaskStatus[BoundAddresses],
+) -> None:
+    """Accept on ``listeners`` (and the admin listener) until ``shutdown``, then drain.
+
+    The proxy runs (``Proxy.run``) from when both listeners are bound to
+    when the connections ended: a proxy that cannot listen checks nothing.
+    One that the caller runs already is only served.
+    """
     scheme = "https" if context else "http"
     bound = listeners[0].socket.getsockname()
     log_exposure_warning(config, [str(listener.socket.getsockname()[0]) for listener in listeners])
     limiter = trio.CapacityLimiter(config.max_connections)
-    try:
-        async with trio.open_nursery() as services:
-            services.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
-            # Idle node connections close when their node closes them or at
-            # --pool-idle-timeout, with no traffic needed (SPEC 5 item 11).
-            services.start_soon(proxy.pool.watch)
-            # One task times every committed stream's --stream-idle-timeout
-            # (without it, each stream runs a timer task of its own).
-            services.start_soon(proxy.silence.watch)
-            admin = None
-            if config.admin_listen is not None:
-                try:
-                    # The admin listener also runs the sampler of the
-                    # dashboard's history: none without it (sampler.py).
-                    admin = await services.start(
-                        functools.partial(serve_admin, history=history), proxy, config.admin_listen
-                    )
-                except OSError as exc:
-                    raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
-            addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
-            # Once both listeners are bound: a proxy that cannot listen checks nothing.
-            await services.start(proxy.run_discovery)  # returns at once when off
+    async with trio.open_nursery() as services:
+        admin = None
+        if config.admin_listen is not None:
+            try:
+                # The admin listener also runs the sampler of the
+                # dashboard's history: none without it (sampler.py).
+                admin = await services.start(
+                    functools.partial(serve_admin, history=history), proxy, config.admin_listen
+                )
+            except OSError as exc:
+                raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
+        addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+        async with contextlib.AsyncExitStack() as lifetime:
+            if not proxy.running:
+                await lifetime.enter_async_context(proxy)
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:
@@ -239,12 +232,7 @@ async def serve(
                 logger.info("draining", extra={"fields": {"timeout_s": config.shutdown_timeout}})
                 proxy.begin_drain()
                 connections.cancel_scope.deadline = trio.current_time() + config.shutdown_timeout
-            services.cancel_scope.cancel()
-    finally:
-        # Cancelled from outside (an embedder's scope, a test): still no leak.
-        for listener in listeners:
-            await trio.aclose_forcefully(listener)
-        await proxy.pool.aclose()
+        services.cancel_scope.cancel()
 
 
 def _cannot_listen(listener: str, option: str, address: str, exc: OSError) -> ConfigError:
