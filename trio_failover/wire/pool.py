@@ -95,9 +95,12 @@ IdleT = TypeVar("IdleT", bound=_Idle)
 def _expired_prefix(idle: Sequence[_Idle], now: float, idle_timeout: float) -> int:
     # Released in time order, so the list is sorted by idle_since and the
     # expired entries are a prefix of it.
+    # The same sum as ``next_expiry``'s: ``now - idle_since < idle_timeout``
+    # can round the other way (9.2 - 5.2 < 4.0), and the watcher, woken at
+    # the expiry it computed, would find nothing due and spin.
     count = 0
     for entry in idle:
-        if now - entry.idle_since < idle_timeout:
+        if now < entry.idle_since + idle_timeout:
             break
         count += 1
     return count
