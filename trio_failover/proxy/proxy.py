@@ -122,23 +122,17 @@ class Proxy:
         """Run the proxy's own tasks until cancelled, then close its pooled connections.
 
         ``proxy = await nursery.start(Proxy(config).run)`` gives the proxy
-        once they run (the first checks of discovery are scheduled then, not
-        done). The tasks: the cooldown ticker (``ticker.py``), the pool's
-        watcher (idle node connections close when their node closes them or
-        at ``--pool-idle-timeout``, with no traffic needed; SPEC 5 item 11),
-        the one watch that times every committed stream's
-        ``--stream-idle-timeout`` (``silence.py``) and discovery (SPEC 5a;
-        none with ``discovery_interval`` 0).
+        once they run: the cooldown ticker (``ticker.py``), the pool's
+        watcher (SPEC 5 item 11), the watch of every committed stream's
+        ``--stream-idle-timeout`` (``silence.py``) and discovery (SPEC 5a).
 
         Args:
-            discovery: False: no checks of discovery, whatever
-                ``discovery_interval`` says (``testing.start_in_fleet``: a
-                test's fake nodes then see only the test's requests).
+            discovery: False: no checks whatever ``discovery_interval`` says
+                (``testing.start_in_fleet``: fake nodes see only the test's).
             task_status: receives the proxy once its tasks run.
 
-        Cancellation: the tasks end with the cancellation; the pool is
-        closed even so. Stop it only after the connections it serves ended
-        (``serve()`` does): a stream still relaying loses its idle timer.
+        Cancellation: the pool is closed even so. Stop it only after the
+        connections it serves ended: a relaying stream loses its idle timer.
 
         Raises:
             RuntimeError: it runs already.
@@ -180,9 +174,8 @@ class Proxy:
         assert nursery is not None, "__aexit__ without __aenter__"
         self._lifetime = self._lifetime_manager = None
         nursery.cancel_scope.cancel()
-        # The block's own exception leaves unwrapped: the nursery is told
-        # of none (it holds only the proxy's tasks, which end by our
-        # cancellation; a failure of theirs still comes out as a group).
+        # The block's exception leaves unwrapped: the nursery (the proxy's
+        # tasks only; a failure of theirs still comes out) is told of none.
         await manager.__aexit__(None, None, None)
         return False
 
@@ -191,8 +184,7 @@ class Proxy:
     ) -> None:
         """Serve one client connection until it closes; closes ``stream``.
 
-        Raises:
-            RuntimeError: its own tasks do not run (see ``run``).
+        Raises RuntimeError when its own tasks do not run (see ``run``).
         """
         if not self._running:
             await trio.aclose_forcefully(stream)
