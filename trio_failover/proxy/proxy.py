@@ -150,7 +150,9 @@ class Proxy:
                 task_status.started(self)
         finally:
             self._running = False
-            await self.pool.aclose()
+            # Shielded, briefly: a close cut by our own cancellation leaks sockets.
+            with trio.move_on_after(1.0, shield=True):
+                await self.pool.aclose()
 
     async def __aenter__(self) -> Proxy:
         """Run the proxy's own tasks (``run``) until the block ends."""
