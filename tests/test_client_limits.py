@@ -23,7 +23,7 @@ import trio.testing
 from trio_failover.core.config import Config
 from trio_failover.proxy import Proxy
 from trio_failover.service.server import BoundAddresses, serve
-from trio_failover.testing import FakeNode, Fleet, healthy
+from trio_failover.testing import FakeNode, Fleet, healthy, start_in_fleet
 
 OK_BODY = b'{"ok": true}'
 GET = b"GET /health HTTP/1.1\r\nHost: proxy.test\r\n\r\n"
@@ -160,6 +160,7 @@ async def exchange(
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the proxy closed first: what it sent is what counts
 
+    await start_in_fleet(proxy)
     with trio.fail_after(3600):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(proxy.handle_connection, server)
@@ -402,7 +403,7 @@ async def test_connection_lingers_a_bounded_time_after_an_error_answer(
     autojump_clock: trio.testing.MockClock, client: str, closed_at: float
 ) -> None:
     async with Fleet({"a": FakeNode()}) as fleet:
-        proxy = make_proxy(fleet, max_request_body=10)
+        proxy = await start_in_fleet(make_proxy(fleet, max_request_body=10))
         near, far = trio.testing.memory_stream_pair()
         async with trio.open_nursery() as nursery:
 

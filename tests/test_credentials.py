@@ -36,6 +36,7 @@ from trio_failover.testing import (
     drop_before_body,
     healthy,
     request,
+    start_in_fleet,
 )
 
 # Not shaped like a bearer token on purpose where it stands alone (the
@@ -244,7 +245,7 @@ async def test_malformed_request_does_not_log_the_clients_key(
 ) -> None:
     raw = printed_logs.raw
     async with Fleet({"a": FakeNode()}) as fleet:
-        proxy = make_proxy(fleet, {})
+        proxy = await start_in_fleet(make_proxy(fleet, {}))
         client, server = trio.testing.memory_stream_pair()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(proxy.handle_connection, server)

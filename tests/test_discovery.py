@@ -101,7 +101,7 @@ async def checking(
         config, fleet.connector, proxy.board, proxy.queue, proxy.report, jitter=lambda: jitter
     )
     async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run_discovery)
+        await nursery.start(proxy.run)
         yield proxy
         nursery.cancel_scope.cancel()
 
@@ -211,7 +211,9 @@ async def test_a_slow_check_of_a_streaming_node_does_not_count(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: request(proxy, body=chat()))
             await trio.sleep(0.5)  # committed, streaming
-            await nursery.start(proxy.run_discovery)  # first check at 0.5
+            # The request started the proxy without checks (the kit's way);
+            # the checks alone from now on: the first at 0.5.
+            await nursery.start(proxy.discovery.run)
             await trio.sleep(10.0 + 0.25)  # its deadline passed at 10.5
             during = node_status(proxy, "a")
             await trio.sleep(30.0)  # the second check, 30.5 to 40.5, with no stream
@@ -313,7 +315,7 @@ async def test_status_models_are_the_configured_ones_else_the_inventory(
         proxy = Proxy(config, connector=fleet.connector)
         before = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
         async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.run_discovery)
+            await nursery.start(proxy.run)
             await trio.sleep(1.0)
             after = {n["name"]: n["models"] for n in proxy.status()["nodes"]}
             nursery.cancel_scope.cancel()

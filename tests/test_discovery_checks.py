@@ -265,7 +265,7 @@ async def test_no_inventory_question_while_a_stream_runs_through_the_proxy(
             answers.append(trio.current_time())
 
         async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.run_discovery)
+            await nursery.start(proxy.run)
             await trio.sleep(0.5)
             nursery.start_soon(client)
             await trio.sleep(19.75)
@@ -347,7 +347,7 @@ async def test_a_down_node_is_checked_after_1_2_4_8_s_up_to_the_interval(
                     node.refuse = False
 
                 nursery.start_soon(restart)
-            await nursery.start(proxy.run_discovery)
+            await nursery.start(proxy.run)
             await trio.sleep(expected[-1] + 0.5)
             status = node_status(proxy, "a")
             nursery.cancel_scope.cancel()
@@ -387,7 +387,7 @@ async def test_an_attempt_that_begins_while_the_check_connects_stops_its_models_
             config, slow, proxy.board, proxy.queue, proxy.report, jitter=lambda: 0.0
         )
         async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.run_discovery)
+            await nursery.start(proxy.run)
             await trio.sleep(0.7)
             response = await request(proxy, body=chat())
             first = node_status(proxy, "a")["last_outcome"]

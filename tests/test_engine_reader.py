@@ -90,8 +90,8 @@ async def test_an_auto_node_is_detected_at_its_first_good_check_and_read_with_ea
         proxy.engine_reader.on_signal = got
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
-                await nursery.start(proxy.run_engine_reader)
-                await nursery.start(proxy.run_discovery)
+                await nursery.start(proxy.engine_reader.run)
+                await nursery.start(proxy.discovery.run)
                 await trio.sleep(40.0)
                 nursery.cancel_scope.cancel()
     # Nothing before the first check (at 0: one node); then with each check only.

@@ -45,13 +45,9 @@ async def running(
 ) -> AsyncIterator[Proxy]:
     """A proxy over ``fleet`` with its checks and engine reads running, as ``serve()`` has them."""
     config = Config(upstreams=upstreams or fleet.upstreams(), admin_listen=None, **settings)
-    proxy = Proxy(config, connector=fleet.connector)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run_discovery)
-        await nursery.start(proxy.run_engine_reader)
+    async with Proxy(config, connector=fleet.connector) as proxy:  # checks and reads run
         await trio.sleep(1.0)  # every node's first check, detection and read are done
         yield proxy
-        nursery.cancel_scope.cancel()
 
 
 async def together(proxy: Proxy, bodies: list[bytes]) -> list[ClientResponse]:

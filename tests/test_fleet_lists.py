@@ -433,7 +433,7 @@ async def test_a_star_only_node_lists_its_inventory(autojump_clock: trio.abc.Clo
         # Discovery on: from its inventory, not asked.
         proxy = memory_proxy(fleet, star, plain, discovery_interval=30.0)
         async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.run_discovery)
+            await nursery.start(proxy.run)
             await trio.sleep(1.0)
             asked_before = len(nodes["star"].received)
             known = await get_memory(proxy, "/v1/models")

@@ -8,6 +8,7 @@ virtual times, through the public API and the testing kit only.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 
@@ -123,7 +124,9 @@ async def slow_request(
             admin_listen=None,
             **settings,  # type: ignore[arg-type]
         )
-        proxy = Proxy(config, connector=connector)
+        proxy = await nursery.start(
+            functools.partial(Proxy(config, connector=connector).run, discovery=False)
+        )
         response = await request(proxy, body=BODY)
         nursery.cancel_scope.cancel()
     assert response is not None

@@ -37,6 +37,7 @@ from trio_failover.testing import (
     request,
     request_tcp,
     retry_status,
+    start_in_fleet,
     stream_then_silence,
 )
 from trio_failover.wire.idle_sockets import unread
@@ -519,7 +520,7 @@ async def test_a_relay_cancelled_at_its_last_write_closes_the_connection(
     # write waits on it; the client leaves and the workload is cancelled in
     # that write. The connection is clean by HTTP's rules but was abandoned.
     async with Fleet({"a": FakeNode(healthy(b"x" * 1000))}) as fleet:
-        proxy = make_proxy(fleet)
+        proxy = await start_in_fleet(make_proxy(fleet))
         client, server = trio.testing.lockstep_stream_pair()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(proxy.handle_connection, server)

@@ -19,7 +19,7 @@ from test_pool import OK_HEAD, KeepAliveServer, exchanged, proxy_to
 
 from trio_failover import Config
 from trio_failover.proxy import Proxy
-from trio_failover.testing import FakeNode, Fleet, healthy, request, request_tcp
+from trio_failover.testing import FakeNode, Fleet, healthy, request, request_tcp, start_in_fleet
 from trio_failover.wire.pool import WATCH_DELAY, ConnectionPool, next_expiry, sweep_idle
 
 BODY = b'{"model": "m"}'
@@ -90,7 +90,7 @@ async def test_an_idle_connection_closes_at_the_pool_idle_timeout_without_traffi
         config = Config(upstreams=fleet.upstreams(), admin_listen=None, pool_idle_timeout=3.0)
         proxy = Proxy(config, connector=fleet.connector)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(proxy.pool.watch)
+            await start_in_fleet(proxy)  # its own tasks: the pool's watcher among them
             await trio.sleep(1.0)
             response = await request(proxy, body=BODY)
             assert response is not None

@@ -47,6 +47,7 @@ PUBLIC = [
     "UpstreamProtocolError",
     "UpstreamReset",
     "__version__",
+    "open_proxy",
     "run_server",
     "serve",
 ]
@@ -64,6 +65,7 @@ HOMES = {
     "Subscription": "telemetry.events",
     "TCPConnector": "wire.upstream",
     "Upstream": "core.config",
+    "open_proxy": "proxy",
     "run_server": "service.server",
     "serve": "service.server",
 }
@@ -131,6 +133,7 @@ def test_mypy_sees_the_lazy_names_with_their_types(tmp_path: Path) -> None:
         "Subscription": "x4: int = trio_failover.Subscription",
         "Connector": "x5: int = trio_failover.Connector",
         "TCPConnector": "trio_failover.TCPConnector(1)",
+        "open_proxy": "trio_failover.open_proxy(1)",
         "a misspelt name": "trio_failover.Serve",
     }
     source = tmp_path / "use_api.py"

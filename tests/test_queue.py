@@ -22,7 +22,6 @@ from trio_failover import Config
 from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.ranking import affinity_key, rendezvous_choice
 from trio_failover.proxy import Proxy
-from trio_failover.service.server import EXPIRY_TICK, expire_cooldowns_every
 from trio_failover.telemetry.events import Subscription
 from trio_failover.testing import (
     Behaviour,
@@ -394,8 +393,7 @@ async def test_an_expiring_cooldown_hands_its_node_to_a_waiter_on_time(
         proxy = make_proxy(fleet, capacity=1)
         proxy.board.demote("b", 0.5, "manual", 0.0)
 
-        async def script(t: Traffic) -> None:
-            t.nursery.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
+        async def script(t: Traffic) -> None:  # the proxy's own ticker sees the expiry
             await t.start("r1")
             await t.start("r2", "queued")
             running = await t.wait_for("r2", "running")

@@ -226,7 +226,7 @@ async def test_discovery_checks_the_added_nodes_and_stops_checking_the_removed(
             return sum(r.target == b"/health" for r in fleet[name].received)
 
         async with trio.open_nursery() as nursery:
-            await nursery.start(proxy.run_discovery)
+            await nursery.start(proxy.discovery.run)
             await trio.sleep(25)
             assert checks("a") == 3  # at 0, 10, 20 (less a jitter)
             assert (await proxy.reload(attrs.evolve(config, upstreams=nodes(fleet, "c")))).ok

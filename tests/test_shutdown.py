@@ -35,6 +35,7 @@ from trio_failover.testing import (
     read_response,
     request,
     slow_head,
+    start_in_fleet,
 )
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -220,6 +221,7 @@ async def drained(
         await near.send_all(conn.send(h11.EndOfMessage()))
         responses.append(await read_response(near, conn))
 
+    await start_in_fleet(proxy)
     with proxy.events.subscribe(0) as events, trio.fail_after(3600):
         async with trio.open_nursery() as clients:
             clients.start_soon(client)
@@ -337,7 +339,7 @@ async def test_answer_committed_during_a_drain_says_connection_close(
     # proxy closes the connection, and lose it without an answer.
     async with Fleet({"a": FakeNode(slow_head(2.0))}) as fleet:
         config = Config(upstreams=fleet.upstreams(), admin_listen=None)
-        proxy = Proxy(config, connector=fleet.connector)
+        proxy = await start_in_fleet(Proxy(config, connector=fleet.connector))
         near, far = trio.testing.memory_stream_pair()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(proxy.handle_connection, far)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 
-import pytest
 import trio
 
 from trio_failover import Config
@@ -24,12 +23,23 @@ LIMIT = 3600.0  # virtual seconds: every test ends long before
 
 
 async def fired_at(timer: SilenceTimer, relay: object) -> float | None:
-    """Run the timer beside ``relay`` (a coroutine function of the timer); when it fired."""
+    """Time ``relay`` (a coroutine function of the timer) by a watch; when it fired."""
+    watch = SilenceWatch()
+
+    async def register() -> None:
+        # Once the relay waits, its notes set (as a relay sets them before
+        # each wait for the node).
+        watch.register(timer)
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(timer.run)
-        with trio.fail_after(LIMIT), timer.scope:
-            await relay(timer)  # type: ignore[operator]
-        timer.stop()
+        nursery.start_soon(watch.watch)
+        nursery.start_soon(register)
+        try:
+            with trio.fail_after(LIMIT), timer.scope:
+                await relay(timer)  # type: ignore[operator]
+        finally:
+            watch.unregister(timer)
+        nursery.cancel_scope.cancel()
     return trio.current_time() if timer.fired else None
 
 
@@ -82,57 +92,48 @@ async def test_stop_ends_it_without_firing(autojump_clock: trio.abc.Clock) -> No
     assert trio.current_time() == 9.0
 
 
-# -- several streams: one watch task, or a task per stream (the fallback) ----------------------
+# -- several streams, one watch task -----------------------------------------------------------
 
 Relay = Callable[[SilenceTimer], Awaitable[None]]
 
 
 async def timed_stream(
-    watch: SilenceWatch | None,
+    watch: SilenceWatch,
     timer: SilenceTimer,
     relay: Relay,
     fired: dict[str, float],
     name: str,
 ) -> None:
-    """One stream as ``_stream_rest`` runs it: timed by ``watch``, or by a task of its own."""
+    """One stream as ``_stream_rest`` runs it: timed by ``watch``."""
     with trio.fail_after(LIMIT):
-        if watch is not None:
-            assert watch.running
-            watch.register(timer)
-            try:
-                with timer.scope:
-                    await relay(timer)
-            finally:
-                watch.unregister(timer)
-        else:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(timer.run)
-                with timer.scope:
-                    await relay(timer)
-                timer.stop()
+        assert watch.running
+        watch.register(timer)
+        try:
+            with timer.scope:
+                await relay(timer)
+        finally:
+            watch.unregister(timer)
     if timer.fired:
         fired[name] = trio.current_time()
 
 
 async def run_streams(
-    mode: str, streams: list[tuple[str, float, Relay, float]]
+    streams: list[tuple[str, float, Relay, float]],
 ) -> tuple[dict[str, float], SilenceWatch]:
     """Run (name, timeout, relay, start) streams side by side; when each one fired."""
     watch = SilenceWatch()
     fired: dict[str, float] = {}
     async with trio.open_nursery() as outer:
-        if mode == "watch":
-            outer.start_soon(watch.watch)
-            await trio.testing.wait_all_tasks_blocked()
+        outer.start_soon(watch.watch)
+        await trio.testing.wait_all_tasks_blocked()
         async with trio.open_nursery() as nursery:
             for name, seconds, relay, start in streams:
-                nursery.start_soon(one_stream, mode, watch, name, seconds, relay, start, fired)
+                nursery.start_soon(one_stream, watch, name, seconds, relay, start, fired)
         outer.cancel_scope.cancel()
     return fired, watch
 
 
 async def one_stream(
-    mode: str,
     watch: SilenceWatch,
     name: str,
     seconds: float,
@@ -142,7 +143,7 @@ async def one_stream(
 ) -> None:
     await trio.sleep_until(start)
     timer = SilenceTimer(seconds, armed=True)
-    await timed_stream(watch if mode == "watch" else None, timer, relay, fired, name)
+    await timed_stream(watch, timer, relay, fired, name)
 
 
 async def wait_forever(timer: SilenceTimer) -> None:
@@ -150,26 +151,19 @@ async def wait_forever(timer: SilenceTimer) -> None:
     await trio.sleep_forever()
 
 
-MODES = ["watch", "task per stream"]
-
-
-@pytest.mark.parametrize("mode", MODES)
-async def test_timeouts_are_reached_in_order(autojump_clock: trio.abc.Clock, mode: str) -> None:
+async def test_timeouts_are_reached_in_order(autojump_clock: trio.abc.Clock) -> None:
     streams: list[tuple[str, float, Relay, float]] = [
         ("c", 30.0, wait_forever, 0.0),
         ("a", 10.0, wait_forever, 0.0),
         ("b", 20.0, wait_forever, 0.0),
         ("d", 30.0, wait_forever, 5.0),
     ]
-    fired, _ = await run_streams(mode, streams)
+    fired, _ = await run_streams(streams)
     assert fired == {"a": 10.0, "b": 20.0, "c": 30.0, "d": 35.0}
     assert list(fired) == ["a", "b", "c", "d"]
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_stream_that_ends_is_not_timed_any_more(
-    autojump_clock: trio.abc.Clock, mode: str
-) -> None:
+async def test_a_stream_that_ends_is_not_timed_any_more(autojump_clock: trio.abc.Clock) -> None:
     async def ends(timer: SilenceTimer) -> None:
         timer.waiting_since = trio.current_time()
         await trio.sleep(9.0)  # its stream ends, one second before its timeout
@@ -178,7 +172,7 @@ async def test_a_stream_that_ends_is_not_timed_any_more(
         ("ends", 10.0, ends, 0.0),
         ("stays", 50.0, wait_forever, 0.0),
     ]
-    fired, watch = await run_streams(mode, streams)
+    fired, watch = await run_streams(streams)
     assert fired == {"stays": 50.0}
     assert watch.timed == 0
 
@@ -198,10 +192,7 @@ async def test_many_ended_streams_leave_the_heap(autojump_clock: trio.abc.Clock)
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_write_to_a_slow_client_never_counts(
-    autojump_clock: trio.abc.Clock, mode: str
-) -> None:
+async def test_a_write_to_a_slow_client_never_counts(autojump_clock: trio.abc.Clock) -> None:
     async def writes_slowly(timer: SilenceTimer) -> None:
         for _ in range(3):
             timer.waiting_since = trio.current_time()
@@ -215,23 +206,22 @@ async def test_a_write_to_a_slow_client_never_counts(
         ("slow client", 10.0, writes_slowly, 0.0),
         ("other", 200.0, wait_forever, 0.0),
     ]
-    fired, _ = await run_streams(mode, streams)
+    fired, _ = await run_streams(streams)
     assert fired == {"slow client": 3 * 29.0 + 10.0, "other": 200.0}
 
 
-@pytest.mark.parametrize("mode", MODES)
 async def test_a_new_stream_with_an_earlier_expiry_wakes_the_watcher(
-    autojump_clock: trio.abc.Clock, mode: str
+    autojump_clock: trio.abc.Clock,
 ) -> None:
     streams: list[tuple[str, float, Relay, float]] = [
         ("long", 1000.0, wait_forever, 0.0),
         ("short", 5.0, wait_forever, 1.0),  # registered while the watcher sleeps until 1000
     ]
-    fired, _ = await run_streams(mode, streams)
+    fired, _ = await run_streams(streams)
     assert fired == {"short": 6.0, "long": 1000.0}
 
 
-# -- a whole proxy, the watch running as serve() runs it ---------------------------------------
+# -- a whole proxy, the watch one of its own tasks ---------------------------------------------
 
 STREAMED = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -240,12 +230,11 @@ STREAMED = json.dumps(
 
 async def test_a_stalled_stream_times_out_under_the_watch(autojump_clock: trio.abc.Clock) -> None:
     async with Fleet({"quiet": FakeNode(stream_then_silence(2, 600)), "peer": FakeNode()}) as fleet:
-        proxy = Proxy(
-            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
-        )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(proxy.silence.watch)
-            await trio.testing.wait_all_tasks_blocked()
+        # No checks: the peer must see no request at all.
+        config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=0)
+        proxy = Proxy(config, connector=fleet.connector)
+        async with proxy, trio.open_nursery() as nursery:
+            assert proxy.silence.running
             results = []
 
             async def client() -> None:
@@ -274,9 +263,8 @@ async def test_pings_after_the_first_token_time_out_under_the_watch(
         proxy = Proxy(
             Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
         )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(proxy.silence.watch)
-            await trio.testing.wait_all_tasks_blocked()
+        async with proxy, trio.open_nursery() as nursery:
+            assert proxy.silence.running
             with trio.fail_after(LIMIT):
                 response = await request(proxy, body=STREAMED)
             assert response is not None

@@ -177,7 +177,7 @@ async def test_https_node_with_a_trusted_ca_serves(ca: trustme.CA, ca_file: str)
         async with trio.open_nursery() as nursery:
             port = await listen(nursery, tls.handle)
             node = Upstream("secure", f"https://localhost:{port}", ca_file=ca_file)
-            proxy = Proxy(config_for(node))
+            proxy = await nursery.start(Proxy(config_for(node)).run)
             response = await request(proxy, "POST", "/v1/chat/completions", body=b"{}")
             nursery.cancel_scope.cancel()
 
@@ -207,7 +207,7 @@ async def test_ip_literal_node_is_checked_against_the_certificate(
         async with trio.open_nursery() as nursery:
             port = await listen(nursery, tls.handle)
             node = Upstream("ip", f"https://127.0.0.1:{port}", ca_file=ca_file)
-            proxy = Proxy(config_for(node))
+            proxy = await nursery.start(Proxy(config_for(node)).run)
             response = await request(proxy, "GET", "/health")
             nursery.cancel_scope.cancel()
 
@@ -242,7 +242,7 @@ async def test_untrusted_certificate_fails_over_before_commit(
                 "impostor", f"https://localhost:{port}", ca_file=ca_file if pinned else None
             )
             plain = await fleet.serve_tcp("plain")
-            proxy = Proxy(config_for(bad, plain))
+            proxy = await nursery.start(Proxy(config_for(bad, plain)).run)
             first = await request(proxy, "POST", "/v1/chat/completions", body=b"{}")
             first_attempts = attempts_of(proxy)
             # The proxy keeps serving, and the node is not demoted for it.
@@ -271,7 +271,9 @@ async def test_lone_untrusted_node_gives_502_naming_the_tls_error(other_ca: trus
     with trio.fail_after(LIMIT):
         async with trio.open_nursery() as nursery:
             port = await listen(nursery, impostor.handle)
-            proxy = Proxy(config_for(Upstream("impostor", f"https://localhost:{port}")))
+            proxy = await nursery.start(
+                Proxy(config_for(Upstream("impostor", f"https://localhost:{port}"))).run
+            )
             response = await request(proxy, "POST", "/v1/chat/completions", body=b"{}")
             nursery.cancel_scope.cancel()
 
@@ -335,11 +337,10 @@ async def test_slow_tls_handshake_is_bounded_by_the_connect_timeout() -> None:
             port = await listen(nursery, silent_handler)
             stuck = Upstream("stuck", f"https://localhost:{port}")
             plain = await fleet.serve_tcp("plain")
-            proxy = Proxy(
-                config_for(
-                    stuck, plain, connect_timeout=connect_timeout, response_header_timeout=60.0
-                )
+            config = config_for(
+                stuck, plain, connect_timeout=connect_timeout, response_header_timeout=60.0
             )
+            proxy = await nursery.start(Proxy(config).run)
             started = trio.current_time()
             response = await request(
                 proxy, "POST", "/v1/chat/completions", body=b'{"stream": true}'
@@ -372,7 +373,7 @@ async def test_handshake_within_the_connect_timeout_is_not_a_timeout(
         async with trio.open_nursery() as nursery:
             port = await listen(nursery, late)
             node = Upstream("late", f"https://localhost:{port}", ca_file=ca_file)
-            proxy = Proxy(config_for(node, connect_timeout=3.0))
+            proxy = await nursery.start(Proxy(config_for(node, connect_timeout=3.0)).run)
             response = await request(proxy, "GET", "/health")
             nursery.cancel_scope.cancel()
 
@@ -405,7 +406,7 @@ async def test_node_closing_without_close_notify_ends_the_body(
         async with trio.open_nursery() as nursery:
             port = await listen(nursery, tls.handle)
             node = Upstream("terse", f"https://localhost:{port}", ca_file=ca_file)
-            proxy = Proxy(config_for(node))
+            proxy = await nursery.start(Proxy(config_for(node)).run)
             response = await request(proxy, "GET", "/health")
             nursery.cancel_scope.cancel()
 

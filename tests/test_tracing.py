@@ -385,9 +385,11 @@ class BrokenConnector:
 async def test_an_internal_error_still_ends_the_attempt_s_span(
     autojump_clock: trio.abc.Clock, exporter: InMemorySpanExporter
 ) -> None:
-    config = Config(upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None)
-    proxy = trace_to(Proxy(config, connector=BrokenConnector()), exporter)
-    response = await request(proxy, body=STREAMED)
+    config = Config(
+        upstreams=[Upstream("a", "http://a.invalid")], admin_listen=None, discovery_interval=0
+    )
+    async with trace_to(Proxy(config, connector=BrokenConnector()), exporter) as proxy:
+        response = await request(proxy, body=STREAMED)
     assert response is not None
     assert response.status == 502
 

@@ -5,8 +5,10 @@ The library API (SPEC section 7; see docs/embedding.md):
 - ``Config``, ``Upstream`` and ``ClientKey``: the settings, frozen and validated.
 - ``serve(config, ...)``: run the listeners in your nursery
   (``await nursery.start(serve, config)`` gives the ``BoundAddresses``).
-- ``Proxy(config, connector=...)``: the proxy itself, serving any
-  ``trio.abc.Stream``; ``Connector`` is what it opens node connections with
+- ``open_proxy(config, connector=...)`` (``async with``): the proxy itself,
+  its own tasks running for the block, serving any ``trio.abc.Stream``;
+  ``Proxy(config, connector=...)`` the same, entered with ``async with`` or
+  run with ``await nursery.start(proxy.run)``; ``Connector`` is what it opens node connections with
   (``TCPConnector`` by default, ``trio_failover.testing`` has an in-memory one).
 - ``proxy.events.subscribe()``: workload and node events (``EventBus``,
   ``Subscription``).
@@ -43,7 +45,7 @@ from .core.outcome import AttemptRecord, Outcome
 from .core.version import __version__
 
 if TYPE_CHECKING:
-    from .proxy import Proxy
+    from .proxy import Proxy, open_proxy
     from .service.server import BoundAddresses, run_server, serve
     from .telemetry.events import EventBus, Subscription
     from .wire.upstream import Connector, TCPConnector
@@ -56,6 +58,7 @@ _LAZY = {
     "Proxy": "proxy",
     "Subscription": "telemetry.events",
     "TCPConnector": "wire.upstream",
+    "open_proxy": "proxy",
     "run_server": "service.server",
     "serve": "service.server",
 }
@@ -87,6 +90,7 @@ __all__ = [
     "UpstreamProtocolError",
     "UpstreamReset",
     "__version__",
+    "open_proxy",
     "run_server",
     "serve",
 ]

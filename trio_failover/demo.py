@@ -40,7 +40,8 @@ from .core.config import Config, Upstream, split_host_port
 from .demo_script import HEADER_TIMEOUT, MODEL, PATH, TOKENS, Check, Script
 from .demo_view import Screen, Watcher, quiet_proxy_logs
 from .proxy.proxy import Proxy
-from .service.server import BoundAddresses, expire_cooldowns_every, serve
+from .proxy.ticker import expire_cooldowns_every
+from .service.server import BoundAddresses, serve
 from .testing import FakeNode, Fleet, drop_before_body, frozen, openai
 
 TICK = 0.1  # how often cooldowns are checked, so "ready again" shows on time
@@ -121,7 +122,8 @@ class Demo:
             watcher = Watcher(self.screen, proxy)
             async with trio.open_nursery() as helpers:
                 helpers.start_soon(watcher.run)
-                helpers.start_soon(expire_cooldowns_every, proxy, TICK)
+                # Beside the proxy's own ticker (1 s): "ready again" shows on time.
+                helpers.start_soon(expire_cooldowns_every, proxy.board, proxy.queue, TICK)
                 async with trio.open_nursery() as server:
                     addresses = await self._start_proxy(server, config, proxy)
                     self._introduce(config, addresses)

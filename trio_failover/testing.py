@@ -12,8 +12,14 @@ slots and loaded models. The same node serves over an in-memory stream
 (``Fleet.serve_tcp``).
 
     async with Fleet({"a": FakeNode(frozen()), "b": FakeNode(healthy(b"hi"))}) as fleet:
-        proxy = Proxy(config, connector=fleet.connector)
-        response = await request(proxy, b"POST", "/v1/chat", body=b"{}")
+        async with Proxy(config, connector=fleet.connector) as proxy:
+            response = await request(proxy, b"POST", "/v1/chat", body=b"{}")
+
+A proxy serves only while its own tasks run (``async with``, ``open_proxy``,
+``Proxy.run``). ``request`` starts one that does not run yet, if it reaches
+its nodes through a fleet's connector, in that fleet's nursery
+(``start_in_fleet``): it then runs until the fleet's block ends, its tasks
+all but discovery's checks (a test that wants them enters the proxy itself).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -86,6 +93,7 @@ __all__ = [
     "slow_head",
     "slow_prefill",
     "slow_prefill_with_pings",
+    "start_in_fleet",
     "stream_then_silence",
     "with_health",
 ]
@@ -101,7 +109,9 @@ class MemoryConnector:
 
     def __init__(self, nodes: Mapping[str, FakeNode], nursery: trio.Nursery) -> None:
         self._nodes = nodes
-        self._nursery = nursery
+        # The fleet's: the fake nodes' connections run there, and a proxy
+        # that ``request`` starts (``start_in_fleet``).
+        self.nursery = nursery
 
     async def connect(self, node: Upstream) -> trio.abc.Stream:
         fake = self._nodes[node.name]
@@ -109,7 +119,7 @@ class MemoryConnector:
         if fake.refuse:
             raise ConnectionRefusedError(errno.ECONNREFUSED, "connection refused")
         proxy_side, node_side = trio.testing.memory_stream_pair()
-        self._nursery.start_soon(fake.serve_connection, node_side)
+        self.nursery.start_soon(fake.serve_connection, node_side)
         return proxy_side
 
 
@@ -199,8 +209,38 @@ async def request(
     ``leave_after`` closes the client connection after that many seconds
     (a client that gives up); the function then returns None.
     """
+    await start_in_fleet(proxy)
     events = _request_events(method, target, b"proxy.test", headers, body)
     return await _exchange_in_memory(proxy.handle_connection, events, leave_after)
+
+
+async def start_in_fleet(proxy: Proxy, *, discovery: bool = False) -> Proxy:
+    """Run ``proxy`` (``Proxy.run``) in the nursery of the fleet it connects through.
+
+    Does nothing when it runs already. Its tasks then end, and its pool
+    closes, with the fleet's block. Without ``discovery`` it runs no
+    checks (whatever ``discovery_interval`` says): the fake nodes see only
+    the test's own requests.
+
+    Raises:
+        RuntimeError: it does not run and its connector is no fleet's.
+    """
+    connector = proxy.connector
+    # Requests that a test sends at once all find it not running yet: one
+    # starts it, the others wait for that.
+    async with _STARTING.setdefault(proxy, trio.Lock()):
+        if proxy.running:
+            return proxy
+        if not isinstance(connector, MemoryConnector):
+            raise RuntimeError(
+                "this Proxy does not run and has no fleet to run in: use 'async with proxy'"
+            )
+        run = functools.partial(proxy.run, discovery=discovery)
+        started: Proxy = await connector.nursery.start(run)
+        return started
+
+
+_STARTING: weakref.WeakKeyDictionary[Proxy, trio.Lock] = weakref.WeakKeyDictionary()
 
 
 async def request_node(

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .proxy import Proxy
+from .proxy import Proxy, open_proxy
 
-__all__ = ["Proxy"]
+__all__ = ["Proxy", "open_proxy"]

@@ -1,8 +1,8 @@
 """The discovery loop: each node's inventory and health, checked on its own schedule.
 
-One task per node, all in one nursery that ``Discovery.run`` opens (the
-server's services nursery starts it; an embedder starts it the same way,
-``await nursery.start(proxy.run_discovery)``). Each task:
+One task per node, all in one nursery that ``Discovery.run`` opens (one of
+the proxy's own tasks: ``Proxy.run`` starts it, whoever opens the proxy).
+Each task:
 
 1. waits for its first check: node ``i`` of ``n`` at ``i/n`` seconds after
    start (``checks.first_check_delays``), so all begin within a second and

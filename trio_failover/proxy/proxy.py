@@ -6,10 +6,20 @@ one ``WorkloadRunner`` per proxy (``workload.py``), the node board
 (``board.py``: every node's state, and its only writer), the slot queue
 (``queue.py``) and the telemetry (``report.py``). The queue's dispatch and
 the node events (``node_news.py``) listen to the board.
+
+The proxy owns its life: ``Proxy.run`` (``async with proxy``, or
+``open_proxy``) runs its own tasks in a nursery of its own — the cooldown
+ticker, the pool's watcher, the streams' silence watch, the checks of
+discovery and the engines' reader — and closes its pooled connections when
+it ends. A proxy serves only while they run: nothing in it has a mode
+without them.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
 from typing import Any
 
 import trio
@@ -36,9 +46,10 @@ from .reload import ReloadResult, apply_reload
 from .report import Report
 from .silence import SilenceWatch
 from .status import StatusView
+from .ticker import EXPIRY_TICK, expire_cooldowns_every
 from .workload import WorkloadRunner
 
-__all__ = ["Proxy"]
+__all__ = ["Proxy", "open_proxy"]
 
 
 class Proxy:
@@ -47,6 +58,8 @@ class Proxy:
     ``await proxy.handle_connection(stream)`` serves one client connection on
     any ``trio.abc.Stream``; ``server.serve`` feeds it accepted sockets, tests
     feed it in-memory streams (with a ``testing.MemoryConnector`` upstream).
+    It serves only while its own tasks run: inside ``async with proxy:``
+    (or ``open_proxy``), or while ``await nursery.start(proxy.run)`` runs.
     """
 
     def __init__(self, config: Config, *, connector: Connector | None = None) -> None:
@@ -68,7 +81,7 @@ class Proxy:
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
-        # The idle timers of committed streams; ``serve()`` runs ``silence.watch``.
+        # The idle timers of committed streams, timed by ``silence.watch`` (``run``).
         self.silence = SilenceWatch()
         # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
         self.liveness = LivenessChecker(config, self.connector, self.board, self.report)
@@ -97,6 +110,9 @@ class Proxy:
             self.report,
             on_checked=self.engine_reader.checked,
         )
+        self._running = False
+        self._lifetime: trio.Nursery | None = None  # ``async with``'s nursery
+        self._lifetime_manager: Any = None
 
     def _queue_news(self, change: NodeChange) -> None:
         """The board's listener for the queue: a node changed between ready and demoted."""
@@ -135,10 +151,92 @@ class Proxy:
         """Whether ``begin_drain`` was called."""
         return self._drain.active
 
+    @property
+    def running(self) -> bool:
+        """Whether its own tasks run (``run``, ``async with``): it may serve."""
+        return self._running
+
+    async def run(
+        self,
+        *,
+        discovery: bool = True,
+        task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the proxy's own tasks until cancelled, then close its pooled connections.
+
+        ``proxy = await nursery.start(Proxy(config).run)`` gives the proxy
+        once they run: the cooldown ticker (``ticker.py``), the pool's
+        watcher (SPEC 5 item 11), the watch of every committed stream's
+        ``--stream-idle-timeout`` (``silence.py``) and discovery (SPEC 5a).
+
+        Args:
+            discovery: False: no checks whatever ``discovery_interval`` says
+                (``testing.start_in_fleet``: fake nodes see only the test's).
+            task_status: receives the proxy once its tasks run.
+
+        Cancellation: the pool is closed even so. Stop it only after the
+        connections it serves ended: a relaying stream loses its idle timer.
+
+        Raises:
+            RuntimeError: it runs already.
+        """
+        if self._running:
+            raise RuntimeError("this Proxy runs already")
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(expire_cooldowns_every, self.board, self.queue, EXPIRY_TICK)
+                nursery.start_soon(self.pool.watch)
+                nursery.start_soon(self.silence.watch)
+                if discovery:
+                    await nursery.start(self.discovery.run)  # returns at once when off
+                    await nursery.start(self.engine_reader.run)  # SPEC 5c; likewise
+                self._running = True
+                task_status.started(self)
+        finally:
+            self._running = False
+            # Shielded, briefly: a close cut by our own cancellation leaks sockets.
+            with trio.move_on_after(1.0, shield=True):
+                await self.pool.aclose()
+
+    async def __aenter__(self) -> Proxy:
+        """Run the proxy's own tasks (``run``) until the block ends."""
+        manager = trio.open_nursery()
+        nursery = await manager.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException as exc:
+            await manager.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._lifetime, self._lifetime_manager = nursery, manager
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        nursery, manager = self._lifetime, self._lifetime_manager
+        assert nursery is not None, "__aexit__ without __aenter__"
+        self._lifetime = self._lifetime_manager = None
+        nursery.cancel_scope.cancel()
+        # The block's exception leaves unwrapped: the nursery (the proxy's
+        # tasks only; a failure of theirs still comes out) is told of none.
+        await manager.__aexit__(None, None, None)
+        return False
+
     async def handle_connection(
         self, stream: trio.abc.Stream, *, client_address: str | None = None, scheme: str = "http"
     ) -> None:
-        """Serve one client connection until it closes; closes ``stream``."""
+        """Serve one client connection until it closes; closes ``stream``.
+
+        Raises RuntimeError when its own tasks do not run (see ``run``).
+        """
+        if not self._running:
+            await trio.aclose_forcefully(stream)
+            raise RuntimeError(
+                "the Proxy does not run: use 'async with Proxy(...)' or 'open_proxy(...)'"
+            )
         config = self.config
         client = ClientConnection(
             stream,
@@ -163,27 +261,6 @@ class Proxy:
             )
 
         await client.serve(handler)
-
-    async def run_discovery(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Run the health and inventory checks of every node until cancelled (SPEC 5a).
-
-        ``serve()`` starts it; an embedder that drives ``handle_connection``
-        itself starts it with ``await nursery.start(proxy.run_discovery)``.
-        With ``discovery_interval`` 0 it returns at once.
-        """
-        await self.discovery.run(task_status=task_status)
-
-    async def run_engine_reader(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Read every node's engine signals until cancelled (SPEC 5c).
-
-        Started like ``run_discovery``; it returns at once when nothing is
-        ever read (``load_interval`` and ``discovery_interval`` both 0).
-        """
-        await self.engine_reader.run(task_status=task_status)
 
     def known_tags(self, node: str) -> list[dict[str, object]] | None:
         """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check (SPEC 5a).
@@ -227,3 +304,15 @@ class Proxy:
         for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
             node.update(self.engines.describe(node["name"], now))
         return document
+
+
+@asynccontextmanager
+async def open_proxy(config: Config, *, connector: Connector | None = None) -> AsyncIterator[Proxy]:
+    """A ``Proxy`` whose own tasks run for the block (``async with Proxy(...)``).
+
+    Args:
+        config: the settings.
+        connector: how to reach nodes (default: TCP/TLS).
+    """
+    async with Proxy(config, connector=connector) as proxy:
+        yield proxy

@@ -2,8 +2,8 @@
 
 ``Relay.commit_and_relay`` sends the head and the first bytes, then streams
 the rest chunk by chunk, unbuffered. A ``SilenceTimer`` (``silence.py``)
-times ``--stream-idle-timeout``: the proxy's one ``SilenceWatch`` task when
-it runs, else a task per stream. After commit nothing is replayed: a
+times ``--stream-idle-timeout``, watched by the proxy's one ``SilenceWatch``
+task. After commit nothing is replayed: a
 failure cuts the client's response short (SPEC 5.6).
 """
 
@@ -126,14 +126,14 @@ class Relay:
 
         The silence is timed by a ``SilenceTimer`` (only when a body remains
         and the timeout is on), registered with the proxy's ``SilenceWatch``
-        while its task runs, else run by a task of its own beside the relay:
-        no deadline is moved per chunk. It bounds only the waits for the
-        node, not the writes to the client, whose pace is not the node's
-        silence. In an event stream only a chunk that begins a line other
-        than a comment or a blank one ends a silence (SPEC 5.6), and before
-        the first such line the timer is not armed: the wait is still the
-        first-body wait, unbounded (a long prefill with pings is never cut,
-        an engine that only pings after its first token is).
+        (one of the proxy's own tasks): no deadline is moved per chunk. It
+        bounds only the waits for the node, not the writes to the client,
+        whose pace is not the node's silence. In an event stream only a chunk
+        that begins a line other than a comment or a blank one ends a silence
+        (SPEC 5.6), and before the first such line the timer is not armed: the
+        wait is still the first-body wait, unbounded (a long prefill with
+        pings is never cut, an engine that only pings after its first token
+        is).
 
         A plain function that returns the relay's coroutine: one suspended
         coroutine frame less per open stream than an ``async def`` around it.
@@ -141,30 +141,7 @@ class Relay:
         timer = SilenceTimer(idle_timeout, armed=response.progressed)
         if response.complete or idle_timeout == math.inf:
             return _relay_chunks(client, work, response, timer, None)
-        if self.silence.running:
-            return _relay_chunks(client, work, response, timer, self.silence)
-        return _stream_timed(client, work, response, timer)
-
-
-async def _stream_timed(
-    client: ClientConnection,
-    work: Workload,
-    response: UpstreamResponse,
-    timer: SilenceTimer,
-) -> bool:
-    """The relay beside its own timer task: no ``SilenceWatch`` runs."""
-    failure: UpstreamError | ClientGone | None = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(timer.run)
-        try:
-            await _relay_chunks(client, work, response, timer, None)
-        except (UpstreamError, ClientGone) as exc:
-            failure = exc  # raised below, outside the nursery's exception group
-        finally:
-            timer.stop()
-    if failure is not None:
-        raise failure
-    return not timer.fired
+        return _relay_chunks(client, work, response, timer, self.silence)
 
 
 async def _relay_chunks(

@@ -9,16 +9,14 @@ heap, about a tenth of the instructions of a relayed chunk. So the relay
 only notes, in plain attributes of its ``SilenceTimer``, when each wait for
 the node began and how much silence came before it.
 
-Who looks at those notes: ``SilenceWatch.watch``, one task per proxy
-(``server.serve`` runs it beside the pool's watcher), which keeps every
-committed stream's timer in one heap by the earliest moment its silence
-could reach the timeout, sleeps until the first of them and looks. A task
-per stream would cost ~5 KiB of memory per open stream (docs/performance.md,
-"Memory"); a heap entry costs a tuple. When the watch is not running (an
-embedded ``Proxy`` without ``serve``), each stream runs its timer's own
-``run`` task instead, with the same behaviour.
+Who looks at those notes: ``SilenceWatch.watch``, one task per proxy (one
+of the proxy's own, ``Proxy.run``), which keeps every committed stream's
+timer in one heap by the earliest moment its silence could reach the
+timeout, sleeps until the first of them and looks. A task per stream would
+cost ~5 KiB of memory per open stream (docs/performance.md, "Memory"); a
+heap entry costs a tuple.
 
-Either way the timer cancels the relay's scope only while the relay waits
+The watch cancels the relay's scope only while the relay waits
 for the node, never while it writes, so a cancellation can only end a wait.
 A chunk that arrives in the very pass in which the timer fires finds the
 scope cancelled (``fired``) and is not relayed: the stream timed out at its
@@ -43,12 +41,11 @@ class SilenceTimer:
     after; ``silence`` is the node's silence before that wait, since the
     last chunk of progress (0.0 after one). ``armed`` is False until the
     stream's first progress (an event stream's first event line): before
-    it, the wait is unbounded (SPEC 5.5). Either ``SilenceWatch`` times it
-    (``register``/``unregister``) or its own task does (``run``/``stop``).
+    it, the wait is unbounded (SPEC 5.5). ``SilenceWatch`` times it
+    (``register``/``unregister``).
     """
 
     __slots__ = (
-        "_done",
         "armed",
         "queued",
         "scope",
@@ -66,7 +63,6 @@ class SilenceTimer:
         self.silence = 0.0
         self.stopped = False
         self.queued = False  # whether a SilenceWatch heap holds it
-        self._done: trio.Event | None = None  # only for ``run``
 
     @property
     def fired(self) -> bool:
@@ -83,23 +79,6 @@ class SilenceTimer:
         expiry = since + (self.timeout - self.silence)
         return None if now >= expiry else expiry
 
-    async def run(self) -> None:
-        """Sleep until each possible expiry, and cancel the scope at the real one."""
-        done = self._done = trio.Event()
-        while not self.stopped:
-            expiry = self.expiry(trio.current_time())
-            if expiry is None:
-                self.scope.cancel()
-                return
-            with trio.move_on_at(expiry):
-                await done.wait()
-
-    def stop(self) -> None:
-        """End ``run`` (by a return, not a cancellation)."""
-        self.stopped = True
-        if self._done is not None:
-            self._done.set()
-
 
 # Below this many stopped entries the heap is not rebuilt: they leave it
 # at their expiry anyway, within one timeout.
@@ -109,9 +88,8 @@ _COMPACT_MIN = 64
 class SilenceWatch:
     """Every committed stream's ``SilenceTimer`` of a proxy, timed by one task.
 
-    ``watch`` is that task: run it in a nursery that lives as long as the
-    proxy (``server.serve`` does). While it runs (``running``), a stream
-    ``register``s its timer before the relay and ``unregister``s it after;
+    ``watch`` is that task: the proxy runs it for its lifetime
+    (``Proxy.run``). A stream ``register``s its timer before the relay and ``unregister``s it after;
     each is O(log n), and the relay does no heap work per chunk. A stopped
     timer stays in the heap until its entry comes due or the stopped
     entries are the majority, when the heap is rebuilt without them.
@@ -180,8 +158,8 @@ class SilenceWatch:
                     await self._wake.wait()
                 self._expire(trio.current_time())
         finally:
-            # The streams still registered lose their timing; serve() ends
-            # the watch only after its connections (or when all is cancelled).
+            # The streams still registered lose their timing; serve() stops
+            # the proxy only after its connections (or when all is cancelled).
             self.running = False
 
     def _expire(self, now: float) -> None:

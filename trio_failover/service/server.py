@@ -157,30 +157,6 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-EXPIRY_TICK = 1.0
-
-
-async def expire_cooldowns_every(proxy: Proxy, interval: float) -> None:
-    """Let ``proxy`` notice expired cooldowns every ``interval`` seconds, forever.
-
-    The cooldown table computes expiry from ``now`` when asked (no timer per
-    node); this one task asks, so an idle proxy still publishes its
-    ``ready`` node events and keeps the cooling gauge current, whether or
-    not an admin listener is open. While workloads wait in the queue it
-    also asks at the moment each cooldown ends: a node turning ready may
-    be what a waiter waits for, and noticing it dispatches the queue.
-    """
-    board, queue = proxy.board, proxy.queue
-    tick = trio.current_time() + interval
-    while True:
-        with trio.move_on_at(min(tick, queue.wake_at((board.wake_at(),)))):
-            await queue.wait_schedule_changed()
-        now = trio.current_time()
-        proxy.expire_cooldowns(now)
-        if now >= tick:
-            tick = now + interval
-
-
 async def serve(
     config: Config,
     *,
@@ -213,7 +189,6 @@ async def serve(
     proxy = proxy or Proxy(config, connector=connector)
     # Bad files fail before anything listens; a reload swaps the context.
     tls = ListenerTLS(server_ssl_context(config), tls_digest(config))
-    context = tls.context
     host, port = split_host_port(config.listen)
     try:
         listeners: list[trio.SocketListener] = (
@@ -223,38 +198,68 @@ async def serve(
         )
     except OSError as exc:
         raise _cannot_listen("client", "listen", config.listen, exc) from exc
-    scheme = "https" if context else "http"
+    serving = _Serving(
+        proxy, config, listeners, tls, shutdown, history, sockets.admin if sockets else None
+    )
+    try:
+        await _serve_listeners(serving, loader, reloads, task_status)
+    finally:
+        # Cancelled from outside (an embedder's scope, a test): still no leak.
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
+
+
+@attrs.frozen
+class _Serving:
+    """What ``serve`` hands ``_serve_listeners``: the proxy and what it listens with."""
+
+    proxy: Proxy
+    config: Config
+    listeners: list[trio.SocketListener]
+    tls: ListenerTLS
+    shutdown: trio.Event | None
+    history: History | None
+    admin_sock: socket.socket | None
+
+
+async def _serve_listeners(
+    serving: _Serving,
+    loader: Loader | None,
+    reloads: trio.abc.ReceiveChannel[None] | None,
+    task_status: trio.TaskStatus[BoundAddresses],
+) -> None:
+    """Accept on the listeners (and the admin listener) until ``shutdown``, then drain.
+
+    The proxy runs (``Proxy.run``) from when both listeners are bound to
+    when the connections ended: a proxy that cannot listen checks nothing.
+    One that the caller runs already is only served.
+    """
+    proxy, config, listeners, tls = serving.proxy, serving.config, serving.listeners, serving.tls
+    scheme = "https" if tls.context else "http"
     bound = listeners[0].socket.getsockname()
     log_exposure_warning(config, [str(listener.socket.getsockname()[0]) for listener in listeners])
     limiter = trio.CapacityLimiter(config.max_connections)
-    try:
-        async with trio.open_nursery() as services:
-            services.start_soon(expire_cooldowns_every, proxy, EXPIRY_TICK)
-            # Idle node connections close when their node closes them or at
-            # --pool-idle-timeout, with no traffic needed (SPEC 5 item 11).
-            services.start_soon(proxy.pool.watch)
-            # One task times every committed stream's --stream-idle-timeout
-            # (without it, each stream runs a timer task of its own).
-            services.start_soon(proxy.silence.watch)
-            if loader is not None:
-                _start_reloads(services, Reloader(proxy, loader, tls, server_ssl_context), reloads)
-            admin = None
-            if config.admin_listen is not None:
-                try:
-                    # The admin listener also runs the sampler of the
-                    # dashboard's history: none without it (sampler.py).
-                    admin_sock = sockets.admin if sockets is not None else None
-                    admin = await services.start(
-                        functools.partial(serve_admin, history=history, sock=admin_sock),
-                        proxy,
-                        config.admin_listen,
-                    )
-                except OSError as exc:
-                    raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
-            addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
-            # Once both listeners are bound: a proxy that cannot listen checks nothing.
-            await services.start(proxy.run_discovery)  # returns at once when off
-            await services.start(proxy.run_engine_reader)  # SPEC 5c; likewise
+    async with trio.open_nursery() as services:
+        if loader is not None:
+            _start_reloads(services, Reloader(proxy, loader, tls, server_ssl_context), reloads)
+        admin = None
+        if config.admin_listen is not None:
+            try:
+                # The admin listener also runs the sampler of the
+                # dashboard's history: none without it (sampler.py).
+                admin = await services.start(
+                    functools.partial(
+                        serve_admin, history=serving.history, sock=serving.admin_sock
+                    ),
+                    proxy,
+                    config.admin_listen,
+                )
+            except OSError as exc:
+                raise _cannot_listen("admin", "admin-listen", config.admin_listen, exc) from exc
+        addresses = BoundAddresses(client=(bound[0], bound[1]), admin=admin, scheme=scheme)
+        async with contextlib.AsyncExitStack() as lifetime:
+            if not proxy.running:
+                await lifetime.enter_async_context(proxy)
             async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as acceptors:
                     for listener in listeners:
@@ -262,9 +267,9 @@ async def serve(
                             _accept_loop, listener, connections, proxy, limiter, tls, scheme
                         )
                     task_status.started(addresses)
-                    if shutdown is None:
+                    if serving.shutdown is None:
                         await trio.sleep_forever()
-                    await shutdown.wait()
+                    await serving.shutdown.wait()
                     acceptors.cancel_scope.cancel()
                 for listener in listeners:
                     await trio.aclose_forcefully(listener)
@@ -272,12 +277,7 @@ async def serve(
                 logger.info("draining", extra={"fields": {"timeout_s": timeout}})
                 proxy.begin_drain()
                 connections.cancel_scope.deadline = trio.current_time() + timeout
-            services.cancel_scope.cancel()
-    finally:
-        # Cancelled from outside (an embedder's scope, a test): still no leak.
-        for listener in listeners:
-            await trio.aclose_forcefully(listener)
-        await proxy.pool.aclose()
+        services.cancel_scope.cancel()
 
 
 def _start_reloads(

@@ -15,21 +15,19 @@ path of every request. The rules, which ``upstream.open_response`` and
   default of 4 s stays below uvicorn's 5 s keep-alive (vLLM's server), so
   the node does not close a connection just as the proxy reuses it. Expiry
   is computed from ``now`` at checkout and release, and by ``watch``.
-- ``watch`` is the pool's one watcher task (``server.serve`` runs it for the
-  server's lifetime): it sleeps until the earliest idle deadline or until
-  any idle socket turns readable, whichever comes first, and closes what is
-  due. An idle connection has no answer pending, so readable means the node
-  closed it (EOF, reset) or sent bytes nobody asked for: either way it
-  cannot be used, the test httpcore and urllib3 make at checkout. The
-  sockets are watched through one epoll set (Linux) whose own descriptor
-  the watcher waits on. A released connection joins that set at the
-  watcher's next look, within ``WATCH_DELAY`` of its release (SPEC 5.11
-  asks for a node's close to be noticed within a second): one taken again
-  before that, as on a busy keep-alive path, costs no ``epoll_ctl`` at
-  all, where registering at release and unregistering at checkout cost two
-  system calls a request. Without ``watch`` (an embedded
-  ``Proxy`` that does not run it), expired connections stay open until the
-  next checkout or release for their node, or until ``aclose``.
+- ``watch`` is the pool's one watcher task (the proxy runs it for its
+  lifetime, ``Proxy.run``; a pool is not used without it): it sleeps until
+  the earliest idle deadline or until any idle socket turns readable,
+  whichever comes first, and closes what is due. An idle connection has no
+  answer pending, so readable means the node closed it (EOF, reset) or sent
+  bytes nobody asked for: either way it cannot be used, the test httpcore
+  and urllib3 make at checkout. The sockets are watched through one epoll
+  set (Linux) whose own descriptor the watcher waits on. A released
+  connection joins that set at the watcher's next look, within
+  ``WATCH_DELAY`` of its release (SPEC 5.11 asks for a node's close to be
+  noticed within a second): one taken again before that, as on a busy
+  keep-alive path, costs no ``epoll_ctl`` at all, where registering at
+  release and unregistering at checkout cost two system calls a request.
 - At most ``max_idle`` idle connections per node; a release beyond that
   closes the oldest one.
 - ``max_idle == 0`` or ``idle_timeout == 0`` turns pooling off.
@@ -97,9 +95,12 @@ IdleT = TypeVar("IdleT", bound=_Idle)
 def _expired_prefix(idle: Sequence[_Idle], now: float, idle_timeout: float) -> int:
     # Released in time order, so the list is sorted by idle_since and the
     # expired entries are a prefix of it.
+    # The same sum as ``next_expiry``'s: ``now - idle_since < idle_timeout``
+    # can round the other way (9.2 - 5.2 < 4.0), and the watcher, woken at
+    # the expiry it computed, would find nothing due and spin.
     count = 0
     for entry in idle:
-        if now - entry.idle_since < idle_timeout:
+        if now < entry.idle_since + idle_timeout:
             break
         count += 1
     return count
@@ -325,8 +326,7 @@ class ConnectionPool:
             idle_timeout=self.idle_timeout,
             max_idle=self.max_idle,
         )
-        if self._readiness is not None:
-            self._ask_look(now)
+        self._ask_look(now)
         await self._close_all(discarded)
 
     def _ask_look(self, now: float) -> None:
@@ -343,7 +343,7 @@ class ConnectionPool:
         """Close idle connections once expired or closed by their node; runs until cancelled.
 
         The pool's one watcher: run it in a nursery that lives as long as the
-        pool (``server.serve`` does). It waits for the earliest idle deadline
+        pool (``Proxy.run`` does). It waits for the earliest idle deadline
         or for any idle socket to turn readable, and closes what is due.
         """
         if not self.enabled:
