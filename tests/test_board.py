@@ -40,7 +40,7 @@ def test_demote_tells_cooling_with_the_seconds_left() -> None:
     assert not board.is_demoted("a", 15.0)
     assert not board.is_demoted("b", 10.0)
     assert board.wake_at() == 15.0
-    assert board.cooling_count(10.0) == 1
+    assert len(board.cooldowns.active(10.0)) == 1
 
 
 def test_the_longer_cooldown_wins_and_is_told() -> None:
@@ -114,7 +114,7 @@ def test_expire_tells_ready_except_for_down_nodes() -> None:
     board.expire(5.0)
     assert heard == [NodeChange(READY, "a", "expired"), NodeChange(COOLED, "b", "expired")]
     assert board.is_demoted("b", 5.0)  # still down
-    assert board.cooling_count(5.0) == 0
+    assert len(board.cooldowns.active(5.0)) == 0
 
 
 def test_a_good_check_of_a_cooling_down_node_tells_up_with_the_time_left() -> None:

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from .client_key import NAME_RE, SECRET_RE, check_clients, key_tuple
+from .client_key import ClientKey as ClientKey  # re-exported: part of the settings
 from .engines import check_engine_kind
 from .errors import ConfigError
 from .names import WILDCARD, accepts, node_model_name
@@ -31,14 +33,9 @@ AFFINITY_CHOICES: tuple[str, ...] = ("off", "prefix")
 LOG_FORMAT_CHOICES: tuple[str, ...] = ("text", "json")
 LOG_LEVEL_CHOICES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 
-# RFC 9110 token characters; a node name goes into a header (X-Failover-Node).
-_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~:-]{1,128}$")
 WILDCARD_MODEL = WILDCARD
 # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
 _PORT_RE = re.compile(r"[0-9]+")
-# What a key or token may hold: it travels in a header value
-# (``Authorization: Bearer KEY``), whose surrounding blanks HTTP strips.
-_SECRET_RE = re.compile(r"[\x21-\x7e]+")
 HOST_PORT_EXPECTED = "expected HOST:PORT with a port from 0 to 65535"
 
 
@@ -114,7 +111,7 @@ def _check_headers(
 ) -> None:
     # The error names the header, never its value: values are credentials.
     for name, text in value.items():
-        if not _NAME_RE.match(name) or ":" in name:
+        if not NAME_RE.match(name) or ":" in name:
             raise ConfigError("headers", name, "a header name is a token (letters, digits, -)")
         if not _FIELD_VALUE_RE.match(text):
             raise ConfigError(
@@ -136,7 +133,7 @@ def _hide_values(value: Mapping[str, str]) -> str:
 
 
 def _check_name(instance: Upstream, attribute: attrs.Attribute[str], value: str) -> None:
-    if not _NAME_RE.match(value):
+    if not NAME_RE.match(value):
         raise ConfigError("upstream", value, "a node name is 1-128 token characters, no spaces")
 
 
@@ -305,61 +302,10 @@ def _check_statuses(
             raise ConfigError(attribute.name, status, "retryable statuses are 400-599")
 
 
-def _check_client_name(instance: ClientKey, attribute: attrs.Attribute[str], value: str) -> None:
-    # The name goes into logs, events and a metrics label.
-    if not isinstance(value, str) or not _NAME_RE.match(value):
-        raise ConfigError("clients", value, "a client name is 1-128 token characters, no spaces")
-
-
-def _check_key(instance: ClientKey, attribute: attrs.Attribute[str], value: str) -> None:
-    # The errors name the client, never the key.
-    if not isinstance(value, str) or not value:
-        raise ConfigError("clients", instance.name, f"the key of client {instance.name} is empty")
-    if not _SECRET_RE.fullmatch(value):
-        raise ConfigError(
-            "clients",
-            instance.name,
-            f"the key of client {instance.name} holds blanks, control or non-ASCII characters",
-        )
-
-
-@attrs.frozen
-class ClientKey:
-    """One client API key. ``name`` is the workload's ``client`` in logs, events and /status.
-
-    ``repr()`` leaves the key out.
-    """
-
-    name: str = attrs.field(validator=_check_client_name)
-    key: str = attrs.field(validator=_check_key, repr=False)
-
-
-def _key_tuple(value: Iterable[ClientKey]) -> tuple[ClientKey, ...]:
-    return tuple(value)
-
-
-def _check_clients(
-    instance: Config, attribute: attrs.Attribute[Any], value: tuple[ClientKey, ...]
-) -> None:
-    names: set[str] = set()
-    keys: dict[str, str] = {}
-    for client in value:
-        if not isinstance(client, ClientKey):
-            raise ConfigError("clients", type(client).__name__, "expected ClientKey items")
-        if client.name in names:
-            raise ConfigError("clients", client.name, "client names must be unique")
-        if client.key in keys:
-            # Which client sent a request must never be ambiguous.
-            other = keys[client.key]
-            raise ConfigError("clients", client.name, f"the same key as client {other}")
-        names.add(client.name)
-        keys[client.key] = client.name
-
-
 def _check_token(instance: Config, attribute: attrs.Attribute[Any], value: str | None) -> None:
     if value is None:
         return
-    if not isinstance(value, str) or not _SECRET_RE.fullmatch(value):
+    if not isinstance(value, str) or not SECRET_RE.fullmatch(value):
         # Never the value itself: it is a secret.
         raise ConfigError(
             attribute.name,
@@ -433,7 +379,7 @@ class Config(StateSettings):
     pool_max_idle: int = attrs.field(default=256, validator=_non_negative)
 
     clients: tuple[ClientKey, ...] = attrs.field(
-        default=(), converter=_key_tuple, validator=_check_clients
+        default=(), converter=key_tuple, validator=check_clients
     )
     """Client API keys; with none, nothing is checked."""
     admin_token: str | None = attrs.field(default=None, validator=_check_token, repr=_show_token)

@@ -78,9 +78,7 @@ class NodeBoard:
 
     def __init__(self, names: Iterable[str]) -> None:
         self.nodes = {name: NodeState() for name in names}
-        # The nodes of the configuration in force; ``nodes`` also keeps
-        # those a reload removed while their workloads end.
-        self.configured = tuple(self.nodes)
+        self.configured = tuple(self.nodes)  # in force; ``nodes`` also has retired ones
         # Only the nodes with an inventory: what ranking filters on, and
         # empty (nothing to parse a body for) until a check lists models.
         self.inventories: dict[str, tuple[str, ...]] = {}
@@ -116,10 +114,6 @@ class NodeBoard:
     def down_count(self) -> int:
         """How many nodes are down now."""
         return sum(node.down for node in self.nodes.values())
-
-    def cooling_count(self, now: float) -> int:
-        """How many nodes cool down (node-wide) at ``now``."""
-        return len(self.cooldowns.active(now))
 
     def wake_at(self) -> float:
         """When the next node-wide cooldown ends (``inf``: none), for the ticker.
@@ -212,12 +206,10 @@ class NodeBoard:
             self.apply(NodeChange(kind, entry.node, "expired"), now)
 
     def reconcile(self, names: Iterable[str]) -> None:
-        """Make the board's nodes ``names``: fresh state for new ones, retire removed ones.
+        """A reload's nodes: new ones fresh, kept ones as they are, removed ones retired.
 
-        A kept node keeps all its state. A removed one loses its cooldowns,
-        inventory and down flag (it is counted nowhere any more) but keeps
-        its ``NodeState`` while workloads still running there write their
-        outcome to it; a name added again starts afresh. For a reload.
+        A retired node keeps only its ``NodeState`` (its running workloads
+        still write to it); a name added again starts afresh.
         """
         wanted = list(names)
         for name in [name for name in self.configured if name not in wanted]:

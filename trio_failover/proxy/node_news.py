@@ -42,7 +42,7 @@ class NodeNews:
             logger.warning("node down", extra={"fields": fields})
             self._publish(node, "down", reason, 0)
         if kind is not ChangeKind.DOWN and change.model is None:
-            metrics.cooling.set(self.board.cooling_count(trio.current_time()))
+            metrics.cooling.set(len(self.board.cooldowns.active(trio.current_time())))
         if kind is not ChangeKind.COOLING:
             metrics.down.set(self.board.down_count())
 

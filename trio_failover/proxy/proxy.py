@@ -19,14 +19,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import Any
 
 import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
-from ..core.node_change import ChangeKind, NodeChange
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientRequest
@@ -38,6 +36,7 @@ from .discovery import Discovery
 from .engine_holder import EngineHolder
 from .engine_reader import EngineReader
 from .gate import ClientGate
+from .lifetime import OwnTasks
 from .lists import FleetLists, is_list_route
 from .liveness import LivenessChecker
 from .node_news import NodeNews
@@ -52,7 +51,7 @@ from .workload import WorkloadRunner
 __all__ = ["Proxy", "open_proxy"]
 
 
-class Proxy:
+class Proxy(OwnTasks):
     """The failover proxy, independent of how client connections arrive.
 
     ``await proxy.handle_connection(stream)`` serves one client connection on
@@ -74,7 +73,7 @@ class Proxy:
         self.report = Report(config)
         gauge_in_flight(self.report.metrics, self.board.configured, self.queue)
         self.report.metrics.queue_length.set_function(self.queue.__len__)
-        self.board.listen(self._queue_news)
+        self.board.listen(self.queue.board_changed)
         self.board.listen(NodeNews(self.board, self.report.events, self.report.metrics))
         self.view = StatusView(config, self.board, self.queue, self.report.recent, self.report.live)
         metrics = self.report.metrics
@@ -110,16 +109,6 @@ class Proxy:
             self.report,
             on_checked=self.engine_reader.checked,
         )
-        self._running = False
-        self._lifetime: trio.Nursery | None = None  # ``async with``'s nursery
-        self._lifetime_manager: Any = None
-
-    def _queue_news(self, change: NodeChange) -> None:
-        """The board's listener for the queue: a node changed between ready and demoted."""
-        if change.kind is ChangeKind.COOLING:
-            self.queue.demoted()  # also lets the ticker see its end
-        else:
-            self.queue.dispatch()
 
     @property
     def cooldowns(self) -> CooldownTable:
@@ -151,79 +140,14 @@ class Proxy:
         """Whether ``begin_drain`` was called."""
         return self._drain.active
 
-    @property
-    def running(self) -> bool:
-        """Whether its own tasks run (``run``, ``async with``): it may serve."""
-        return self._running
-
-    async def run(
-        self,
-        *,
-        discovery: bool = True,
-        task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Run the proxy's own tasks until cancelled, then close its pooled connections.
-
-        ``proxy = await nursery.start(Proxy(config).run)`` gives the proxy
-        once they run: the cooldown ticker (``ticker.py``), the pool's
-        watcher (SPEC 5 item 11), the watch of every committed stream's
-        ``--stream-idle-timeout`` (``silence.py``) and discovery (SPEC 5a).
-
-        Args:
-            discovery: False: no checks whatever ``discovery_interval`` says
-                (``testing.start_in_fleet``: fake nodes see only the test's).
-            task_status: receives the proxy once its tasks run.
-
-        Cancellation: the pool is closed even so. Stop it only after the
-        connections it serves ended: a relaying stream loses its idle timer.
-
-        Raises:
-            RuntimeError: it runs already.
-        """
-        if self._running:
-            raise RuntimeError("this Proxy runs already")
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(expire_cooldowns_every, self.board, self.queue, EXPIRY_TICK)
-                nursery.start_soon(self.pool.watch)
-                nursery.start_soon(self.silence.watch)
-                if discovery:
-                    await nursery.start(self.discovery.run)  # returns at once when off
-                    await nursery.start(self.engine_reader.run)  # SPEC 5c; likewise
-                self._running = True
-                task_status.started(self)
-        finally:
-            self._running = False
-            # Shielded, briefly: a close cut by our own cancellation leaks sockets.
-            with trio.move_on_after(1.0, shield=True):
-                await self.pool.aclose()
-
-    async def __aenter__(self) -> Proxy:
-        """Run the proxy's own tasks (``run``) until the block ends."""
-        manager = trio.open_nursery()
-        nursery = await manager.__aenter__()
-        try:
-            await nursery.start(self.run)
-        except BaseException as exc:
-            await manager.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        self._lifetime, self._lifetime_manager = nursery, manager
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool:
-        nursery, manager = self._lifetime, self._lifetime_manager
-        assert nursery is not None, "__aexit__ without __aenter__"
-        self._lifetime = self._lifetime_manager = None
-        nursery.cancel_scope.cancel()
-        # The block's exception leaves unwrapped: the nursery (the proxy's
-        # tasks only; a failure of theirs still comes out) is told of none.
-        await manager.__aexit__(None, None, None)
-        return False
+    async def _start_own_tasks(self, nursery: trio.Nursery, *, discovery: bool) -> None:
+        """Start the tasks ``run`` runs (``lifetime.OwnTasks``)."""
+        nursery.start_soon(expire_cooldowns_every, self.board, self.queue, EXPIRY_TICK)
+        nursery.start_soon(self.pool.watch)
+        nursery.start_soon(self.silence.watch)
+        if discovery:
+            await nursery.start(self.discovery.run)  # returns at once when off
+            await nursery.start(self.engine_reader.run)  # SPEC 5c; likewise
 
     async def handle_connection(
         self, stream: trio.abc.Stream, *, client_address: str | None = None, scheme: str = "http"

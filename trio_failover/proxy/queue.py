@@ -21,6 +21,7 @@ from functools import partial
 import trio
 
 from ..core.config import Config
+from ..core.node_change import ChangeKind, NodeChange
 from ..core.slots import (
     Acquired,
     Handoff,
@@ -141,6 +142,13 @@ class SlotQueue:
         """A node changed between ready and demoted: hand out what waiters may use now."""
         if len(self.scheduler):
             self._wake(self.scheduler.dispatch(ready=self.is_ready))
+
+    def board_changed(self, change: NodeChange) -> None:
+        """The node board's listener: a node changed between ready and demoted."""
+        if change.kind is ChangeKind.COOLING:
+            self.demoted()  # also lets the ticker see its end
+        else:
+            self.dispatch()
 
     def demoted(self) -> None:
         """A node was demoted: dispatch, and let the ticker see its end time."""

@@ -176,7 +176,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     metrics = proxy.report.metrics
     metrics.declare_nodes(added)
     gauge_in_flight(metrics, added, proxy.queue)
-    metrics.cooling.set(board.cooling_count(trio.current_time()))
+    metrics.cooling.set(len(board.cooldowns.active(trio.current_time())))
     metrics.down.set(board.down_count())
 
 
