@@ -72,14 +72,16 @@ async def test_a_bad_admin_request_gets_the_client_listeners_answer(
             max_request_head=ADMIN_MAX_HEAD,
             max_request_body=ADMIN_MAX_HEAD,
             client_header_timeout=ADMIN_HEAD_TIMEOUT,
+            discovery_interval=0,  # the node sees nothing but what the test sends
         )
         proxy = Proxy(config, connector=fleet.connector)
 
         async def serve_admin(stream: trio.abc.Stream) -> None:
             await serve_admin_connection(proxy, stream)
 
-        admin_status, admin = await exchange(serve_admin, data)
-        client_status, client = await exchange(proxy.handle_connection, data)
+        async with proxy:
+            admin_status, admin = await exchange(serve_admin, data)
+            client_status, client = await exchange(proxy.handle_connection, data)
     assert admin_status == client_status
     assert admin_status in (400, 408, 413, 431)
     assert admin["error"]["type"] == "admin_error"
