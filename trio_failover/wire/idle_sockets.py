@@ -2,7 +2,7 @@
 
 ``pool.py`` decides which idle connections close; this module only asks
 the kernel (and the TLS object) what waits on them. Nothing here is a
-checkpoint but ``Readiness.wait``.
+checkpoint but ``IdleSocketWatch.wait``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 import trio
 
-__all__ = ["Readiness", "Unread", "detach_and_close", "socket_fd", "unread"]
+__all__ = ["IdleSocketWatch", "Unread", "detach_and_close", "socket_fd", "unread"]
 
 Unread = Literal["bytes", "eof"]
 
 
-class Readiness:
+class IdleSocketWatch:
     """Idle sockets in one epoll set, whose own descriptor Trio can wait on.
 
     Where ``select.epoll`` does not exist, nothing is watched and ``wait``

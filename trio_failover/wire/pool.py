@@ -69,7 +69,7 @@ import attrs
 import h11
 import trio
 
-from .idle_sockets import Readiness, detach_and_close, unread
+from .idle_sockets import IdleSocketWatch, detach_and_close, unread
 
 __all__ = [
     "ConnectionPool",
@@ -242,7 +242,7 @@ class ConnectionPool:
         # One poll object for the checkout look: registering an fd in it is
         # no system call, and its poll(0) is the only one.
         self._poller = select.poll() if hasattr(select, "poll") else None
-        self._readiness: Readiness | None = None  # while ``watch`` runs
+        self._readiness: IdleSocketWatch | None = None  # while ``watch`` runs
         self._wake = trio.Event()  # set on release: the watcher may have a deadline now
         # Released connections not yet in the epoll set, and when the
         # watcher looks for them; its wait's scope, while it waits with a
@@ -348,7 +348,7 @@ class ConnectionPool:
         """
         if not self.enabled:
             await trio.sleep_forever()
-        readiness = self._readiness = Readiness()
+        readiness = self._readiness = IdleSocketWatch()
         try:
             for entries in self._idle.values():
                 for entry in entries:
@@ -379,7 +379,7 @@ class ConnectionPool:
                     entry.fd = -1
             readiness.close()
 
-    async def _sweep(self, readiness: Readiness) -> None:
+    async def _sweep(self, readiness: IdleSocketWatch) -> None:
         ready = readiness.ready()
         now = trio.current_time()
         doomed: list[IdleConnection] = []
