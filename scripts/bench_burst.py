@@ -13,7 +13,9 @@ engines' slots; with no ``--capacity`` at all (``auto``, issue 30), the
 engines then being fake llama-servers (``trio_failover.testing``'s
 ``FakeLlamaServer``) that say their slots in ``GET /props`` and
 ``GET /slots``, the burst starting once ``/status`` shows every node's
-capacity read from its engine; and with ``--capacity 0`` (no limit, the
+capacity read from its engine, and the engines read every
+``--load-interval`` (250 ms, so that several readings land within the
+burst); and with ``--capacity 0`` (no limit, the
 proxy's behaviour without issue 17). It prints the makespan (first request
 sent to last answer read) against the ideal, requests x service time /
 total slots, and how many requests each node served. ``--runs`` picks some
@@ -78,12 +80,12 @@ def llama_server(slots: int, service: float) -> FakeNode:
 
 
 async def start_proxy(
-    nursery: trio.Nursery, upstreams: list[str], capacity: int | None
+    nursery: trio.Nursery, upstreams: list[str], capacity: int | None, load_interval: str
 ) -> tuple[trio.Process, tuple[str, int], tuple[str, int] | None]:
     """``trio-failover serve`` in a subprocess; it, its client and admin addresses.
 
-    ``capacity`` None gives no ``--capacity`` (``auto``) and an admin
-    listener, to see when the engines' slots are known.
+    ``capacity`` None gives no ``--capacity`` (``auto``), ``load_interval``
+    and an admin listener, to see when the engines' slots are known.
     """
     command = [
         sys.executable,
@@ -93,7 +95,7 @@ async def start_proxy(
         "--listen=127.0.0.1:0",
         "--admin-listen=" + ("off" if capacity is not None else "127.0.0.1:0"),
         "--log-level=info",  # the "listening on" line is at info
-        *([] if capacity is None else [f"--capacity={capacity}"]),
+        *([f"--load-interval={load_interval}"] if capacity is None else [f"--capacity={capacity}"]),
         *(f"--upstream={upstream}" for upstream in upstreams),
     ]
     process = await trio.lowlevel.open_process(
@@ -205,7 +207,7 @@ async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
             upstreams = [await fleet.serve_tcp(name) for name in names]
             process, address, admin = await start_proxy(
-                nursery, [f"{u.name}={u.url}" for u in upstreams], capacity
+                nursery, [f"{u.name}={u.url}" for u in upstreams], capacity, args.load_interval
             )
             try:
                 if admin is not None:
@@ -280,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         default=RUNS,
         help="which runs, comma-separated: slots (--capacity = --slots), auto (no --capacity, "
         "fake llama-servers), 0 (no limit); default all three",
+    )
+    parser.add_argument(
+        "--load-interval",
+        default="250ms",
+        help="the run auto's --load-interval: short, so that readings land within the burst, "
+        "each showing every slot busy (the proxy's default is 2s)",
     )
     args = parser.parse_args(argv)
     results = trio.run(run, args)
