@@ -8,15 +8,23 @@ Starts ``--nodes`` fake engines on 127.0.0.1, each serving at most
 llama-server with ``--parallel`` or Ollama with ``OLLAMA_NUM_PARALLEL``
 do), each request taking ``--service-ms``. Then sends ``--requests``
 requests at once through the proxy, run as a real subprocess
-(``trio-failover serve``), twice: with ``--capacity`` equal to the engines'
-slots, and with ``--capacity 0`` (no limit, the proxy's behaviour without
-issue 17). It prints the makespan (first request sent to last answer read)
-against the ideal, requests x service time / total slots, and how many
-requests each node served.
+(``trio-failover serve``), three times: with ``--capacity`` equal to the
+engines' slots; with no ``--capacity`` at all (``auto``, issue 30), the
+engines then being fake llama-servers (``trio_failover.testing``'s
+``FakeLlamaServer``) that say their slots in ``GET /props`` and
+``GET /slots``, the burst starting once ``/status`` shows every node's
+capacity read from its engine, and the engines read every
+``--load-interval`` (250 ms, so that several readings land within the
+burst); and with ``--capacity 0`` (no limit, the
+proxy's behaviour without issue 17). It prints the makespan (first request
+sent to last answer read) against the ideal, requests x service time /
+total slots, and how many requests each node served. ``--runs`` picks some
+of the three (``slots,auto,0``).
 
 Without capacity every request goes to the first node, which works through
 them ``--slots`` at a time; with it the proxy fills every node's slots and
-holds the rest in its queue. The goal is a makespan within 1.15x of ideal.
+holds the rest in its queue. The goal is a makespan within 1.15x of ideal,
+with a configured capacity and with ``auto`` alike.
 
 A measurement tool, not a test: it asserts nothing, and exits 0 unless
 something could not be started.
@@ -25,6 +33,7 @@ something could not be started.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -35,7 +44,15 @@ import h11
 import trio
 import trio.testing
 
-from trio_failover.testing import FakeNode, Fleet, NodeIO, ReceivedRequest, read_response
+from trio_failover.testing import (
+    FakeLlamaServer,
+    FakeNode,
+    Fleet,
+    NodeIO,
+    ReceivedRequest,
+    read_response,
+    request_tcp,
+)
 
 BODY = b'{"model":"bench","messages":[{"role":"user","content":"burst"}],"stream":false}'
 GOAL = 1.15
@@ -57,19 +74,28 @@ def engine(slots: int, service: float) -> FakeNode:
     return FakeNode(behave)
 
 
+def llama_server(slots: int, service: float) -> FakeNode:
+    """A fake llama-server ``--parallel slots``: its ``/props`` and ``/slots`` say so."""
+    return FakeNode(FakeLlamaServer(slots=slots, model="bench", tokens=1, token_delay=service))
+
+
 async def start_proxy(
-    nursery: trio.Nursery, upstreams: list[str], capacity: int
-) -> tuple[trio.Process, tuple[str, int]]:
-    """``trio-failover serve`` in a subprocess; returns it and its client address."""
+    nursery: trio.Nursery, upstreams: list[str], capacity: int | None, load_interval: str
+) -> tuple[trio.Process, tuple[str, int], tuple[str, int] | None]:
+    """``trio-failover serve`` in a subprocess; it, its client and admin addresses.
+
+    ``capacity`` None gives no ``--capacity`` (``auto``), ``load_interval``
+    and an admin listener, to see when the engines' slots are known.
+    """
     command = [
         sys.executable,
         "-m",
         "trio_failover",
         "serve",
         "--listen=127.0.0.1:0",
-        "--admin-listen=off",
+        "--admin-listen=" + ("off" if capacity is not None else "127.0.0.1:0"),
         "--log-level=info",  # the "listening on" line is at info
-        f"--capacity={capacity}",
+        *([f"--load-interval={load_interval}"] if capacity is None else [f"--capacity={capacity}"]),
         *(f"--upstream={upstream}" for upstream in upstreams),
     ]
     process = await trio.lowlevel.open_process(
@@ -78,21 +104,41 @@ async def start_proxy(
     assert process.stderr is not None
     stderr = process.stderr
     buffer = b""
+    lines = [b"listening on http://"] + ([b"admin on http://"] if capacity is None else [])
     with trio.fail_after(20):
-        while b"listening on http://" not in buffer:
+        while not all(b"\n" in buffer.partition(line)[2] for line in lines):
             chunk = await stderr.receive_some(65536)
             if not chunk:
                 raise RuntimeError(f"the proxy exited: {buffer.decode(errors='replace')}")
             buffer += chunk
-    line = buffer.split(b"listening on http://", 1)[1].split(b"\n", 1)[0].decode()
-    host, _, port = line.strip().rpartition(":")
+    client, *admin = (address_after(buffer, line) for line in lines)
 
     async def drain_stderr() -> None:  # a full pipe would block the proxy's logging
         while await stderr.receive_some(65536):
             pass
 
     nursery.start_soon(drain_stderr)
-    return process, (host, int(port))
+    return process, client, admin[0] if admin else None
+
+
+def address_after(log: bytes, line: bytes) -> tuple[str, int]:
+    """The ``host:port`` that follows ``line`` in the proxy's log."""
+    text = log.split(line, 1)[1].split(b"\n", 1)[0].decode()
+    host, _, port = text.split()[0].rpartition(":")
+    return host, int(port)
+
+
+async def wait_auto_capacity(admin: tuple[str, int], nodes: int, slots: int) -> float:
+    """Until ``/status`` shows every node's capacity read from its engine; seconds it took."""
+    began = trio.current_time()
+    with trio.fail_after(30):
+        while True:
+            answer = await request_tcp(admin, "GET", "/status")
+            found = json.loads(answer.body)["nodes"] if answer and answer.status == 200 else []
+            known = [node for node in found if node["capacity"] == slots]
+            if len(known) == nodes:
+                return trio.current_time() - began
+            await trio.sleep(0.05)
 
 
 async def burst(address: tuple[str, int], requests: int) -> tuple[float, Counter[str], int]:
@@ -145,20 +191,27 @@ async def burst(address: tuple[str, int], requests: int) -> tuple[float, Counter
     return trio.current_time() - began, served, failures
 
 
-async def run(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
-    """Both runs, capacity = slots and capacity 0; results by capacity."""
+RUNS = ("slots", "auto", "0")
+
+
+async def run(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The runs of ``args.runs``; results by the ``--capacity`` each ran with."""
     service = args.service_ms / 1000
     names = [f"n{index}" for index in range(1, args.nodes + 1)]
-    results: dict[int, dict[str, Any]] = {}
-    for capacity in (args.slots, 0):
+    results: dict[str, dict[str, Any]] = {}
+    for label in args.runs:
+        capacity = {"slots": args.slots, "auto": None, "0": 0}[label]
+        make = llama_server if capacity is None else engine
         # Fresh engines per run: nothing left queued inside them from before.
-        nodes = {name: engine(args.slots, service) for name in names}
+        nodes = {name: make(args.slots, service) for name in names}
         async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
             upstreams = [await fleet.serve_tcp(name) for name in names]
-            process, address = await start_proxy(
-                nursery, [f"{u.name}={u.url}" for u in upstreams], capacity
+            process, address, admin = await start_proxy(
+                nursery, [f"{u.name}={u.url}" for u in upstreams], capacity, args.load_interval
             )
             try:
+                if admin is not None:
+                    await wait_auto_capacity(admin, args.nodes, args.slots)
                 cpu_before = cpu_seconds(process.pid)
                 makespan, served, failures = await burst(address, args.requests)
                 cpu = cpu_seconds(process.pid) - cpu_before
@@ -167,7 +220,7 @@ async def run(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
                 with trio.CancelScope(shield=True):
                     await process.wait()
             nursery.cancel_scope.cancel()
-        results[capacity] = {
+        results["auto" if capacity is None else str(capacity)] = {
             "makespan": makespan,
             "served": served,
             "failures": failures,
@@ -187,7 +240,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def report(args: argparse.Namespace, results: dict[int, dict[str, Any]]) -> list[str]:
+def report(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> list[str]:
     """The lines to print."""
     ideal = args.requests * (args.service_ms / 1000) / (args.nodes * args.slots)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -200,14 +253,21 @@ def report(args: argparse.Namespace, results: dict[int, dict[str, Any]]) -> list
         ratio = result["makespan"] / ideal
         spread = " ".join(f"{node}={count}" for node, count in sorted(result["served"].items()))
         verdict = ""
-        if capacity:
+        if capacity != "0":
             verdict = f"  (goal <= {GOAL:.2f}x: {'met' if ratio <= GOAL else 'missed'})"
         lines.append(
-            f"  --capacity {capacity:<3} makespan {result['makespan']:.3f} s  "
+            f"  --capacity {capacity:<4} makespan {result['makespan']:.3f} s  "
             f"{ratio:.2f}x ideal  proxy CPU {result['cpu'] * 1e6 / args.requests:.0f} us/req  "
             f"served {spread}  failed {result['failures']}{verdict}"
         )
     return lines
+
+
+def runs(value: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in value.split(",") if part.strip())
+    if not chosen or any(part not in RUNS for part in chosen):
+        raise argparse.ArgumentTypeError(f"{value!r}: a comma-separated list of {', '.join(RUNS)}")
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,6 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4, help="per node, and the proxy's capacity")
     parser.add_argument("--service-ms", type=float, default=100.0)
+    parser.add_argument(
+        "--runs",
+        type=runs,
+        default=RUNS,
+        help="which runs, comma-separated: slots (--capacity = --slots), auto (no --capacity, "
+        "fake llama-servers), 0 (no limit); default all three",
+    )
+    parser.add_argument(
+        "--load-interval",
+        default="250ms",
+        help="the run auto's --load-interval: short, so that readings land within the burst, "
+        "each showing every slot busy (the proxy's default is 2s)",
+    )
     args = parser.parse_args(argv)
     results = trio.run(run, args)
     for line in report(args, results):

@@ -176,6 +176,41 @@ def test_without_signals_the_ledger_counts_as_before() -> None:
 
 
 @pytest.mark.parametrize(
+    ("at_reading", "busy", "now", "engine_busy", "full"),
+    [
+        (2, 2, 1, 1, False),  # this proxy freed one: free at once, not at the next read
+        (3, 3, 2, 2, False),
+        (0, 3, 0, 3, True),  # three of other clients stay until the engine says otherwise
+        (1, 2, 0, 1, False),  # one of the proxy's, one of another client's
+        (1, 2, 2, 3, True),  # the other client's one plus this proxy's two now
+        (2, 0, 2, 2, False),  # the engine had not started ours yet: never below our count
+        (0, 1, 2, 3, True),  # taken since the reading: added to the other client's
+    ],
+)
+def test_a_reading_moves_with_this_proxys_own_takes_and_releases(
+    at_reading: int, busy: int, now: int, engine_busy: int, full: bool
+) -> None:
+    signals: dict[str, Signals] = {}
+    book = ledger(signals, capacity=3)
+    held = [book.take("a") for _ in range(at_reading)]
+    signals["a"] = Signals(busy=busy)  # read with ``at_reading`` of ours in flight
+    book.note_reading("a")
+    while len(held) > now:
+        book.release(held.pop())
+    while len(held) < now:
+        held.append(book.take("a"))
+    assert (book.engine_busy("a"), book.is_full("a")) == (engine_busy, full)
+    assert book.load("a") == engine_busy / 3
+
+
+def test_without_an_anchor_the_reading_is_max_of_both_counts() -> None:
+    book = ledger({"a": Signals(busy=2, waiting=1)}, capacity=4)
+    book.take("a")
+    assert (book.engine_busy("a"), book.load("a")) == (2, 0.75)
+    assert book.engine_busy("b") is None
+
+
+@pytest.mark.parametrize(
     ("signals", "expected"),
     [
         ({}, "a"),  # ties in resolved order

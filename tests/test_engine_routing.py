@@ -90,6 +90,28 @@ async def test_capacity_auto_from_props_puts_two_streams_on_each_engine(
     assert [len(e.served) for e in engines.values()] == [2, 2]
 
 
+async def test_a_slot_freed_after_a_reading_that_showed_the_engine_full_is_used_at_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A burst: each reading during it shows every slot busy, with this proxy's own work.
+
+    Were the reading the last word until the next one, each freed slot
+    would idle until then (a load interval, 2 s): the burst takes longer
+    than its rounds of service. Moved by the proxy's own releases, the
+    next waiter takes the slot as it frees.
+    """
+    engines = {name: FakeLlamaServer(slots=2, tokens=3, token_delay=1.0) for name in "ab"}
+    async with Fleet({name: FakeNode(e) for name, e in engines.items()}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:  # no --capacity: auto, 2 each
+                started = trio.current_time()
+                responses = await together(proxy, [stream_of("tiny")] * 12)
+                took = trio.current_time() - started
+    assert all(r.status == 200 for r in responses)
+    assert sorted(node_of(r) or "" for r in responses) == ["a"] * 6 + ["b"] * 6
+    assert took == 9.0  # three rounds of 3 s on four slots, not a second lost between them
+
+
 async def test_a_configured_capacity_wins_over_the_engines(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -77,7 +77,10 @@ DETECTION_PATHS: tuple[tuple[EngineKind, str], ...] = (
 
 # The reads of each engine's signals, every --load-interval (SPEC 5c's table).
 SIGNAL_PATHS: Mapping[EngineKind, tuple[str, ...]] = {
-    EngineKind.LLAMA_SERVER: ("/slots", "/props"),
+    # /slots last: the proxy anchors the reading to its own count when the
+    # read ends (SlotLedger.note_reading), the closer to the engine's answer
+    # the better.
+    EngineKind.LLAMA_SERVER: ("/props", "/slots"),
     EngineKind.VLLM: ("/metrics",),
     EngineKind.OLLAMA: ("/api/ps",),
     EngineKind.LMSTUDIO: ("/api/v0/models",),

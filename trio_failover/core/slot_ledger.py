@@ -87,6 +87,12 @@ class SlotLedger:
     by default, every answer is the proxy's own count alone, at no extra
     cost. Every name passed in must be one of ``capacities`` (``KeyError``
     otherwise).
+
+    A reading is a snapshot: the engine's busy count includes this proxy's
+    own attempts of that moment. The owner calls ``note_reading`` when it
+    stores a fresh one, and from then on the engine's count is moved by
+    this proxy's own takes and releases (``engine_busy``), so a slot this
+    proxy frees is free at once, not one load interval later.
     """
 
     def __init__(
@@ -107,6 +113,27 @@ class SlotLedger:
         # Nodes a reload removed: full for good, kept while their running
         # attempts release their slots (their counts stay exact).
         self._retired: set[str] = set()
+        # node -> this proxy's in-flight count when its reading was taken.
+        self._at_reading: dict[str, int] = {}
+
+    def note_reading(self, node: str) -> None:
+        """``node``'s reading in ``signals`` was just taken: anchor it to the count now."""
+        self._at_reading[node] = self._in_flight[node]
+
+    def engine_busy(self, node: str) -> int | None:
+        """The engine's busy count now, by its last reading; None = it says none.
+
+        The reading's work of others, ``max(busy - in_flight_then, 0)``,
+        plus this proxy's attempts now. At the moment of the reading that
+        is ``max(in_flight, busy)`` (SPEC 5c); without ``note_reading`` it
+        stays exactly that.
+        """
+        reading = self.signals.get(node) if self.signals else None
+        if reading is None or reading.busy is None:
+            return None
+        in_flight = self._in_flight[node]
+        others = reading.busy - self._at_reading.get(node, in_flight)
+        return in_flight + others if others > 0 else in_flight
 
     def set_capacity(self, node: str, capacity: int) -> bool:
         """Change one node's capacity (capacity ``auto`` resolved anew); True if it changed.
@@ -156,7 +183,8 @@ class SlotLedger:
         """Whether ``node`` is at its capacity; never true with capacity 0.
 
         Full by this proxy's count, or by the engine's own busy count where
-        ``signals`` has one (``engines.is_full``).
+        ``signals`` has one (``engine_busy``: as read, moved by this proxy's
+        takes and releases since).
         """
         capacity = self._capacity[node]
         if capacity > 0 and self._in_flight[node] >= capacity:
@@ -165,26 +193,26 @@ class SlotLedger:
             return True
         if capacity <= 0:
             return False
-        signals = self.signals
-        if not signals:  # no engine signal anywhere: the proxy's count alone
+        if not self.signals:  # no engine signal anywhere: the proxy's count alone
             return False
-        reading = signals.get(node)
-        return reading is not None and reading.busy is not None and reading.busy >= capacity
+        busy = self.engine_busy(node)
+        return busy is not None and busy >= capacity
 
     def load(self, node: str) -> float:
         """What ``least-loaded`` minimises (``engines.load_key``).
 
         ``in_flight / max(capacity, 1)`` without a signal; with one,
-        ``(max(in_flight, busy) + waiting) / max(capacity, 1)``. Float
-        division is exact enough for ties: two equal ratios of small ints
-        round to the same float, so "ties in resolved order" holds.
+        ``(max(in_flight, busy) + waiting) / max(capacity, 1)``, ``busy``
+        moved as in ``engine_busy``. Float division is exact enough for
+        ties: two equal ratios of small ints round to the same float, so
+        "ties in resolved order" holds.
         """
         reading = self.signals.get(node) if self.signals else None
         if reading is None:
             return self._in_flight[node] / max(self._capacity[node], 1)
-        busy = reading.busy or 0
-        waiting = reading.waiting or 0
-        return (max(self._in_flight[node], busy) + waiting) / max(self._capacity[node], 1)
+        busy = self.engine_busy(node)
+        in_flight = self._in_flight[node] if busy is None else busy
+        return (in_flight + (reading.waiting or 0)) / max(self._capacity[node], 1)
 
     def take(self, node: str) -> Slot:
         """Hold one slot at ``node``.

@@ -7,6 +7,9 @@ things current for the slot decisions:
 - ``signals``: node -> fresh ``Signals``, the very mapping the slot ledger
   reads (``SlotLedger.signals``): full by either count, ``least-loaded``'s
   key. A reading that went stale leaves it at the next read of its node.
+  Each good read is anchored in the ledger (``SlotLedger.note_reading``),
+  which then moves the engine's count by this proxy's own takes and
+  releases until the next one.
 - the capacity of every ``auto`` node in the ledger
   (``engine_state.auto_capacity``: llama-server's ``total_slots``, else 0).
 
@@ -79,6 +82,11 @@ class EngineHolder:
         state = self.states[node] = next_state(self.states[node], signal)
         current = state.current(trio.current_time(), self.max_age)
         changed = self._set_signals(node, current)
+        if state.read_at == signal.at and node in self.signals:
+            # A good read: the engine's count is of now, this proxy's
+            # attempts of now among it (a failed read keeps the old anchor).
+            self.queue.scheduler.ledger.note_reading(node)
+            changed = True
         if node in self._auto:
             changed |= self.queue.scheduler.ledger.set_capacity(node, auto_capacity(current))
         if changed:
