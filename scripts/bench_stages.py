@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_stages.py proxy 500     # or: relay 500
     .venv/bin/python scripts/bench_stages.py relay 1000 --scenario burst
+    .venv/bin/python scripts/bench_stages.py proxy 500 --steps   # where each pass's CPU went
 
 Runs ``bench_churn.py``'s churn (or burst) scenario against one system run
 *in this script's child process* with its functions wrapped to stamp each
@@ -25,6 +26,14 @@ instrument) begun meanwhile, which do not depend on how busy the host is:
   client_first (the client read the first event);
 - relay: connected -> accepted -> task -> connected (its node connection,
   opened first) -> read -> request -> nodehead -> first -> client_first.
+
+With ``--steps``, an instrument also takes each task step's CPU time and
+sums it per pass by kind (a connection's steps before its first byte, its
+relay steps after it, other tasks, the garbage collector), for all passes
+and the longest ones, and the report adds the accept loop's batch sizes
+and every collection of the collector (its CPU time and what it freed).
+The proxy is served as ``run_server`` serves it (``tune_collector`` where
+the package has it); set ``PYTHONPATH`` to another checkout to measure it.
 """
 
 from __future__ import annotations
@@ -76,9 +85,11 @@ class PassClock:
         PASSES.append(time.monotonic_ns())
 
 
-# Per pass of the run loop (with --steps): its start, end, and the ns its
-# task steps took, by kind: a connection's steps before its first write to
-# the client ("new"), after it ("relay"), other tasks', and the collector's.
+# Per pass of the run loop (with --steps): its start and end (wall clock),
+# and the CPU ns its task steps took, by kind: a connection's steps before
+# its first write to the client ("new"), after it ("relay"), other tasks',
+# and the collector's (within the steps); the steps of each kind; the tasks
+# spawned.
 STEPS: list[list[int]] = []
 BATCHES: list[tuple[int, int]] = []  # (when, connections) of each turn of the accept loop
 # (when, generation, ns, CPU ns, objects freed) of each collection
@@ -106,10 +117,10 @@ class StepClock:
         self.current[8] += 1
 
     def before_task_step(self, task: Any) -> None:
-        self.began = time.monotonic_ns()
+        self.began = time.thread_time_ns()
 
     def after_task_step(self, task: Any) -> None:
-        spent = time.monotonic_ns() - self.began
+        spent = time.thread_time_ns() - self.began  # CPU: what a busy host does not inflate
         stamps = task.context.get(CURRENT, None)
         if stamps is None:
             self.current[4] += spent
@@ -127,8 +138,8 @@ class StepClock:
             self.gc_began, self.gc_cpu = time.monotonic_ns(), time.thread_time_ns()
         else:
             spent = time.monotonic_ns() - self.gc_began
-            self.current[5] += spent
             cpu = time.thread_time_ns() - self.gc_cpu
+            self.current[5] += cpu
             COLLECTIONS.append((self.gc_began, info["generation"], spent, cpu, info["collected"]))
 
 
@@ -415,7 +426,10 @@ def report_steps(steps: list[list[int]]) -> None:
         ]
         return f"  {name:22s}" + "  ".join(f"{v:8.2f}" for v in mean)
 
-    print(f"  passes in the window: {len(steps)} over {span:.1f} s; mean per pass (ms; steps):")
+    print(
+        f"  passes in the window: {len(steps)} over {span:.1f} s; mean per pass "
+        "(pass: wall ms; kinds: CPU ms; steps):"
+    )
     print(f"  {'':22s}{header}")
     print(line("all passes", steps))
     for share in (0.5, 0.1, 0.01):
@@ -423,7 +437,7 @@ def report_steps(steps: list[list[int]]) -> None:
         print(line(f"longest {share:.0%}", top))
     totals = [sum(p[2 + i] for p in steps) / 1e9 / span for i in range(4)]
     print(
-        "  CPU share of the window: "
+        "  CPU of the window by kind, as a share of one core: "
         + ", ".join(f"{k} {t:.0%}" for k, t in zip(KINDS, totals, strict=False))
     )
 
