@@ -5,7 +5,7 @@ state, cancel scopes, events: about 180 per stream) live for seconds, so
 they survive the two young generations and reach the oldest one, and
 CPython then collects the oldest generation every tenth collection of the
 middle one: at 500 streams about every 4 s, each time walking every object
-of the process while nothing else runs (50 to 90 ms of CPU, measured with
+of the process while nothing else runs (45 to 90 ms of CPU, measured with
 ``scripts/bench_stages.py --steps``), which every running stream sees as a
 late chunk and every new one as a late first byte. Those collections freed
 next to nothing (26 objects in 9 s; the young ones none): the proxy's
