@@ -86,8 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--churn-baseline",
         metavar="DIR",
+        action="append",
+        default=[],
         help="also run the trio_failover package found in DIR (another checkout), "
-        "alternated with the others, as 'baseline'",
+        "alternated with the others, as 'baseline' (repeat: each as its directory's name)",
     )
     parser.add_argument(
         "--churn-scenarios",
@@ -201,6 +203,14 @@ def proxy_system(
         yield System(name, port, process.pid)
 
 
+def baselines(args: argparse.Namespace) -> dict[str, Path]:
+    """The other checkouts to run (``--churn-baseline``), by the name their rows carry."""
+    dirs = [Path(path).resolve() for path in args.churn_baseline]
+    if len(dirs) == 1:
+        return {"baseline": dirs[0]}
+    return {path.name[:14]: path for path in dirs}
+
+
 @contextlib.contextmanager
 def systems(
     args: argparse.Namespace, workdir: Path, upstream_port: int, top: int, proxy_args: list[str]
@@ -208,8 +218,7 @@ def systems(
     """The bare relay and trio-failover (and the baseline), in front of the upstream."""
     relay_command = [sys.executable, str(SCRIPTS / "bench.py"), "relay", str(upstream_port)]
     trees = {SYSTEMS[1]: ROOT}
-    if args.churn_baseline:
-        trees["baseline"] = Path(args.churn_baseline).resolve()
+    trees.update(baselines(args))
     with contextlib.ExitStack() as stack:
         relay = stack.enter_context(started(relay_command, stdout=subprocess.PIPE))
         assert relay.stdout is not None
@@ -405,8 +414,7 @@ def run_churn(
                         rows += group.values()
                         for name in names:
                             out(row_line(group[name], group[SYSTEMS[0]]))
-    baseline = goals(rows, "baseline") if args.churn_baseline else []
-    return goals(rows) + baseline
+    return goals(rows) + [goal for name in baselines(args) for goal in goals(rows, name)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_stages.py proxy 500     # or: relay 500
     .venv/bin/python scripts/bench_stages.py relay 1000 --scenario burst
+    .venv/bin/python scripts/bench_stages.py proxy 500 --steps   # where each pass's CPU went
 
 Runs ``bench_churn.py``'s churn (or burst) scenario against one system run
 *in this script's child process* with its functions wrapped to stamp each
@@ -25,6 +26,14 @@ instrument) begun meanwhile, which do not depend on how busy the host is:
   client_first (the client read the first event);
 - relay: connected -> accepted -> task -> connected (its node connection,
   opened first) -> read -> request -> nodehead -> first -> client_first.
+
+With ``--steps``, an instrument also takes each task step's CPU time and
+sums it per pass by kind (a connection's steps before its first byte, its
+relay steps after it, other tasks, the garbage collector), for all passes
+and the longest ones, and the report adds the accept loop's batch sizes
+and every collection of the collector (its CPU time and what it freed).
+The proxy is served as ``run_server`` serves it (``tune_collector`` where
+the package has it); set ``PYTHONPATH`` to another checkout to measure it.
 """
 
 from __future__ import annotations
@@ -76,13 +85,77 @@ class PassClock:
         PASSES.append(time.monotonic_ns())
 
 
+# Per pass of the run loop (with --steps): its start and end (wall clock),
+# and the CPU ns its task steps took, by kind: a connection's steps before
+# its first write to the client ("new"), after it ("relay"), other tasks',
+# and the collector's (within the steps); the steps of each kind; the tasks
+# spawned.
+STEPS: list[list[int]] = []
+BATCHES: list[tuple[int, int]] = []  # (when, connections) of each turn of the accept loop
+# (when, generation, ns, CPU ns, objects freed) of each collection
+COLLECTIONS: list[tuple[int, int, int, int, int]] = []
+KINDS = ("new", "relay", "other", "gc", "new_steps", "relay_steps", "spawned")
+
+
+class StepClock:
+    """A Trio instrument timing each task step, summed per pass by kind."""
+
+    def __init__(self) -> None:
+        self.current = [0] * (2 + len(KINDS))
+        self.began = 0
+        self.gc_began = 0
+        self.gc_cpu = 0
+
+    def after_io_wait(self, timeout: float) -> None:
+        self.current = [time.monotonic_ns(), 0] + [0] * len(KINDS)
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.current[1] = time.monotonic_ns()
+        STEPS.append(self.current)
+
+    def task_spawned(self, task: Any) -> None:
+        self.current[8] += 1
+
+    def before_task_step(self, task: Any) -> None:
+        self.began = time.thread_time_ns()
+
+    def after_task_step(self, task: Any) -> None:
+        spent = time.thread_time_ns() - self.began  # CPU: what a busy host does not inflate
+        stamps = task.context.get(CURRENT, None)
+        if stamps is None:
+            self.current[4] += spent
+        elif "first" in stamps and stamps.get("first_seen"):
+            self.current[3] += spent
+            self.current[7] += 1
+        else:
+            if "first" in stamps:
+                stamps["first_seen"] = 1
+            self.current[2] += spent
+            self.current[6] += 1
+
+    def collected(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.gc_began, self.gc_cpu = time.monotonic_ns(), time.thread_time_ns()
+        else:
+            spent = time.monotonic_ns() - self.gc_began
+            cpu = time.thread_time_ns() - self.gc_cpu
+            self.current[5] += cpu
+            COLLECTIONS.append((self.gc_began, info["generation"], spent, cpu, info["collected"]))
+
+
 def count_passes() -> None:
     """Start noting passes (from inside the run, once)."""
+    import gc
+
     import trio
 
     if not PASSES:
         PASSES.append(time.monotonic_ns())
         trio.lowlevel.add_instrument(PassClock())  # type: ignore[arg-type]
+        if os.environ.get("BENCH_STAGES_STEPS"):
+            clock = StepClock()
+            trio.lowlevel.add_instrument(clock)  # type: ignore[arg-type]
+            gc.callbacks.append(clock.collected)
 
 
 def mark(name: str) -> None:
@@ -157,10 +230,22 @@ def serve_proxy(port: int, upstream_port: int) -> None:
                 STAMPS[stream.socket.getpeername()[1]] = {"accepted": time.monotonic_ns()}
                 start(stream, token)
 
-            return int(pending(listener, limiter, stamped_start, most))
+            taken = int(pending(listener, limiter, stamped_start, most))
+            BATCHES.append((time.monotonic_ns(), taken + 1))  # with the awaited accept's
+            return taken
 
         server.accept_pending = stamped_pending
     receive, write_now, send = socket_io.receive, socket_io.write_now, socket_io.send
+    read_now = getattr(socket_io, "read_now", None)  # absent before the first read without a wait
+    if read_now is not None:
+
+        def stamped_read_now(stream: Any, size: int = socket_io.RECEIVE_SIZE) -> bytes | None:
+            data = read_now(stream, size)
+            if data and own(stream):
+                mark("read")
+            return data
+
+        socket_io.read_now = stamped_read_now
 
     async def stamped_receive(stream: Any, size: int = socket_io.RECEIVE_SIZE) -> bytes:
         data = await receive(stream, size)
@@ -210,6 +295,10 @@ def serve_proxy(port: int, upstream_port: int) -> None:
         admin_listen=None,
         max_connections=8192,
     )
+
+    tune = getattr(server, "tune_collector", None)  # as run_server does (absent before)
+    if tune is not None:
+        tune()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -286,6 +375,33 @@ def report(system: str, dumped: dict[str, Any], trace: Path) -> None:
                 f"max {quantile(values, 1.0):8.1f}   passes p50 {quantile(crossed, 0.5):4.0f}"
                 f"  p99 {quantile(crossed, 0.99):4.0f}"
             )
+    window_start = min((int(line.split()[1]) for line in trace.read_text().splitlines()), default=0)
+    report_steps([p for p in dumped.get("steps", []) if p[0] >= window_start])
+    batches = sorted(n for when, n in dumped.get("batches", []) if when >= window_start)
+    if batches:
+        print(
+            f"  accept loop turns in the window: {len(batches)}, connections per turn p50 "
+            f"{batches[len(batches) // 2]}, p99 {batches[int(len(batches) * 0.99)]}, "
+            f"max {batches[-1]}; over 16: {sum(n > 16 for n in batches)}"
+        )
+    collections = dumped.get("gc", [])
+    if collections:
+        whole = (collections[-1][0] - collections[0][0]) / 1e9
+        objects = stamps.get("1", {})
+        print(
+            f"  collections over the run ({whole:.1f} s; at the end {objects.get('objects')} "
+            f"objects, {objects.get('gen2')} in the oldest generation):"
+        )
+    for generation in range(3):
+        spans = [c[2] for c in collections if c[1] == generation]
+        cpu = [c[3] for c in collections if c[1] == generation]
+        if spans:
+            print(
+                f"    generation {generation}: {len(spans)}, p50 {quantile(spans, 0.5):.2f} ms, "
+                f"max {quantile(spans, 1.0):.2f} ms; CPU p50 {quantile(cpu, 0.5):.2f} ms, "
+                f"max {quantile(cpu, 1.0):.2f} ms, total {sum(cpu) / 1e6:.0f} ms; objects freed "
+                f"{sum(c[4] for c in collections if c[1] == generation)}"
+            )
     gaps = [later - earlier for earlier, later in itertools.pairwise(passes[1:])]
     if gaps:
         print(
@@ -294,11 +410,57 @@ def report(system: str, dumped: dict[str, Any], trace: Path) -> None:
         )
 
 
+def report_steps(steps: list[list[int]]) -> None:
+    """Where the passes' time went (with --steps): by kind, overall and in the longest."""
+    if not steps:
+        return
+    durations = sorted(steps, key=lambda p: p[1] - p[0])
+    span = (steps[-1][1] - steps[0][0]) / 1e9
+    header = "  ".join(f"{k:>8s}" for k in ("pass ms", *KINDS))
+
+    def line(name: str, chosen: list[list[int]]) -> str:
+        count = max(len(chosen), 1)
+        mean = [sum(p[1] - p[0] for p in chosen) / count / 1e6]
+        mean += [
+            sum(p[2 + i] for p in chosen) / count / (1e6 if i < 4 else 1) for i in range(len(KINDS))
+        ]
+        return f"  {name:22s}" + "  ".join(f"{v:8.2f}" for v in mean)
+
+    print(
+        f"  passes in the window: {len(steps)} over {span:.1f} s; mean per pass "
+        "(pass: wall ms; kinds: CPU ms; steps):"
+    )
+    print(f"  {'':22s}{header}")
+    print(line("all passes", steps))
+    for share in (0.5, 0.1, 0.01):
+        top = durations[int(len(durations) * (1 - share)) :]
+        print(line(f"longest {share:.0%}", top))
+    totals = [sum(p[2 + i] for p in steps) / 1e9 / span for i in range(4)]
+    print(
+        "  CPU of the window by kind, as a share of one core: "
+        + ", ".join(f"{k} {t:.0%}" for k, t in zip(KINDS, totals, strict=False))
+    )
+
+
 def dump_on_term(path: str) -> None:
+    import gc
+
     def dump(*_: object) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         STAMPS[0] = {"cpu_us": int((usage.ru_utime + usage.ru_stime) * 1e6)}
-        Path(path).write_text(json.dumps({"stamps": STAMPS, "passes": PASSES}))
+        STAMPS[1] = {"objects": len(gc.get_objects()), "gen2": len(gc.get_objects(2))}
+
+        Path(path).write_text(
+            json.dumps(
+                {
+                    "stamps": STAMPS,
+                    "passes": PASSES,
+                    "steps": STEPS,
+                    "gc": COLLECTIONS,
+                    "batches": BATCHES,
+                }
+            )
+        )
         os._exit(0)
 
     signal.signal(signal.SIGTERM, dump)
@@ -310,6 +472,9 @@ def main() -> int:
     parser.add_argument("streams", type=int)
     parser.add_argument("--scenario", choices=["churn", "burst"], default="churn")
     parser.add_argument("--chunks", type=int, default=40)
+    parser.add_argument(
+        "--steps", action="store_true", help="also time every task step, per pass, by kind"
+    )
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -333,7 +498,8 @@ def main() -> int:
             *(sys.executable, __file__, f"serve-{args.system}", "0"),
             *("--upstream-port", str(upstream_port), "--out", str(stamps_path)),
         ]
-        with bench_churn.started(command, stdout=subprocess.PIPE) as system:
+        served_env = {**os.environ, "BENCH_STAGES_STEPS": "1" if args.steps else ""}
+        with bench_churn.started(command, stdout=subprocess.PIPE, env=served_env) as system:
             assert system.stdout is not None
             port = int(system.stdout.readline())
             clients = [
@@ -357,6 +523,7 @@ def main() -> int:
             system.send_signal(signal.SIGTERM)
             system.wait(30)
         report(args.system, json.loads(stamps_path.read_text()), trace)
+
     return 0
 
 

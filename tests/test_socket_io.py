@@ -171,3 +171,33 @@ async def test_without_posix_sockets_trio_serves(
     ours, peer = pair
     await socket_io.send(ours, b"ping")
     assert await socket_io.receive(peer) == b"ping"
+
+
+async def test_read_now_takes_what_has_arrived_without_waiting(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    assert socket_io.read_now(ours) is None  # nothing yet: no wait, no bytes
+    await peer.send_all(b"GET / HTTP/1.1\r\n\r\n")
+    assert socket_io.read_now(ours) == b"GET / HTTP/1.1\r\n\r\n"  # a plain call: no checkpoint
+    await peer.send_eof()
+    assert socket_io.read_now(ours) == b""
+    assert await socket_io.receive(ours) == b""  # the EOF is still there to be met
+
+
+async def test_read_now_of_a_reset_is_a_broken_resource(
+    pair: tuple[trio.SocketStream, trio.SocketStream],
+) -> None:
+    ours, peer = pair
+    reset_on_close(peer)
+    await peer.aclose()
+    with pytest.raises(trio.BrokenResourceError) as caught:
+        socket_io.read_now(ours)
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+
+
+async def test_read_now_reads_nothing_of_other_streams() -> None:
+    ours, peer = trio.testing.memory_stream_pair()
+    await ours.send_all(b"in memory")
+    assert socket_io.read_now(peer) is None
+    assert await socket_io.receive(peer) == b"in memory"

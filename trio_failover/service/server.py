@@ -32,6 +32,7 @@ from ..wire import sockopts
 from ..wire.upstream import Connector
 from .accept import ACCEPT_BATCH, accept_pending
 from .admin import serve_admin
+from .collector import tune_collector
 from .history import History
 from .listener_setup import (  # re-exported: the names embedders and tests use
     is_loopback as is_loopback,
@@ -318,6 +319,7 @@ def run_server(
     # This process is ours: log records need not look up what no line of
     # ours prints (the process id is a system call per record).
     logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False
+    tune_collector()  # nor need its collector walk every object every few seconds (issue 33)
     # Trio hands errors out of nurseries as exception groups: a settings file
     # that cannot be loaded (exit 2, one line, as for any bad value) or a port
     # that is taken (exit 1) arrive wrapped.

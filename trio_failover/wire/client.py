@@ -114,6 +114,7 @@ class ClientConnection:
         """Serve requests with ``handler`` until the connection ends; closes the stream."""
         try:
             async with trio.open_nursery() as nursery:
+                self._reader.receive_ready()
                 nursery.start_soon(self.run_reader)
                 await self._serve_requests(handler)
                 nursery.cancel_scope.cancel()

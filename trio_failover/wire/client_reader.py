@@ -48,10 +48,32 @@ class ClientReader:
         self._arrived = trio.Event()
         self._room = trio.Event()
         self._watcher: trio.Event | None = None
+        self._failed: trio.BrokenResourceError | None = None  # by ``receive_ready``
+
+    def receive_ready(self) -> None:
+        """Take the bytes the kernel already holds, without waiting; before ``run`` starts.
+
+        Not a checkpoint. A new connection's request has nearly always
+        arrived by the time its task runs; taken here, the request loop
+        starts on it in the same step, where waiting for ``run`` would cost
+        three passes of the scheduler (the reader task's start, its wait for
+        readability, the wake-up), each of them milliseconds under load
+        (issue 33). A plain socket stream only; an EOF is left for ``run``
+        to meet (it is read again), an error is raised by ``run``.
+        """
+        try:
+            data = socket_io.read_now(self._stream, RECEIVE_SIZE)
+        except trio.BrokenResourceError as exc:
+            self._failed = exc
+            return
+        if data:
+            self.pending += data
 
     async def run(self) -> None:
         """Receive client bytes until EOF or error; run in the connection's nursery."""
         try:
+            if self._failed is not None:
+                raise self._failed
             while True:
                 while len(self.pending) >= self._limit:
                     self._room = trio.Event()

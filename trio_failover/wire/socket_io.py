@@ -7,12 +7,15 @@ scheduler after every complete write. In the relay of a stream both happen
 once per chunk, and each costs about as much as the useful work. So on a
 plain ``trio.SocketStream`` these functions wait for readability first and
 then read once, and write at once without a yield when the kernel takes the
-whole buffer. Any other stream (TLS, in-memory streams in tests, the admin
-side) goes through Trio's own methods unchanged.
+whole buffer. A new client connection is the other way round: its
+request has nearly always arrived by the time its task runs, so
+``read_now`` reads it without waiting. Any other stream (TLS, in-memory
+streams in tests, the admin side) goes through Trio's own methods
+unchanged.
 
 Checkpoints: ``receive`` always is one (it waits). ``send`` is one only
 when the write did not go through at once; the relay loop's next
-``receive`` is its checkpoint.
+``receive`` is its checkpoint. ``read_now`` and ``write_now`` never are.
 """
 
 from __future__ import annotations
@@ -60,6 +63,27 @@ async def receive(stream: trio.abc.ReceiveStream, size: int = RECEIVE_SIZE) -> b
         return os.read(fd, size)
     except BlockingIOError:  # woken, yet nothing to read: Trio's way from here
         return bytes(await stream.receive_some(size))
+    except OSError as exc:
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
+def read_now(stream: trio.abc.ReceiveStream, size: int = RECEIVE_SIZE) -> bytes | None:
+    """What the kernel already holds of ``stream``'s input, without waiting.
+
+    Not a checkpoint. b"" at EOF; None when nothing has arrived, or when
+    ``stream`` is not a plain, open socket stream (nothing was read).
+
+    Raises:
+        trio.BrokenResourceError: the read failed (reset, dead peer), with
+            the ``OSError`` as its cause, as ``receive_some`` raises it.
+    """
+    fd = _plain_fd(stream)
+    if fd < 0:
+        return None
+    try:
+        return os.read(fd, size)
+    except BlockingIOError:
+        return None
     except OSError as exc:
         raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
