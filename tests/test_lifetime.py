@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import h11
 import pytest
 import trio
 import trio.testing
@@ -15,6 +16,8 @@ from trio_failover import Config, Proxy
 from trio_failover.testing import (
     FakeNode,
     Fleet,
+    _exchange_in_memory,
+    _request_events,
     healthy,
     openai,
     request,
@@ -109,14 +112,41 @@ async def test_nursery_start_gives_the_running_proxy_until_cancelled(
         assert proxy.pool.idle_count("a") == 0
 
 
-async def test_a_proxy_that_does_not_run_refuses_to_serve() -> None:
-    proxy = Proxy(Config(upstreams=[trio_failover.Upstream("a", "http://127.0.0.1:9")]))
-    near, far = trio.testing.memory_stream_pair()
-    with pytest.raises(RuntimeError, match="does not run"):
-        await proxy.handle_connection(far)
-    assert await near.receive_some(10) == b""  # its stream is closed all the same
-    with pytest.raises(RuntimeError, match="no fleet"):
-        await request(proxy, body=b"{}")
+async def test_a_proxy_nobody_runs_serves_with_its_tasks_lent_while_connections_last(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """SPEC 7: ``Proxy(config, connector=...)`` serves a stream handed to it, tasks and all."""
+    behave = {"a": FakeNode(stream_then_silence(chunks=1, silence=1000.0))}
+    async with Fleet(behave) as fleet:
+        proxy = Proxy(config_for(fleet, stream_idle_timeout=30.0), connector=fleet.connector)
+        served = functools.partial(_exchange_in_memory, proxy.handle_connection)
+        ended: dict[str, float] = {}
+
+        async def one(name: str, events: list[h11.Event]) -> None:
+            await served(events, None)
+            ended[name] = trio.current_time()
+
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    one,
+                    "first",
+                    _request_events("POST", "/v1/chat/completions", b"t", [], STREAMED),
+                )
+                await trio.sleep(10.0)
+                assert proxy.running  # lent to the first connection
+                nursery.start_soon(
+                    one,
+                    "second",
+                    _request_events("POST", "/v1/chat/completions", b"t", [], STREAMED),
+                )
+    # The silence watch ran (each stream cut at its idle timeout, 30 s
+    # after it began), also for the second stream after the first one had
+    # ended; the first connection's task ran the tasks until then.
+    assert [work["duration_ms"] for work in proxy.recent] == [30000.0, 30000.0]
+    assert ended == {"first": 40.0, "second": 40.0}
+    assert not proxy.running
+    assert proxy.pool.idle_count("a") == 0
 
 
 async def test_an_error_in_the_block_leaves_it_unwrapped(autojump_clock: trio.abc.Clock) -> None:

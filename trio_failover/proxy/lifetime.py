@@ -5,10 +5,19 @@
 What the tasks are is the proxy's (``Proxy._start_own_tasks``); this
 module only keeps the one rule about them: a proxy serves only while they
 run, and whatever ends them, its pooled connections close.
+
+A proxy nobody runs still serves a connection handed to it (SPEC 7:
+``Proxy(config, connector=...)`` serves any stream): ``lent`` runs its
+tasks, without discovery, in the task of the first such connection, for as
+long as any connection so served lasts (the first one's task waits for the
+others before it stops them).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -28,6 +37,8 @@ class OwnTasks:
     _running: bool = False
     _lifetime: trio.Nursery | None = None  # ``async with``'s nursery
     _lifetime_manager: Any = None
+    _lent_to = 0  # connections served while ``lent`` runs the tasks
+    _lent_over: trio.Event | None = None  # set when the last of them ended
 
     @property
     def running(self) -> bool:
@@ -102,3 +113,38 @@ class OwnTasks:
         # tasks only; a failure of theirs still comes out) is told of none.
         await manager.__aexit__(None, None, None)
         return False
+
+    @asynccontextmanager
+    async def lent(self) -> AsyncIterator[None]:
+        """Serve one connection of a proxy nobody runs: its tasks run meanwhile.
+
+        The first connection runs them (``run`` without discovery: as a
+        bare proxy has always served, checking nothing of its own accord);
+        later ones share them; the first one's block ends only after the
+        last one's did, then the tasks stop and the pool closes.
+        """
+        if self._lent_over is not None:  # tasks lent already: share them
+            self._lent_to += 1
+            try:
+                yield
+            finally:
+                self._lent_to -= 1
+                if not self._lent_to:
+                    self._lent_over.set()
+            return
+        over = self._lent_over = trio.Event()
+        self._lent_to = 1
+        manager = trio.open_nursery()
+        nursery = await manager.__aenter__()
+        try:
+            await nursery.start(functools.partial(self.run, discovery=False))
+            try:
+                yield
+            finally:
+                self._lent_to -= 1
+                if self._lent_to:
+                    await over.wait()
+        finally:
+            self._lent_over = None
+            nursery.cancel_scope.cancel()
+            await manager.__aexit__(None, None, None)

@@ -154,13 +154,18 @@ class Proxy(OwnTasks):
     ) -> None:
         """Serve one client connection until it closes; closes ``stream``.
 
-        Raises RuntimeError when its own tasks do not run (see ``run``).
+        On a proxy that does not run (``run``, ``async with``), its tasks
+        run while the connection lasts (``lifetime.OwnTasks.lent``).
         """
-        if not self._running:
-            await trio.aclose_forcefully(stream)
-            raise RuntimeError(
-                "the Proxy does not run: use 'async with Proxy(...)' or 'open_proxy(...)'"
-            )
+        if not self._running or self._lent_over is not None:
+            async with self.lent():
+                await self._serve(stream, client_address, scheme)
+            return
+        await self._serve(stream, client_address, scheme)
+
+    async def _serve(
+        self, stream: trio.abc.Stream, client_address: str | None, scheme: str
+    ) -> None:
         config = self.config
         client = ClientConnection(
             stream,
