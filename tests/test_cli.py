@@ -255,11 +255,11 @@ BAD: list[tuple[str, list[str], dict[str, str], str | None, tuple[str, ...]]] = 
         ("--load-interval", "'2'"),
     ),
     (
-        "cold start of no time",
+        "cold start before it began",
         NODE,
-        {"TRIO_FAILOVER_COLD_START_TIMEOUT": "0"},
+        {"TRIO_FAILOVER_COLD_START_TIMEOUT": "-5m"},
         None,
-        ("TRIO_FAILOVER_COLD_START_TIMEOUT", "'0'", "greater than zero"),
+        ("TRIO_FAILOVER_COLD_START_TIMEOUT", "'-5m'"),
     ),
     (
         "empty client key",

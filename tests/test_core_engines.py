@@ -657,6 +657,10 @@ def test_the_cold_start_timeout_replaces_the_header_timeout_even_when_shorter() 
     assert head_timeout(False, response_header_timeout=30.0, cold_start_timeout=5.0) == 5.0
 
 
+def test_a_cold_start_timeout_of_0_is_off() -> None:
+    assert head_timeout(False, response_header_timeout=30.0, cold_start_timeout=0.0) == 30.0
+
+
 # -- per-model cooldowns ----------------------------------------------------------------
 
 SCOPES = [

@@ -141,10 +141,10 @@ def _only_mistake(flags: dict[str, Any], environ: dict[str, str], file: ConfigFi
         ),
         pytest.param(
             TWO,
-            {"TRIO_FAILOVER_COLD_START_TIMEOUT": "0"},
+            {"TRIO_FAILOVER_COLD_START_TIMEOUT": "-5m"},
             None,
-            ("TRIO_FAILOVER_COLD_START_TIMEOUT", "cold-start-timeout", "0"),
-            id="cold start zero",
+            ("TRIO_FAILOVER_COLD_START_TIMEOUT", "cold-start-timeout", "-5m"),
+            id="cold start negative",
         ),
         pytest.param(
             {},

@@ -398,5 +398,5 @@ class Config(StateSettings):
     # -- engines (SPEC 5c) --
     load_interval: float = attrs.field(default=2.0, validator=_non_negative)
     """Seconds between reads of the engines' signals; 0 = only with each check."""
-    cold_start_timeout: float = attrs.field(default=300.0, validator=_positive)
+    cold_start_timeout: float = attrs.field(default=300.0, validator=_non_negative)
     """The head deadline of an attempt at a node known not to hold the model loaded."""

@@ -328,9 +328,10 @@ def head_timeout(
 
     A cold load is work, not a stall: a node that must load the model gets
     the cold-start timeout *instead of* the header timeout (SPEC 5c's
-    words, so also when it is set shorter).
+    words, so also when it is set shorter). ``0`` turns it off: every
+    attempt gets the header timeout.
     """
-    if needs_cold_start(loaded):
+    if cold_start_timeout and needs_cold_start(loaded):
         return cold_start_timeout
     return response_header_timeout
 
