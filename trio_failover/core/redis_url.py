@@ -129,10 +129,9 @@ def parse_state(text: str) -> RedisAddress | None:
     value = text.strip()
     if value == MEMORY:
         return None
-    try:
-        return parse_redis_url(value)
-    except ValueError as exc:
-        raise ValueError(f"expected memory or {str(exc).removeprefix('expected ')}") from None
+    if "://" not in value:
+        raise ValueError(f"expected memory or {_EXPECTED}")
+    return parse_redis_url(value)  # its errors say what is wrong with the URL
 
 
 def masked_url(text: str) -> str:
