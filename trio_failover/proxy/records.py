@@ -1,12 +1,12 @@
-"""The records the proxy keeps of its work: ``Workload`` and ``NodeStats``.
+"""The record the proxy keeps of its work: ``Workload``.
 
 ``Workload`` is one client request across all its attempts, written by the
 workload shell (``workload.py``, ``attempts.py``, ``milestones.py``,
-``relay.py``) and read by ``Report``, ``StatusView`` and the traces;
-``NodeStats`` holds one node's counters for ``/status``. They live apart
-from ``report.py`` so that ``status.py``, one of the parts ``Report`` is
-built from, can name them without importing ``report.py`` back: the
-package has no import cycle (import-linter's ``acyclic_siblings`` contract).
+``relay.py``) and read by ``Report``, ``StatusView`` and the traces. It
+lives apart from ``report.py`` so that every one of them can name it
+without importing another back: the package has no import cycle
+(import-linter's ``acyclic_siblings`` contract). A node's state is the
+board's (``board.NodeState``).
 """
 
 from __future__ import annotations
@@ -15,23 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ..core.liveness import CheckRecord
 from ..core.outcome import AttemptRecord
 from ..core.workload import State, transition
 from ..wire.client import Closed
 
 if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
     from ..telemetry.tracing import WorkloadTrace
-
-
-@attrs.define
-class NodeStats:
-    """Counters of one node, as ``/status`` shows them (``in_flight``: the slot ledger)."""
-
-    served: int = 0
-    failed: int = 0
-    # The node's last finished check (liveness, SPEC 5.5; or discovery's).
-    last_check: CheckRecord | None = None
 
 
 @attrs.define
