@@ -107,6 +107,9 @@ class SlotLedger:
         # Nodes a reload removed: full for good, kept while their running
         # attempts release their slots (their counts stay exact).
         self._retired: set[str] = set()
+        # Nodes full across the replicas (SPEC 8): the shared state refused
+        # a slot there, until a freed one is announced. Empty without one.
+        self.elsewhere: set[str] = set()
 
     def set_capacity(self, node: str, capacity: int) -> bool:
         """Change one node's capacity (capacity ``auto`` resolved anew); True if it changed.
@@ -162,6 +165,8 @@ class SlotLedger:
         if capacity > 0 and self._in_flight[node] >= capacity:
             return True
         if self._retired and node in self._retired:
+            return True
+        if self.elsewhere and node in self.elsewhere:
             return True
         if capacity <= 0:
             return False
