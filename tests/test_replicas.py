@@ -225,7 +225,7 @@ async def test_status_state_with_memory_is_the_backend_alone() -> None:
     async with Fleet({"gpu-1": FakeNode(healthy())}) as fleet:
         proxy = Proxy(Config(upstreams=fleet.upstreams(), admin_listen=None), connector=None)
         assert proxy.fleet is None
-        assert proxy.status()["state"] == {"backend": "memory"}
+        assert proxy.status()["state"] == {"backend": "memory", "connected": True, "replicas": 1}
 
 
 async def leases_at(address: RedisAddress, node: str) -> int:

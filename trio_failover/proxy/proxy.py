@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Proxy", "open_proxy"]
 
+# ``/status``'s ``state`` with ``--state memory`` (SPEC 8): this process alone.
+MEMORY_STATE = {"backend": "memory", "connected": True, "replicas": 1}
+
 
 class Proxy(OwnTasks):
     """The failover proxy, independent of how client connections arrive.
@@ -240,7 +243,7 @@ class Proxy(OwnTasks):
         now = trio.current_time()
         for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
             node.update(self.engines.describe(node["name"], now))
-        document["state"] = {"backend": "memory"} if self.fleet is None else self.fleet.status()
+        document["state"] = dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()
         return document
 
 
