@@ -22,9 +22,12 @@ from conftest import RedisServer
 from test_redis_wire import SilentServer
 
 from trio_failover.core.config import Config
+from trio_failover.core.inventory import CheckVerdict, Health
 from trio_failover.core.lease_script import slots_key
+from trio_failover.core.liveness import CheckRecord
 from trio_failover.core.node_change import NodeChange
 from trio_failover.core.redis_url import RedisAddress
+from trio_failover.core.state_layout import RemoteRecord
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import (
     FakeNode,
@@ -326,3 +329,50 @@ async def test_a_redis_silent_from_the_start_is_bounded_too() -> None:
             assert a.status()["state"]["connected"] is False
             assert took < 3 * 0.25 + SLACK  # the join's connect, the take, the release
             nursery.cancel_scope.cancel()
+
+
+async def test_checks_and_inventories_are_shared_a_joiner_loads_them_and_nothing_echoes(
+    redis_server: RedisServer,
+) -> None:
+    with trio.fail_after(LIMIT):
+        nodes = {"gpu-1": FakeNode(healthy()), "gpu-2": FakeNode(healthy())}
+        async with Fleet(nodes) as fleet, replicas(fleet, redis_server.address) as (a, b):
+            assert a.fleet is not None
+            assert b.fleet is not None
+            heard: list[RemoteRecord] = []
+            told = trio.Event()
+            a_apply = a.fleet.state.on_record
+
+            def a_heard(record: RemoteRecord) -> None:
+                heard.append(record)
+                told.set()
+                a_apply(record)
+
+            a.fleet.state.on_record = a_heard
+            b_changed = trio.Event()
+            b.board.listen(lambda change: b_changed.set())
+            now = trio.current_time()
+            verdict = CheckVerdict(Health.UNCHANGED, None, True, ("m1", "m2"), None, "ok")
+            check = CheckRecord("health", True, 200, None, now)
+            a.board.check_finished("gpu-1", verdict, now, record=check)
+            a.board.demote("gpu-2", 60.0, "timeout", now)
+            await b_changed.wait()  # the cooldown, told after the check: in order
+            assert b.board.inventories.get("gpu-1") == ("m1", "m2")
+            cooldown = b.board.cooldown("gpu-2", trio.current_time())
+            assert cooldown is not None
+            assert cooldown.reason == "timeout"
+            last = b.board.nodes["gpu-1"].last_check
+            assert last is not None
+            assert (last.kind, last.ok, last.status) == ("health", True, 200)
+            # B told nothing back: its marker is the first record A hears from it.
+            assert await b.fleet.state.publish({"kind": "marker"}) is True
+            await told.wait()
+            assert [record.record["kind"] for record in heard] == ["marker"]
+
+            # A replica joining later loads it all from the snapshot.
+            async with replicas(fleet, redis_server.address, 1) as (c,):
+                assert c.board.inventories.get("gpu-1") == ("m1", "m2")
+                later = c.board.cooldown("gpu-2", trio.current_time())
+                assert later is not None
+                assert 55.0 < later.remaining(trio.current_time()) <= 60.0
+                assert c.board.nodes["gpu-1"].last_check is not None

@@ -44,6 +44,7 @@ __all__ = ["Fleet", "FleetBoard", "FleetSlots"]
 OUTBOX = 10_000  # records waiting to go out; more while Redis is slow are dropped
 REFUSED_RETRY_MOST = 5.0  # seconds a node counts as full elsewhere without news
 ALONE_RETRY = 1.0  # likewise, over this replica's share while Redis is away
+EXPIRED = "expired"  # the reason of the board's expiry changes
 
 
 class FleetBoard:
@@ -60,8 +61,12 @@ class FleetBoard:
     # -- out -----------------------------------------------------------------
 
     def changed(self, change: NodeChange) -> None:
-        """The board's listener: publish a change made here."""
-        if not self._remote:
+        """The board's listener: publish a change made here.
+
+        Not an expiry: every replica's ticker sees its cooldowns run out, and
+        a late "expired" could erase a cooldown another replica began since.
+        """
+        if not self._remote and change.reason != EXPIRED:
             self._queue(fleet_records.change_record(change), change.node)
 
     def checked(self, node: str, inventory_replaced: bool) -> None:
@@ -139,7 +144,12 @@ class FleetSlots:
             return ""
         lease = self.state.new_lease_id()
         frees = self._frees.get(node, 0)
-        taken = await self.state.take_slot(node, lease, capacity)
+        try:
+            taken = await self.state.take_slot(node, lease, capacity)
+        except BaseException:  # cancelled: the take may have happened in Redis
+            with trio.CancelScope(shield=True):
+                await self.state.release_slot(node, lease)
+            raise
         if taken is None:  # away, or no answer in time: this replica's share
             if self.ledger.in_flight(node) > self.state.share(capacity):
                 self._mark(node, ALONE_RETRY)
