@@ -9,6 +9,7 @@ event (a node's, a board's, a proxy's event stream), bounded by
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -376,3 +377,25 @@ async def test_checks_and_inventories_are_shared_a_joiner_loads_them_and_nothing
                 assert later is not None
                 assert 55.0 < later.remaining(trio.current_time()) <= 60.0
                 assert c.board.nodes["gpu-1"].last_check is not None
+
+
+async def test_a_held_slot_is_renewed_past_its_ttl_while_its_attempt_runs(
+    redis_server: RedisServer,
+) -> None:
+    gate, ttl = Gate(), 1.2
+    with trio.fail_after(LIMIT):
+        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
+            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
+            settings = {"upstreams": upstreams, "lease_ttl": ttl, "queue_timeout": 20.0}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(request, a, body=STREAM))
+                    await gate.wait_for(lambda: gate.now == 1)
+                    nursery.start_soon(functools.partial(request, b, body=STREAM))
+                    # Three TTLs: unrenewed, the lease would have lapsed twice over.
+                    await trio.sleep(3 * ttl)
+                    assert len(gate.started) == 1
+                    gate.let_go()
+                    await gate.wait_for(lambda: len(gate.started) == 2)
+                    gate.let_go()
+                assert gate.most == 1
