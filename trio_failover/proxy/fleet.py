@@ -147,7 +147,7 @@ class FleetSlots:
         try:
             taken = await self.state.take_slot(node, lease, capacity)
         except BaseException:  # cancelled: the take may have happened in Redis
-            with trio.CancelScope(shield=True):
+            with trio.move_on_after(2 * self.state.state_timeout, shield=True):
                 await self.state.release_slot(node, lease)
             raise
         if taken is None:  # away, or no answer in time: this replica's share
@@ -168,7 +168,7 @@ class FleetSlots:
         if not lease:
             return
         self.held.pop(lease, None)
-        with trio.CancelScope(shield=True):
+        with trio.move_on_after(2 * self.state.state_timeout, shield=True):
             await self.state.release_slot(node, lease)
         self.freed(node)  # while Redis is away nobody announces it
 
