@@ -106,6 +106,14 @@ def test_turning_discovery_on_needs_a_restart() -> None:
     )
 
 
+def test_the_shared_state_needs_a_restart() -> None:
+    joined = with_(state="redis://127.0.0.1:6379", lease_ttl=10.0)
+    assert [reason.partition(":")[0] for reason in diff_configs(BASE, joined).refused] == [
+        "state",
+        "lease_ttl",
+    ]
+
+
 def test_tls_files_count_only_with_tls_on() -> None:
     tls = with_(tls_cert="/c.pem", tls_key="/k.pem")
     assert diff_configs(tls, tls, tls_files_changed=True).changes() == [

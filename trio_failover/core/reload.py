@@ -46,6 +46,12 @@ NEEDS_RESTART: tuple[str, ...] = (
     "log_level",
     "max_connections",
     "watch_config",
+    # The shared state (SPEC 8) is joined once, with these.
+    "state",
+    "state_prefix",
+    "lease_ttl",
+    "state_timeout",
+    "workers",
 )
 # Compared node by node, or client by client, not as settings.
 _SETTINGS_SKIPPED = frozenset(

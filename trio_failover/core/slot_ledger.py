@@ -115,6 +115,9 @@ class SlotLedger:
         self._retired: set[str] = set()
         # node -> this proxy's in-flight count when its reading was taken.
         self._at_reading: dict[str, int] = {}
+        # Nodes full across the replicas (SPEC 8): the shared state refused
+        # a slot there, until a freed one is announced. Empty without one.
+        self.elsewhere: set[str] = set()
 
     def note_reading(self, node: str) -> None:
         """``node``'s reading in ``signals`` was just taken: anchor it to the count now."""
@@ -190,6 +193,8 @@ class SlotLedger:
         if capacity > 0 and self._in_flight[node] >= capacity:
             return True
         if self._retired and node in self._retired:
+            return True
+        if self.elsewhere and node in self.elsewhere:
             return True
         if capacity <= 0:
             return False

@@ -13,7 +13,7 @@ candidates comes from ``core/ranking.py``, the request a node gets from
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -54,12 +54,24 @@ class Plan:
 # What ``take_slot`` returns for a waiter a reload took out of the queue.
 MOVED = "moved"
 
+
+class FleetSlots(Protocol):
+    """The slot leases across replicas (``fleet.FleetSlots``; SPEC 8); None with ``memory``."""
+
+    async def take(self, node: str) -> str | None: ...  # None: full across the fleet
+
+    async def release(self, node: str, lease: str) -> None: ...
+
+
 # Commit a response and stream it to the client; True: relayed to its end.
 Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Awaitable[bool]]
 
 
 class Attempts:
     """Tries the candidates of a workload one after another."""
+
+    # The fleet step (SPEC 8): set by the proxy with ``--state redis://``.
+    fleet: FleetSlots | None = None
 
     def __init__(
         self,
@@ -153,6 +165,12 @@ class Attempts:
                 return await turn_away(client, work, self.report, slot)
             if slot is None:
                 break
+            lease = None
+            if self.fleet is not None:  # the node's slot across the replicas, too
+                lease = await self.fleet.take(slot.node)
+                if lease is None:  # full elsewhere: the slot back, and wait in the queue
+                    self.queue.release(slot)
+                    continue
             # The slot is held from here to the end of the relay and given
             # back exactly once, whatever ends the attempt. A failure is
             # judged before that, so the workload handed the slot sees the
@@ -190,6 +208,9 @@ class Attempts:
                 else:
                     return await self.relay(client, work, node, response)
             finally:
+                if lease is not None:
+                    assert self.fleet is not None
+                    await self.fleet.release(slot.node, lease)
                 self.queue.release(slot)
             if not moving_on:
                 break

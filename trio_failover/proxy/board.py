@@ -48,7 +48,7 @@ from ..core.inventory import (
 from ..core.liveness import CheckRecord
 from ..core.node_change import ChangeKind, NodeChange
 
-__all__ = ["Listener", "NodeBoard", "NodeState"]
+__all__ = ["Listener", "NodeBoard", "NodeState", "shared_check"]
 
 Listener = Callable[[NodeChange], None]
 
@@ -79,12 +79,13 @@ class NodeBoard:
     def __init__(self, names: Iterable[str]) -> None:
         self.nodes = {name: NodeState() for name in names}
         self.configured = tuple(self.nodes)  # in force; ``nodes`` also has retired ones
-        # Only the nodes with an inventory: what ranking filters on, and
-        # empty (nothing to parse a body for) until a check lists models.
+        # Nodes with an inventory (ranking filters on it); empty until a check lists models.
         self.inventories: dict[str, tuple[str, ...]] = {}
         self.cooldowns = CooldownTable()  # node-wide; read it, never write it
         self._model_cooldowns: dict[str, CooldownTable] = {}  # by model (SPEC 5c, next)
         self._listeners: list[Listener] = []
+        # After a check: (node, inventory replaced?); the fleet tells it (SPEC 8).
+        self.on_check: Callable[[str, bool], None] = _unheard
 
     def listen(self, listener: Listener) -> None:
         """Have ``listener`` called with every change the board applies."""
@@ -173,6 +174,7 @@ class NodeBoard:
                 self.inventories[node] = verdict.inventory
             else:
                 self.inventories.pop(node, None)
+        self.on_check(node, verdict.replace_inventory)
         if verdict.health is Health.DOWN and not state.down:
             change = NodeChange(ChangeKind.DOWN, node, DOWN_REASON, error=verdict.last_error)
             self.apply(change, now)
@@ -187,6 +189,7 @@ class NodeBoard:
     def liveness_checked(self, node: str, record: CheckRecord) -> None:
         """Keep a finished liveness check as the node's ``last_check`` (SPEC 5.5)."""
         self.nodes[node].last_check = record
+        self.on_check(node, False)
 
     def keep_tags(self, node: str, entries: list[dict[str, object]] | None) -> None:
         """Keep the node's answer to a check's ``GET /api/tags`` (None: not a tags answer)."""
@@ -270,6 +273,37 @@ class NodeBoard:
         """A fresh re-check event for a check that begins now; a later ask sets it."""
         event = self.nodes[name].recheck = trio.Event()
         return event
+
+
+def _unheard(node: str, replaced: bool) -> None:
+    """``on_check`` with nobody to tell (``--state memory``)."""
+
+
+def shared_check(
+    board: NodeBoard,
+    node: str,
+    *,
+    last_check: CheckRecord | None = None,
+    inventory: tuple[str, ...] | None = None,
+    replace_inventory: bool = False,
+) -> None:
+    """Keep another replica's check of ``node`` (SPEC 8): its ``last_check``, its inventory.
+
+    The board's verb for the shared state (``fleet.py``), beside the class to
+    keep it within its size. Readiness is not changed here: that comes as
+    ``NodeChange`` records (``NodeBoard.apply``).
+    """
+    state = board.nodes.get(node)
+    if state is None:
+        return
+    if last_check is not None:
+        state.last_check = last_check
+    if replace_inventory:
+        state.inventory = inventory
+        if inventory:
+            board.inventories[node] = inventory
+        else:
+            board.inventories.pop(node, None)
 
 
 def _keep_verdict(state: NodeState, verdict: CheckVerdict, record: CheckRecord | None) -> None:

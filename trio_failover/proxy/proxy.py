@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
+from ..core.redis_url import parse_state
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientRequest
@@ -48,7 +49,13 @@ from .status import StatusView
 from .ticker import EXPIRY_TICK, expire_cooldowns_every
 from .workload import WorkloadRunner
 
+if TYPE_CHECKING:
+    from .fleet import Fleet
+
 __all__ = ["Proxy", "open_proxy"]
+
+# ``/status``'s ``state`` with ``--state memory`` (SPEC 8): this process alone.
+MEMORY_STATE = {"backend": "memory", "connected": True, "replicas": 1}
 
 
 class Proxy(OwnTasks):
@@ -109,6 +116,13 @@ class Proxy(OwnTasks):
             self.report,
             on_checked=self.engine_reader.checked,
         )
+        # The replicas' shared state (SPEC 8): None with ``--state memory``.
+        self.fleet: Fleet | None = None
+        if parse_state(config.state) is not None:
+            from .fleet import Fleet  # only then: it pulls in the Redis client
+
+            self.fleet = Fleet(config, self.board, self.queue)
+            self._workloads.attempts.fleet = self.fleet.slots
 
     @property
     def cooldowns(self) -> CooldownTable:
@@ -145,6 +159,8 @@ class Proxy(OwnTasks):
         nursery.start_soon(expire_cooldowns_every, self.board, self.queue, EXPIRY_TICK)
         nursery.start_soon(self.pool.watch)
         nursery.start_soon(self.silence.watch)
+        if self.fleet is not None:  # joined (or tried once) before the checks begin
+            await nursery.start(self.fleet.run)
         if discovery:
             await nursery.start(self.discovery.run)  # returns at once when off
             await nursery.start(self.engine_reader.run)  # SPEC 5c; likewise
@@ -232,6 +248,7 @@ class Proxy(OwnTasks):
         now = trio.current_time()
         for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
             node.update(self.engines.describe(node["name"], now))
+        document["state"] = dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()
         return document
 
 

@@ -84,6 +84,11 @@ class WorkloadRunner:
         self._milestones = milestones
         self._relay = relay
 
+    @property
+    def attempts(self) -> Attempts:
+        """The attempts' runner (the proxy sets its ``fleet`` step with a shared state)."""
+        return self._attempts
+
     def holders(self) -> tuple[object, ...]:
         """The parts that read ``config`` at use (a reload swaps it in each)."""
         return (self, self._attempts, self._milestones, self._relay)

@@ -1,0 +1,401 @@
+"""Replicas over one real redis-server (SPEC 8): two ``Proxy`` objects in one process.
+
+The nodes are fake ones over in-memory streams, the shared state is real
+(127.0.0.1 sockets, the real clock: no autojump). Every wait is for an
+event (a node's, a board's, a proxy's event stream), bounded by
+``trio.fail_after``. The real replica processes are in
+``test_replica_processes.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import h11
+import trio
+from conftest import RedisServer
+from test_redis_wire import SilentServer
+
+from trio_failover.core.config import Config
+from trio_failover.core.inventory import CheckVerdict, Health
+from trio_failover.core.lease_script import slots_key
+from trio_failover.core.liveness import CheckRecord
+from trio_failover.core.node_change import NodeChange
+from trio_failover.core.redis_url import RedisAddress
+from trio_failover.core.state_layout import RemoteRecord
+from trio_failover.proxy.proxy import Proxy
+from trio_failover.testing import (
+    FakeNode,
+    Fleet,
+    NodeIO,
+    ReceivedRequest,
+    frozen,
+    healthy,
+    request,
+    start_in_fleet,
+)
+from trio_failover.wire.redis import open_redis
+
+LIMIT = 30.0
+SLACK = 1.0  # how late a deadline may fire on a busy two-core machine
+STREAM = b'{"model": "m", "stream": true}'
+
+
+@attrs.define
+class Gate:
+    """A node that holds each request until the test lets it go, and counts them."""
+
+    now: int = 0
+    most: int = 0
+    started: list[float] = attrs.Factory(list)
+    ended: list[float] = attrs.Factory(list)
+    release: trio.Event = attrs.Factory(trio.Event)
+    changed: trio.Event = attrs.Factory(trio.Event)
+
+    def _told(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self.changed.wait()
+
+    def let_go(self) -> None:
+        self.release.set()
+        self.release = trio.Event()
+
+    def behaviour(self) -> Callable[[NodeIO, ReceivedRequest], Any]:
+        async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+            release = self.release
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.started.append(trio.current_time())
+            self._told()
+            try:
+                await release.wait()
+                body = b'{"ok": true}'
+                head = [(b"content-length", b"%d" % len(body))]
+                await io.send(h11.Response(status_code=200, headers=head), h11.Data(data=body))
+                await io.send(h11.EndOfMessage())
+            finally:
+                self.now -= 1
+                self.ended.append(trio.current_time())
+                self._told()
+
+        return behave
+
+
+def replica_config(fleet: Fleet, address: RedisAddress, **settings: Any) -> Config:
+    settings.setdefault("upstreams", fleet.upstreams())
+    return Config(
+        admin_listen=None,
+        state=f"redis://{address.host}:{address.port}",
+        state_timeout=0.25,
+        **settings,
+    )
+
+
+@asynccontextmanager
+async def replicas(
+    fleet: Fleet, address: RedisAddress, count: int = 2, **settings: Any
+) -> AsyncIterator[list[Proxy]]:
+    proxies = [Proxy(replica_config(fleet, address, **settings), connector=fleet.connector)]
+    proxies += [
+        Proxy(replica_config(fleet, address, **settings), connector=fleet.connector)
+        for _ in range(count - 1)
+    ]
+    for proxy in proxies:
+        await start_in_fleet(proxy)
+    yield proxies
+
+
+async def until_told(proxy: Proxy, condition: Callable[[NodeChange], bool]) -> None:
+    """Return once ``proxy``'s board applied a change for which ``condition`` holds."""
+    told = trio.Event()
+    proxy.board.listen(lambda change: told.set() if condition(change) else None)
+    await told.wait()
+
+
+async def until_connected(proxy: Proxy, connected: bool) -> None:
+    assert proxy.fleet is not None
+    while proxy.fleet.state.connected != connected:
+        await proxy.fleet.state.wait_changed()
+
+
+async def until_replicas(proxy: Proxy, count: int) -> None:
+    assert proxy.fleet is not None
+    while proxy.fleet.state.replicas != count:
+        await proxy.fleet.state.wait_changed()
+
+
+async def test_a_node_frozen_for_one_replica_is_skipped_by_the_next(
+    redis_server: RedisServer,
+) -> None:
+    fleet_nodes = {"gpu-1": FakeNode(frozen()), "gpu-2": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(fleet_nodes) as fleet:
+            settings = {"response_header_timeout": 0.5}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                cooled = trio.Event()
+
+                async def watch() -> None:
+                    await until_told(b, lambda change: change.node == "gpu-1")
+                    cooled.set()
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch)
+                    first = await request(a, body=STREAM)
+                    assert first is not None
+                    assert first.status == 200
+                    assert len(fleet["gpu-1"].received) == 1
+                    await cooled.wait()
+                assert b.board.is_demoted("gpu-1", trio.current_time())
+                second = await request(b, body=STREAM)
+                assert second is not None
+                assert second.status == 200
+                # One attempt: straight to gpu-2, gpu-1 never asked again.
+                assert len(fleet["gpu-1"].received) == 1
+                assert len(fleet["gpu-2"].received) == 2
+                assert len(b.recent[-1]["attempts"]) == 1
+
+
+async def first_queued(*proxies: Proxy) -> Proxy:
+    """The replica whose workload waits first in its queue (a ``queued`` event, a position)."""
+    found: list[Proxy] = []
+    async with trio.open_nursery() as nursery:
+
+        async def watch(proxy: Proxy) -> None:
+            with proxy.events.subscribe() as events:
+                async for event in events:
+                    if event.get("state") == "queued" and "position" in event:
+                        found.append(proxy)
+                        nursery.cancel_scope.cancel()
+
+        for proxy in proxies:
+            nursery.start_soon(watch, proxy)
+    return found[0]
+
+
+async def test_capacity_one_holds_across_two_replicas_and_the_waiter_runs_at_once(
+    redis_server: RedisServer,
+) -> None:
+    gate = Gate()
+    with trio.fail_after(LIMIT):
+        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
+            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
+            settings = {"upstreams": upstreams, "queue_timeout": 20.0}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                answers: list[int] = []
+
+                async def send(proxy: Proxy) -> None:
+                    response = await request(proxy, body=STREAM)
+                    assert response is not None
+                    answers.append(response.status)
+
+                async with trio.open_nursery() as nursery:
+                    waiting = nursery.start_soon  # both at once, one through each replica
+                    queued: list[Proxy] = []
+
+                    async def watch() -> None:
+                        queued.append(await first_queued(a, b))
+
+                    async with trio.open_nursery() as watching:
+                        watching.start_soon(watch)
+                        await trio.lowlevel.checkpoint()
+                        waiting(send, a)
+                        waiting(send, b)
+                    await gate.wait_for(lambda: gate.now == 1)
+                    # One runs at the node, the other waits in its replica's queue.
+                    assert len(queued[0].queue) == 1
+                    assert len(gate.started) == 1
+                    gate.let_go()
+                    await gate.wait_for(lambda: len(gate.started) == 2)
+                    gate.let_go()
+                assert answers == [200, 200]
+                assert gate.most == 1
+                # Woken by the announcement, not by a retry timer (5 s).
+                assert gate.started[1] - gate.ended[0] < SLACK
+                state = b.status()["state"]  # a learns of b at its next heartbeat
+                assert state == {"backend": "redis", "connected": True, "replicas": 2}
+
+
+async def test_status_state_with_memory_is_the_backend_alone() -> None:
+    async with Fleet({"gpu-1": FakeNode(healthy())}) as fleet:
+        proxy = Proxy(Config(upstreams=fleet.upstreams(), admin_listen=None), connector=None)
+        assert proxy.fleet is None
+        assert proxy.status()["state"] == {"backend": "memory", "connected": True, "replicas": 1}
+
+
+async def leases_at(address: RedisAddress, node: str) -> int:
+    connection = await open_redis(address, deadline=trio.current_time() + 5)
+    try:
+        reply = await connection.execute(
+            "ZCARD", slots_key("trio-failover:", node), deadline=trio.current_time() + 5
+        )
+    finally:
+        await connection.aclose()
+    assert isinstance(reply, int)
+    return reply
+
+
+async def test_redis_away_both_go_on_alone_and_rejoin_with_nothing_lost_or_doubled(
+    redis_server: RedisServer,
+) -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT + 20):
+        async with Fleet(nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=2) for up in fleet.upstreams()]
+            settings = {"upstreams": upstreams, "lease_ttl": 3.0}  # a heartbeat each second
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                for proxy in (a, b):
+                    await until_replicas(proxy, 2)
+                redis_server.stop()
+                for proxy in (a, b):
+                    await until_connected(proxy, False)
+                    assert proxy.status()["state"]["connected"] is False
+                    assert proxy.status()["state"]["replicas"] == 2
+                away_until = trio.current_time() + 10
+                served = 0
+                while trio.current_time() < away_until:  # ten seconds without Redis
+                    for proxy in (a, b):
+                        response = await request(proxy, body=STREAM)
+                        assert response is not None
+                        assert response.status == 200
+                        served += 1
+                    with trio.move_on_at(away_until):
+                        await trio.sleep(0.5)  # pacing the requests, not waiting for anything
+                redis_server.start()
+                for proxy in (a, b):
+                    await until_connected(proxy, True)
+                for proxy in (a, b):
+                    await until_replicas(proxy, 2)
+                    assert proxy.status()["state"] == {
+                        "backend": "redis",
+                        "connected": True,
+                        "replicas": 2,
+                    }
+                for proxy in (a, b):
+                    response = await request(proxy, body=STREAM)
+                    assert response is not None
+                    assert response.status == 200
+                    assert proxy.fleet is not None
+                    assert proxy.fleet.slots.held == {}
+                assert len(nodes["gpu-1"].received) == served + 2  # each request once
+                assert await leases_at(redis_server.address, "gpu-1") == 0
+
+
+async def test_a_silent_redis_delays_no_request_past_the_state_timeout(
+    redis_server: RedisServer,
+) -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
+            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
+                await until_connected(a, True)
+                assert redis_server.process is not None
+                os.kill(redis_server.process.pid, signal.SIGSTOP)  # accepts, answers nothing
+                try:
+                    started = trio.current_time()
+                    response = await request(a, body=STREAM)
+                    took = trio.current_time() - started
+                finally:
+                    os.kill(redis_server.process.pid, signal.SIGCONT)
+                assert response is not None
+                assert response.status == 200
+                # The take waited one --state-timeout; the release another at most.
+                assert took < 2 * 0.25 + SLACK
+
+
+async def test_a_redis_silent_from_the_start_is_bounded_too() -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery, Fleet(nodes) as fleet:
+            silent = SilentServer()
+            await nursery.start(silent.serve)
+            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
+            address = silent.address
+            started = trio.current_time()
+            async with replicas(fleet, address, 1, upstreams=upstreams) as (a,):
+                response = await request(a, body=STREAM)
+            took = trio.current_time() - started
+            assert response is not None
+            assert response.status == 200
+            assert a.status()["state"]["connected"] is False
+            assert took < 3 * 0.25 + SLACK  # the join's connect, the take, the release
+            nursery.cancel_scope.cancel()
+
+
+async def test_checks_and_inventories_are_shared_a_joiner_loads_them_and_nothing_echoes(
+    redis_server: RedisServer,
+) -> None:
+    with trio.fail_after(LIMIT):
+        nodes = {"gpu-1": FakeNode(healthy()), "gpu-2": FakeNode(healthy())}
+        async with Fleet(nodes) as fleet, replicas(fleet, redis_server.address) as (a, b):
+            assert a.fleet is not None
+            assert b.fleet is not None
+            heard: list[RemoteRecord] = []
+            told = trio.Event()
+            a_apply = a.fleet.state.on_record
+
+            def a_heard(record: RemoteRecord) -> None:
+                heard.append(record)
+                told.set()
+                a_apply(record)
+
+            a.fleet.state.on_record = a_heard
+            b_changed = trio.Event()
+            b.board.listen(lambda change: b_changed.set())
+            now = trio.current_time()
+            verdict = CheckVerdict(Health.UNCHANGED, None, True, ("m1", "m2"), None, "ok")
+            check = CheckRecord("health", True, 200, None, now)
+            a.board.check_finished("gpu-1", verdict, now, record=check)
+            a.board.demote("gpu-2", 60.0, "timeout", now)
+            await b_changed.wait()  # the cooldown, told after the check: in order
+            assert b.board.inventories.get("gpu-1") == ("m1", "m2")
+            cooldown = b.board.cooldown("gpu-2", trio.current_time())
+            assert cooldown is not None
+            assert cooldown.reason == "timeout"
+            last = b.board.nodes["gpu-1"].last_check
+            assert last is not None
+            assert (last.kind, last.ok, last.status) == ("health", True, 200)
+            # B told nothing back: its marker is the first record A hears from it.
+            assert await b.fleet.state.publish({"kind": "marker"}) is True
+            await told.wait()
+            assert [record.record["kind"] for record in heard] == ["marker"]
+
+            # A replica joining later loads it all from the snapshot.
+            async with replicas(fleet, redis_server.address, 1) as (c,):
+                assert c.board.inventories.get("gpu-1") == ("m1", "m2")
+                later = c.board.cooldown("gpu-2", trio.current_time())
+                assert later is not None
+                assert 55.0 < later.remaining(trio.current_time()) <= 60.0
+                assert c.board.nodes["gpu-1"].last_check is not None
+
+
+async def test_a_held_slot_is_renewed_past_its_ttl_while_its_attempt_runs(
+    redis_server: RedisServer,
+) -> None:
+    gate, ttl = Gate(), 1.2
+    with trio.fail_after(LIMIT):
+        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
+            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
+            settings = {"upstreams": upstreams, "lease_ttl": ttl, "queue_timeout": 20.0}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(request, a, body=STREAM))
+                    await gate.wait_for(lambda: gate.now == 1)
+                    nursery.start_soon(functools.partial(request, b, body=STREAM))
+                    # Three TTLs: unrenewed, the lease would have lapsed twice over.
+                    await trio.sleep(3 * ttl)
+                    assert len(gate.started) == 1
+                    gate.let_go()
+                    await gate.wait_for(lambda: len(gate.started) == 2)
+                    gate.let_go()
+                assert gate.most == 1

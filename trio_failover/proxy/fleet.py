@@ -1,0 +1,258 @@
+"""One replica in a fleet of replicas (SPEC 8): the node board and the slots over Redis.
+
+Only a proxy with ``--state redis://...`` imports this module (it pulls in
+the Redis client, ``hiredis``); with ``memory`` nothing here exists and
+nothing costs. ``Fleet`` owns the replica's ``SharedState`` and joins it to
+the proxy's parts:
+
+- **the board** (``FleetBoard``): every change the board applies is
+  published (a listener), and so is every finished check (``on_check``);
+  the other replicas' records and the join's snapshot are applied to the
+  board with ``apply`` and ``shared_check``. What came from elsewhere is
+  never told again: it is applied with ``_remote`` set, which the
+  listener reads.
+- **the slots** (``FleetSlots``): an attempt that has its local slot takes
+  the node's lease in Redis (``Attempts``' fleet step); when Redis says the
+  node is full, the node counts as full in the local ledger
+  (``SlotLedger.elsewhere``) and the workload waits in the local queue
+  until a freed slot is announced (or the oldest lease may have lapsed).
+
+Its own tasks run in the proxy's nursery (``Fleet.run``): the shared
+state's membership, the publisher (the board's listeners are synchronous;
+records go out through a channel), and the slots' renewer and marks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import trio
+
+from ..core import fleet_records
+from ..core.config import Config
+from ..core.node_change import NodeChange
+from ..core.redis_url import parse_state
+from ..core.state_layout import RemoteRecord
+from ..telemetry.logs import logger
+from .board import NodeBoard, shared_check
+from .queue import SlotQueue
+from .shared_state import SharedState
+
+__all__ = ["Fleet", "FleetBoard", "FleetSlots"]
+
+OUTBOX = 10_000  # records waiting to go out; more while Redis is slow are dropped
+REFUSED_RETRY_MOST = 5.0  # seconds a node counts as full elsewhere without news
+ALONE_RETRY = 1.0  # likewise, over this replica's share while Redis is away
+EXPIRED = "expired"  # the reason of the board's expiry changes
+
+
+class FleetBoard:
+    """The node board's news out to the other replicas, and theirs in."""
+
+    def __init__(self, board: NodeBoard, state: SharedState) -> None:
+        self.board = board
+        self.state = state
+        self._remote = False
+        self._send, self._outbox = trio.open_memory_channel[tuple[dict[str, Any], str]](OUTBOX)
+        board.listen(self.changed)
+        board.on_check = self.checked
+
+    # -- out -----------------------------------------------------------------
+
+    def changed(self, change: NodeChange) -> None:
+        """The board's listener: publish a change made here.
+
+        Not an expiry: every replica's ticker sees its cooldowns run out, and
+        a late "expired" could erase a cooldown another replica began since.
+        """
+        if not self._remote and change.reason != EXPIRED:
+            self._queue(fleet_records.change_record(change), change.node)
+
+    def checked(self, node: str, inventory_replaced: bool) -> None:
+        """The board's ``on_check``: publish a check made here."""
+        if self._remote:
+            return
+        state = self.board.nodes[node]
+        if inventory_replaced:
+            self._queue(fleet_records.inventory_record(state.inventory), node)
+        if state.last_check is not None:
+            record = fleet_records.check_record(state.last_check, trio.current_time())
+            self._queue(record, node)
+
+    def _queue(self, record: dict[str, Any], node: str) -> None:
+        try:
+            self._send.send_nowait((record, node))
+        except trio.WouldBlock:
+            logger.debug("shared state: a record was dropped", extra={"fields": {"node": node}})
+
+    async def publish_all(self) -> None:
+        """Send the records as they come (its own task, for the proxy's lifetime)."""
+        async for record, node in self._outbox:
+            await self.state.publish(record, node=node)
+
+    # -- in ------------------------------------------------------------------
+
+    def on_record(self, remote: RemoteRecord) -> None:
+        """Apply one record of another replica (``SharedState``'s ``on_record``)."""
+        node = remote.node
+        if node is None or node not in self.board.nodes:
+            return
+        now = trio.current_time()
+        self._remote = True
+        try:
+            change = fleet_records.read_change(node, remote.record, remote.age)
+            if change is not None:
+                self.board.apply(change, now)
+                return
+            known, inventory = fleet_records.read_inventory(remote.record)
+            if known:
+                shared_check(self.board, node, inventory=inventory, replace_inventory=True)
+                return
+            check = fleet_records.read_check(remote.record, remote.age, now)
+            if check is not None:
+                shared_check(self.board, node, last_check=check)
+        finally:
+            self._remote = False
+
+    def on_snapshot(self, records: list[RemoteRecord]) -> None:
+        """Apply a join's snapshot, oldest record first."""
+        for record in fleet_records.snapshot_order(records):
+            self.on_record(record)
+
+
+class FleetSlots:
+    """The slot leases of this replica's attempts (``Attempts``' fleet step)."""
+
+    def __init__(self, state: SharedState, queue: SlotQueue) -> None:
+        self.state = state
+        self.queue = queue
+        self.ledger = queue.scheduler.ledger
+        self.held: dict[str, str] = {}  # lease id -> node, renewed by ``renew_all``
+        self._until: dict[str, float] = {}  # node -> when its "full elsewhere" mark ends
+        self._marked = trio.Event()
+        self._frees: dict[str, int] = {}  # node -> freed announcements heard
+
+    async def take(self, node: str) -> str | None:
+        """The node's lease for an attempt holding its local slot; None: full across the fleet.
+
+        One round trip, bounded by ``--state-timeout``. Without an answer
+        (Redis away) the replica decides alone, within its share.
+        """
+        capacity = self.ledger.capacity(node)
+        if capacity <= 0:  # no limit: nothing to share
+            return ""
+        lease = self.state.new_lease_id()
+        frees = self._frees.get(node, 0)
+        try:
+            taken = await self.state.take_slot(node, lease, capacity)
+        except BaseException:  # cancelled: the take may have happened in Redis
+            with trio.move_on_after(2 * self.state.state_timeout, shield=True):
+                await self.state.release_slot(node, lease)
+            raise
+        if taken is None:  # away, or no answer in time: this replica's share
+            if self.ledger.in_flight(node) > self.state.share(capacity):
+                self._mark(node, ALONE_RETRY)
+                return None
+        elif not taken.taken:
+            # A slot freed while the answer came (on the other connection):
+            # no mark, the workload asks again at once.
+            if self._frees.get(node, 0) == frees:
+                self._mark(node, min(REFUSED_RETRY_MOST, max(0.05, taken.retry_after)))
+            return None
+        self.held[lease] = node
+        return lease
+
+    async def release(self, node: str, lease: str) -> None:
+        """End the attempt's lease (shielded: a cancelled attempt still gives it back)."""
+        if not lease:
+            return
+        self.held.pop(lease, None)
+        with trio.move_on_after(2 * self.state.state_timeout, shield=True):
+            await self.state.release_slot(node, lease)
+        self.freed(node)  # while Redis is away nobody announces it
+
+    def freed(self, node: str) -> None:
+        """A slot at ``node`` was freed somewhere (``on_freed``): let a waiter try again."""
+        self._frees[node] = self._frees.get(node, 0) + 1
+        if node in self.ledger.elsewhere:
+            self.ledger.elsewhere.discard(node)
+            self._until.pop(node, None)
+            self.queue.dispatch()
+
+    def _mark(self, node: str, retry_after: float) -> None:
+        self.ledger.elsewhere.add(node)
+        self._until[node] = trio.current_time() + retry_after
+        self._marked.set()
+
+    async def watch_marks(self) -> None:
+        """End each "full elsewhere" mark at its time (a holder may have died: ask again)."""
+        while True:
+            now = trio.current_time()
+            for node in [node for node, until in self._until.items() if until <= now]:
+                self.freed(node)
+            self._marked = trio.Event()
+            with trio.move_on_at(min(self._until.values(), default=math.inf)):
+                await self._marked.wait()
+
+    async def watch_state(self) -> None:
+        """A join or a loss of Redis changes who decides: every mark ends, waiters try again."""
+        while True:
+            await self.state.wait_changed()
+            for node in list(self._until):
+                self.freed(node)
+
+    async def renew_all(self) -> None:
+        """Renew every held lease each third of ``--lease-ttl`` (one task for all attempts)."""
+        while True:
+            await trio.sleep(self.state.lease_ttl / 3)
+            for lease, node in list(self.held.items()):
+                if lease in self.held:
+                    await self.state.renew_slot(node, lease)
+
+
+class Fleet:
+    """The replica's shared state joined to its board and slot queue."""
+
+    def __init__(self, config: Config, board: NodeBoard, queue: SlotQueue) -> None:
+        address = parse_state(config.state)
+        assert address is not None, "Fleet needs --state redis://..."
+        self.board_link: FleetBoard | None = None
+        self.state = SharedState(
+            address,
+            [node.name for node in config.upstreams],
+            prefix=config.state_prefix,
+            lease_ttl=config.lease_ttl,
+            state_timeout=config.state_timeout,
+            on_record=self._on_record,
+            on_freed=self._on_freed,
+            on_snapshot=self._on_snapshot,
+        )
+        self.board_link = FleetBoard(board, self.state)
+        self.slots = FleetSlots(self.state, queue)
+
+    def _on_record(self, record: RemoteRecord) -> None:
+        if self.board_link is not None:
+            self.board_link.on_record(record)
+
+    def _on_snapshot(self, records: list[RemoteRecord]) -> None:
+        if self.board_link is not None:
+            self.board_link.on_snapshot(records)
+
+    def _on_freed(self, node: str) -> None:
+        self.slots.freed(node)
+
+    def status(self) -> dict[str, Any]:
+        """``/status``'s ``state``."""
+        return self.state.status()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join (or try once), then keep the fleet's tasks running until cancelled."""
+        async with trio.open_nursery() as nursery:
+            assert self.board_link is not None
+            nursery.start_soon(self.board_link.publish_all)
+            await nursery.start(self.state.run)
+            nursery.start_soon(self.slots.watch_marks)
+            nursery.start_soon(self.slots.watch_state)
+            nursery.start_soon(self.slots.renew_all)
+            task_status.started()
