@@ -106,6 +106,14 @@ def test_turning_discovery_on_needs_a_restart() -> None:
     )
 
 
+def test_the_number_of_workers_needs_a_restart() -> None:
+    # The supervisor started them; a worker, or a single proxy, cannot add one.
+    shared = with_(state="redis://r:6379", workers=2)
+    assert diff_configs(shared, attrs.evolve(shared, workers=3)).refused == (
+        "workers: 2 -> 3 needs a restart",
+    )
+
+
 def test_tls_files_count_only_with_tls_on() -> None:
     tls = with_(tls_cert="/c.pem", tls_key="/k.pem")
     assert diff_configs(tls, tls, tls_files_changed=True).changes() == [

@@ -37,7 +37,8 @@ __all__ = [
 ]
 
 # Settings that a running proxy cannot take: its listeners are bound, its
-# logging and traces set up once (the reason is said in each refusal).
+# logging and traces set up once, its workers started (the reason is said
+# in each refusal).
 NEEDS_RESTART: tuple[str, ...] = (
     "listen",
     "admin_listen",
@@ -46,6 +47,7 @@ NEEDS_RESTART: tuple[str, ...] = (
     "log_level",
     "max_connections",
     "watch_config",
+    "workers",
 )
 # Compared node by node, or client by client, not as settings.
 _SETTINGS_SKIPPED = frozenset(

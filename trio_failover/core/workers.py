@@ -10,8 +10,16 @@ from __future__ import annotations
 import attrs
 
 from .config import Config
+from .errors import ConfigError
 
-__all__ = ["RESTART_FIRST", "RESTART_MOST", "STEADY_AFTER", "restart_delay", "worker_config"]
+__all__ = [
+    "RESTART_FIRST",
+    "RESTART_MOST",
+    "STEADY_AFTER",
+    "restart_delay",
+    "worker_config",
+    "worker_reload_config",
+]
 
 RESTART_FIRST = 0.1
 RESTART_MOST = 10.0
@@ -35,6 +43,38 @@ def worker_config(config: Config, index: int, listen: str, admin_listen: str | N
         worker's only. ``workers`` is kept: a worker knows it is one of many.
     """
     return attrs.evolve(config, listen=listen, admin_listen=admin_listen if index == 0 else None)
+
+
+def worker_reload_config(
+    program: Config, new: Config, index: int, listen: str, admin_listen: str | None
+) -> Config:
+    """The settings read again for a reload of worker ``index``, as ``worker_config`` gives them.
+
+    Args:
+        program: the settings the supervisor started with (the listener
+            addresses as the file or flags wrote them).
+        new: the settings read again.
+        index, listen, admin_listen: as for ``worker_config``.
+
+    Returns:
+        ``new`` with the bound addresses of this worker, so that a reload
+        compares like with like.
+
+    Raises:
+        ConfigError: ``new`` names other listener addresses than ``program``:
+            the supervisor bound them, a restart of the program is needed.
+            Raised for every worker alike (the first one alone has the admin
+            listener, but none of them may apply the rest of that reload).
+    """
+    for option in ("listen", "admin_listen"):
+        before, after = getattr(program, option), getattr(new, option)
+        if before != after:
+            raise ConfigError(
+                option.replace("_", "-"),
+                after,
+                f"was {before}; the supervisor bound the listeners, a change needs a restart",
+            )
+    return worker_config(new, index, listen, admin_listen)
 
 
 def restart_delay(failures: int, lived: float) -> float:

@@ -46,8 +46,9 @@ import trio
 
 from ..core.config import Config, split_host_port
 from ..core.errors import ConfigError
-from ..core.workers import STEADY_AFTER, restart_delay, worker_config
+from ..core.workers import STEADY_AFTER, restart_delay, worker_config, worker_reload_config
 from ..telemetry.logs import configure_logging, logger
+from .reloader import Loader
 from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
 
 __all__ = ["Listeners", "bind_listeners", "main", "run_workers"]
@@ -201,6 +202,15 @@ class _Supervisor:
             self.processes.pop(index, None)
         return served, status
 
+    def reload(self) -> None:
+        """``SIGHUP``: pass it on to every worker, each of which reads the settings again."""
+        logger.info(
+            "SIGHUP: reloading the workers", extra={"fields": {"workers": len(self.processes)}}
+        )
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGHUP)
+
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Stop restarting, and pass ``signum`` on to every worker."""
         self.stopped.set()
@@ -212,7 +222,7 @@ class _Supervisor:
 async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lifeline: int) -> int:
     supervisor = _Supervisor(config, listeners, settings_fd, lifeline)
     all_ready = trio.Event()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def announce() -> None:
@@ -222,6 +232,9 @@ async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lif
 
             async def watch_signals() -> None:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        supervisor.reload()
+                        continue
                     logger.info(
                         f"{signal.Signals(signum).name}: stopping the workers",
                         extra={"fields": {"workers": len(supervisor.processes)}},
@@ -246,11 +259,14 @@ def _log_listening(addresses: BoundAddresses, workers: int) -> None:
         handler.flush()
 
 
-def run_workers(config: Config) -> int:
+def run_workers(config: Config, loader: Loader | None = None) -> int:
     """The supervisor of ``config.workers`` workers, in the foreground; returns the exit code.
 
     A bad TLS file or an address that cannot be bound is exit 2 here, with
-    one line, before any worker starts.
+    one line, before any worker starts. ``loader`` (the command line's
+    ``SettingsLoader``, a plain value) goes to every worker: with it, each
+    reloads on the ``SIGHUP`` passed on, and watches the file itself with
+    ``--watch-config``.
     """
     configure_logging(config.log_format, config.log_level)
     try:
@@ -263,7 +279,7 @@ def run_workers(config: Config) -> int:
     lifeline, lifeline_end = os.pipe()  # not inherited: the workers get only the read end
     try:
         with os.fdopen(os.dup(settings_fd), "wb") as file:
-            pickle.dump(config, file)
+            pickle.dump((config, loader), file)
         return trio.run(_supervise, config, listeners, settings_fd, lifeline)
     finally:
         for fd in (settings_fd, lifeline, lifeline_end):
@@ -274,15 +290,48 @@ def run_workers(config: Config) -> int:
 # -- the worker's side ---------------------------------------------------------------
 
 
-def _read_settings(fd: int) -> Config:
+def _read_settings(fd: int) -> tuple[Config, Loader | None]:
     """The settings in the supervisor's memory file, read without moving the shared offset."""
     data = b""
     while chunk := os.pread(fd, 1 << 20, len(data)):
         data += chunk
-    config = pickle.loads(data)  # written by our own supervisor, just before our start
+    config, loader = pickle.loads(data)  # written by our own supervisor, before our start
     if not isinstance(config, Config):
         raise TypeError(f"expected a Config, read {type(config).__name__}")
-    return config
+    return config, loader
+
+
+@attrs.frozen
+class _WorkerLoader:
+    """A worker's reload: the program's loader, with this worker's bound addresses."""
+
+    load: Loader
+    program: Config
+    index: int
+    listen: str
+    admin_listen: str | None
+
+    @property
+    def path(self) -> str | None:
+        return self.load.path
+
+    def __call__(self) -> Config:
+        new = self.load()
+        return worker_reload_config(self.program, new, self.index, self.listen, self.admin_listen)
+
+
+def _current_settings(loader: _WorkerLoader, started_with: Config) -> Config:
+    """What a worker starts with: the file as it reads now (a worker started again after
+    a reload must not go back to the settings of the program's start), else the start's."""
+    try:
+        return loader()
+    except ConfigError as exc:
+        configure_logging(started_with.log_format, started_with.log_level)
+        logger.warning(
+            "worker: the settings do not read now; starting with those of the program's start",
+            extra={"fields": {"error": " ".join(str(exc).splitlines())}},
+        )
+        return started_with
 
 
 def _watch_lifeline(fd: int) -> None:
@@ -305,19 +354,24 @@ def main(argv: list[str]) -> int:
     """
     settings_fd, lifeline_fd, ready_fd, client_fd, admin_fd, index = map(int, argv[1:7])
     threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), daemon=True).start()
-    config = _read_settings(settings_fd)
+    program, load = _read_settings(settings_fd)
     os.close(settings_fd)
     client = socket.socket(fileno=client_fd)
     admin = socket.socket(fileno=admin_fd) if admin_fd >= 0 else None
     admin_listen = _host_port(admin.getsockname()) if admin is not None else None
-    config = worker_config(config, index, _host_port(client.getsockname()), admin_listen)
+    listen = _host_port(client.getsockname())
+    config = worker_config(program, index, listen, admin_listen)
+    loader = None
+    if load is not None:
+        loader = _WorkerLoader(load, program, index, listen, admin_listen)
+        config = _current_settings(loader, config)
 
     def served(_: BoundAddresses) -> None:
         os.write(ready_fd, READY)
         os.close(ready_fd)
 
     sockets = InheritedSockets(client=client, admin=admin)
-    return run_server(config, sockets=sockets, on_listening=served)
+    return run_server(config, loader=loader, sockets=sockets, on_listening=served)
 
 
 if __name__ == "__main__":
