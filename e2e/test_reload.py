@@ -17,6 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
+import pytest
 from conftest import PROGRAM, Fleet
 from harness import LOOPBACK, Exchange, Proxy, chat_body, wait_for
 from report import Report
@@ -24,9 +25,29 @@ from report import Report
 CHAT = "/v1/chat/completions"
 
 
-def _fleet_file(path: Path, nodes: list[tuple[str, str]]) -> None:
-    text = "".join(f'[[upstream]]\nname = "{n}"\nurl = "{u}"\ncapacity = 1\n\n' for n, u in nodes)
+def _fleet_file(path: Path, nodes: list[tuple[str, str]], capacity: str = "1") -> None:
+    """One ``[[upstream]]`` per node; ``capacity`` "" leaves it ``auto``."""
+    line = f"capacity = {capacity}\n" if capacity else ""
+    text = "".join(f'[[upstream]]\nname = "{n}"\nurl = "{u}"\n{line}\n' for n, u in nodes)
     path.write_text(text)
+
+
+def _serve(fleet: Fleet, config: Path, log_dir: Path) -> Proxy:
+    """``trio-failover serve --config FILE`` on loopback ports 0."""
+    argv = [str(PROGRAM), "serve", "--config", str(config), "--listen", f"{LOOPBACK}:0"]
+    argv += ["--admin-listen", f"{LOOPBACK}:0", "--shutdown-timeout", "1s", *fleet.proxy_args]
+    proxy = Proxy(argv, log_dir / "proxy.log")
+    fleet.processes.append(proxy)
+    proxy.wait_ready()
+    return proxy
+
+
+def _reload(proxy: Proxy) -> float:
+    """Send SIGHUP and wait for the ``reloaded`` line; returns when the signal went."""
+    hup = time.monotonic()
+    proxy.signal(signal.SIGHUP)
+    wait_for(lambda: "reloaded" in proxy.log_text(), 10, what="the reloaded line")
+    return hup
 
 
 def test_sighup_adds_an_engine_while_a_stream_runs(
@@ -35,11 +56,7 @@ def test_sighup_adds_an_engine_while_a_stream_runs(
     a, b = fleet.engines("llama-server", "a", "b")
     config = log_dir / "fleet.toml"
     _fleet_file(config, [("a", a.url)])
-    argv = [str(PROGRAM), "serve", "--config", str(config), "--listen", f"{LOOPBACK}:0"]
-    argv += ["--admin-listen", f"{LOOPBACK}:0", "--shutdown-timeout", "1s", *fleet.proxy_args]
-    proxy = Proxy(argv, log_dir / "proxy.log")
-    fleet.processes.append(proxy)
-    proxy.wait_ready()
+    proxy = _serve(fleet, config, log_dir)
     assert [node["name"] for node in proxy.status()["nodes"]] == ["a"]
 
     running = Exchange.post(proxy.port, CHAT, chat_body(96), timeout=60)
@@ -47,9 +64,7 @@ def test_sighup_adds_an_engine_while_a_stream_runs(
     assert running.response_headers["x-failover-node"] == "a"
 
     _fleet_file(config, [("a", a.url), ("b", b.url)])
-    hup = time.monotonic()
-    proxy.signal(signal.SIGHUP)
-    wait_for(lambda: "reloaded" in proxy.log_text(), 10, what="the reloaded line")
+    hup = _reload(proxy)
     logged = time.monotonic() - hup
     assert "node b added" in proxy.log_text()
     names = wait_for(
@@ -92,3 +107,19 @@ def test_sighup_adds_an_engine_while_a_stream_runs(
     }
     report.record("reload adds an engine mid-stream", "llama-server", **figures)
     print("reload:", figures)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the engines' reader keeps the node list of the start (engine_reader.py): "
+    "an auto node added by a reload is never read, so its capacity stays 0 (no limit)",
+)
+def test_an_engine_added_by_a_reload_is_read(fleet: Fleet, log_dir: Path) -> None:
+    a, b = fleet.engines("llama-server", "a", "b")  # one slot each: total_slots 1
+    config = log_dir / "fleet.toml"
+    _fleet_file(config, [("a", a.url)], capacity="")
+    proxy = _serve(fleet, config, log_dir)
+    wait_for(lambda: proxy.node("a")["capacity"] == 1, 20, what="a's auto capacity")
+    _fleet_file(config, [("a", a.url), ("b", b.url)], capacity="")
+    _reload(proxy)
+    wait_for(lambda: proxy.node("b")["capacity"] == 1, 20, what="b's auto capacity")
