@@ -29,6 +29,17 @@ holds the read end of a pipe whose other end only the supervisor has.
 
 A worker that exits before it ever served, while the workers start, stops
 the whole program with its exit status (a bad TLS file is exit 2 for all).
+
+Reload (SPEC 9): ``SIGHUP`` to the supervisor is passed on to every worker.
+Each worker holds the command line's ``SettingsLoader`` (it travels with
+the settings) and reloads as a single proxy does, reading the file itself;
+``_WorkerLoader`` gives what it reads this worker's bound addresses
+(``core/workers.worker_reload_config``), and a file that names other
+listeners is refused by every worker alike. With ``--watch-config`` each
+worker polls the file on its own: the supervisor reads no settings after
+its start, so a reload stays one code path, the worker's. A worker started
+again reads the file as it is then, so that it does not go back to the
+settings of the program's start after a reload.
 """
 
 from __future__ import annotations
