@@ -43,11 +43,20 @@ def write_fleet(path: Path, nodes: list[str], **settings: object) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def flags(config: Path, redis: RedisServer) -> list[str]:
+    """What the tests give ``serve`` (and ``check``, to compare like with like) beyond the file."""
+    return [
+        f"--config={config}",
+        "--workers=2",
+        f"--state=redis://127.0.0.1:{redis.port}",
+        "--discovery-interval=0",
+        "--shutdown-timeout=2s",
+    ]
+
+
 @asynccontextmanager
 async def workers(config: Path, redis: RedisServer) -> AsyncIterator[Supervisor]:
-    command = [sys.executable, "-m", "trio_failover", "serve", f"--config={config}"]
-    command += ["--workers=2", f"--state=redis://127.0.0.1:{redis.port}"]
-    command += ["--discovery-interval=0", "--shutdown-timeout=2s"]
+    command = [sys.executable, "-m", "trio_failover", "serve", *flags(config, redis)]
     process = await trio.lowlevel.open_process(
         command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -92,6 +101,14 @@ async def node_names(admin: tuple[str, int]) -> list[str]:
     return [node["name"] for node in status["nodes"]]
 
 
+async def check_admin(
+    config: Path, redis: RedisServer, admin: tuple[str, int]
+) -> subprocess.CompletedProcess[bytes]:
+    command = [sys.executable, "-m", "trio_failover", "check", *flags(config, redis)]
+    command += [f"--admin=http://{admin[0]}:{admin[1]}"]
+    return await trio.run_process(command, capture_stdout=True, capture_stderr=True, check=False)
+
+
 async def test_sighup_reloads_every_worker_and_a_restarted_one_keeps_the_reload(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -111,6 +128,9 @@ async def test_sighup_reloads_every_worker_and_a_restarted_one_keeps_the_reload(
             reloaded = await wait_count(sup.lines, "reloaded", 2, seen)
             assert all("node b added" in line for line in reloaded)
             assert await node_names(admin) == ["a", "b"]
+            # check --admin asks the first worker, which says the file's settings.
+            asked = await check_admin(config, redis_server, admin)
+            assert asked.stdout.decode().rstrip().endswith("would change nothing"), asked.stdout
 
             # The worker with the admin listener, killed and started again,
             # serves the fleet of the reload, not that of the program's start.
@@ -145,20 +165,16 @@ async def test_watch_config_reloads_every_worker(tmp_path: Path, redis_server: R
 # -- the pure decision ----------------------------------------------------------------------
 
 
-def test_a_worker_reload_takes_its_bound_addresses_or_refuses_a_listener_change() -> None:
+def test_a_worker_reload_is_its_worker_config_or_refuses_a_listener_change() -> None:
     nodes = [Upstream("a", "http://127.0.0.1:9")]
     program = Config(upstreams=nodes, listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
     new = attrs.evolve(program, max_queue=7)
-    first = worker_reload_config(program, new, 0, "127.0.0.1:4000", "127.0.0.1:4001")
-    assert (first.listen, first.admin_listen, first.max_queue) == (
-        "127.0.0.1:4000",
-        "127.0.0.1:4001",
-        7,
-    )
-    other = worker_reload_config(program, new, 1, "127.0.0.1:4000", "127.0.0.1:4001")
-    assert (other.listen, other.admin_listen) == ("127.0.0.1:4000", None)
+    first = worker_reload_config(program, new, 0)
+    assert (first.listen, first.admin_listen, first.max_queue) == ("127.0.0.1:0", "127.0.0.1:0", 7)
+    other = worker_reload_config(program, new, 1)
+    assert (other.admin_listen, other.max_queue) == (None, 7)
     # The admin listener turned off: refused by the second worker too, which has none.
     off = attrs.evolve(program, admin_listen=None)
     for index in (0, 1):
         with pytest.raises(ConfigError, match="admin-listen"):
-            worker_reload_config(program, off, index, "127.0.0.1:4000", "127.0.0.1:4001")
+            worker_reload_config(program, off, index)

@@ -212,9 +212,10 @@ def masked(config: Config, mask: Callable[[str], str]) -> Config:
     """``config`` with every secret replaced by ``mask(secret)``.
 
     The secrets: client keys, node header values, the admin token, and the
-    ``user:password`` of a node URL and of the shared state's URL. Two configurations masked with the same
-    function (an HMAC under one random salt, in the shell) compare as the
-    originals do, and neither shows a secret.
+    ``user:password`` of a node URL and of the shared state's URL. Two
+    configurations masked with the same function (an HMAC under one random
+    salt, in the shell) compare as the originals do, and neither shows a
+    secret.
     """
     nodes = [
         attrs.evolve(

@@ -28,37 +28,32 @@ RESTART_MOST = 10.0
 STEADY_AFTER = 30.0
 
 
-def worker_config(config: Config, index: int, listen: str, admin_listen: str | None) -> Config:
+def worker_config(config: Config, index: int) -> Config:
     """The settings of worker ``index`` (0 is the first).
 
     Args:
         config: the program's settings.
         index: the worker's place, 0 to ``workers - 1``.
-        listen: the client listener as bound by the supervisor (its real
-            port, when 0 was asked), so that every worker says the same.
-        admin_listen: the admin listener as bound, or None when off.
 
     Returns:
-        ``config`` with those addresses; the admin listener is the first
-        worker's only. ``workers`` is kept: a worker knows it is one of many.
+        ``config`` with the admin listener the first worker's only. The
+        listener addresses stay as written (the supervisor bound them and
+        hands the sockets over): what ``GET /config`` of the first worker
+        answers is the program's settings, so ``check --admin`` compares
+        them with the file's like with like. ``workers`` is kept: a worker
+        knows it is one of many.
     """
-    return attrs.evolve(config, listen=listen, admin_listen=admin_listen if index == 0 else None)
+    return config if index == 0 else attrs.evolve(config, admin_listen=None)
 
 
-def worker_reload_config(
-    program: Config, new: Config, index: int, listen: str, admin_listen: str | None
-) -> Config:
+def worker_reload_config(program: Config, new: Config, index: int) -> Config:
     """The settings read again for a reload of worker ``index``, as ``worker_config`` gives them.
 
     Args:
         program: the settings the supervisor started with (the listener
             addresses as the file or flags wrote them).
         new: the settings read again.
-        index, listen, admin_listen: as for ``worker_config``.
-
-    Returns:
-        ``new`` with the bound addresses of this worker, so that a reload
-        compares like with like.
+        index: the worker's place.
 
     Raises:
         ConfigError: ``new`` names other listener addresses than ``program``:
@@ -74,7 +69,7 @@ def worker_reload_config(
                 after,
                 f"was {before}; the supervisor bound the listeners, a change needs a restart",
             )
-    return worker_config(new, index, listen, admin_listen)
+    return worker_config(new, index)
 
 
 def restart_delay(failures: int, lived: float) -> float:

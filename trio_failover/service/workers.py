@@ -33,7 +33,7 @@ the whole program with its exit status (a bad TLS file is exit 2 for all).
 Reload (SPEC 9): ``SIGHUP`` to the supervisor is passed on to every worker.
 Each worker holds the command line's ``SettingsLoader`` (it travels with
 the settings) and reloads as a single proxy does, reading the file itself;
-``_WorkerLoader`` gives what it reads this worker's bound addresses
+``_WorkerLoader`` makes what it reads this worker's settings
 (``core/workers.worker_reload_config``), and a file that names other
 listeners is refused by every worker alike. With ``--watch-config`` each
 worker polls the file on its own: the supervisor reads no settings after
@@ -134,11 +134,6 @@ def bind_listeners(config: Config) -> Listeners:
         scheme="https" if config.tls_cert else "http",
     )
     return Listeners(tuple(clients), admin, addresses)
-
-
-def _host_port(address: tuple[str, int]) -> str:
-    host = f"[{address[0]}]" if ":" in address[0] else address[0]
-    return f"{host}:{address[1]}"
 
 
 @attrs.define
@@ -314,13 +309,11 @@ def _read_settings(fd: int) -> tuple[Config, Loader | None]:
 
 @attrs.frozen
 class _WorkerLoader:
-    """A worker's reload: the program's loader, with this worker's bound addresses."""
+    """A worker's reload: the program's loader, its result as ``worker_config`` makes it."""
 
     load: Loader
     program: Config
     index: int
-    listen: str
-    admin_listen: str | None
 
     @property
     def path(self) -> str | None:
@@ -328,7 +321,7 @@ class _WorkerLoader:
 
     def __call__(self) -> Config:
         new = self.load()
-        return worker_reload_config(self.program, new, self.index, self.listen, self.admin_listen)
+        return worker_reload_config(self.program, new, self.index)
 
 
 def _current_settings(loader: _WorkerLoader, started_with: Config) -> Config:
@@ -369,12 +362,10 @@ def main(argv: list[str]) -> int:
     os.close(settings_fd)
     client = socket.socket(fileno=client_fd)
     admin = socket.socket(fileno=admin_fd) if admin_fd >= 0 else None
-    admin_listen = _host_port(admin.getsockname()) if admin is not None else None
-    listen = _host_port(client.getsockname())
-    config = worker_config(program, index, listen, admin_listen)
+    config = worker_config(program, index)
     loader = None
     if load is not None:
-        loader = _WorkerLoader(load, program, index, listen, admin_listen)
+        loader = _WorkerLoader(load, program, index)
         config = _current_settings(loader, config)
 
     def served(_: BoundAddresses) -> None:
