@@ -148,6 +148,22 @@ async def test_sighup_reloads_every_worker_and_a_restarted_one_keeps_the_reload(
             assert await node_names(admin) == ["a", "b"]
 
 
+async def test_a_sighup_while_the_workers_start_ends_none_and_reaches_each(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    config = tmp_path / "fleet.toml"
+    write_fleet(config, ["a"])
+    with trio.fail_after(LIMIT):
+        async with workers(config, redis_server) as sup:
+            await sup.worker_pid(0)  # the supervisor handles signals; worker 1 may be starting
+            sup.process.send_signal(signal.SIGHUP)
+            await sup.worker_pid(1)
+            admin = await sup.address("admin")
+            await wait_count(sup.lines, "reloaded", 2, 0)
+            assert await node_names(admin) == ["a"]
+            assert not any("worker exited" in line for line in sup.lines)
+
+
 async def test_watch_config_reloads_every_worker(tmp_path: Path, redis_server: RedisServer) -> None:
     config = tmp_path / "fleet.toml"
     write_fleet(config, ["a"], watch_config=True)

@@ -147,6 +147,8 @@ class _Supervisor:
     processes: dict[int, trio.Process] = attrs.Factory(dict)
     stopped: trio.Event = attrs.Factory(trio.Event)
     ready: int = 0
+    serving: set[int] = attrs.Factory(set)  # the workers that said they serve (SIGHUP-ready)
+    reload_asked: set[int] = attrs.Factory(set)  # SIGHUP came while they were starting
     failed: int | None = None  # the exit status of a worker that never started
 
     async def keep(self, index: int, all_ready: trio.Event) -> None:
@@ -199,6 +201,10 @@ class _Supervisor:
                 logger.info(
                     "worker serving", extra={"fields": {"worker": index, "pid": process.pid}}
                 )
+                self.serving.add(index)
+                if index in self.reload_asked:  # it may have read the file before the change
+                    self.reload_asked.discard(index)
+                    self._hang_up(process)
             if served and first:
                 self.ready += 1
                 if self.ready == len(self.listeners.clients):
@@ -206,16 +212,30 @@ class _Supervisor:
             status = await process.wait()
         finally:
             self.processes.pop(index, None)
+            self.serving.discard(index)
+            self.reload_asked.discard(index)  # its successor reads the file as it starts
         return served, status
 
     def reload(self) -> None:
-        """``SIGHUP``: pass it on to every worker, each of which reads the settings again."""
+        """``SIGHUP``: pass it on to every worker, each of which reads the settings again.
+
+        Only to a worker that serves: one still starting has no handler yet,
+        and ``SIGHUP``'s default would end it. It gets the signal once it
+        says it serves.
+        """
         logger.info(
             "SIGHUP: reloading the workers", extra={"fields": {"workers": len(self.processes)}}
         )
-        for process in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGHUP)
+        for index, process in self.processes.items():
+            if index in self.serving:
+                self._hang_up(process)
+            else:
+                self.reload_asked.add(index)
+
+    @staticmethod
+    def _hang_up(process: trio.Process) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGHUP)
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Stop restarting, and pass ``signum`` on to every worker."""
