@@ -67,12 +67,11 @@ def test_sighup_adds_an_engine_while_a_stream_runs(
     hup = _reload(proxy)
     logged = time.monotonic() - hup
     assert "node b added" in proxy.log_text()
-    names = wait_for(
+    wait_for(
         lambda: [node["name"] for node in proxy.status()["nodes"]] == ["a", "b"],
         10,
         what="b in /status",
     )
-    assert names
     wait_for(lambda: proxy.node("b")["models"], 20, what="b's models, found by discovery")
     discovered = time.monotonic() - hup
     assert not running.complete, "the stream should outlast the reload (make it longer)"
@@ -82,7 +81,8 @@ def test_sighup_adds_an_engine_while_a_stream_runs(
     assert running.complete
     assert running.events()[-1].data == "[DONE]"
     tokens = [event for event in running.events() if event.content()]
-    assert len(tokens) >= 90, f"the stream lost tokens over the reload: {len(tokens)}"
+    # Greedy and endless: the same 96 tokens each run; one lost shows.
+    assert len(tokens) == 96, f"the stream lost tokens over the reload: {len(tokens)}"
     assert proxy.node("a")["served"] >= 1
 
     # Capacity 1 each: two streams at once run one at a, one at b.
