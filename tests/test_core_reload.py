@@ -114,6 +114,19 @@ def test_the_shared_state_needs_a_restart() -> None:
     ]
 
 
+def test_the_workers_and_the_shared_state_need_a_restart() -> None:
+    # The supervisor started the workers; the state is reached at one address.
+    shared = with_(state="redis://r:6379", workers=2)
+    assert diff_configs(shared, attrs.evolve(shared, workers=3)).refused == (
+        "workers: 2 -> 3 needs a restart",
+    )
+    moved = attrs.evolve(shared, state="redis://:pw@s:6379", state_prefix="x:")
+    assert diff_configs(shared, moved).refused == (
+        "state: redis://r:6379 -> redis://***@s:6379 needs a restart",  # no password shown
+        "state_prefix: trio-failover: -> x: needs a restart",
+    )
+
+
 def test_tls_files_count_only_with_tls_on() -> None:
     tls = with_(tls_cert="/c.pem", tls_key="/k.pem")
     assert diff_configs(tls, tls, tls_files_changed=True).changes() == [
@@ -143,9 +156,10 @@ def test_a_masked_document_reads_back_and_shows_no_secret() -> None:
     config = with_(
         admin_token="t0ken",
         upstreams=[A, attrs.evolve(B, url="http://user:pw@10.0.0.2:8000", models={"x": "y"})],
+        state="redis://:redis-pw@r:6379",
     )
     text = json.dumps(config_document(masked(config, mask)))
-    for secret in ("key-1", "t0ken", "s1", "user:pw"):
+    for secret in ("key-1", "t0ken", "s1", "user:pw", "redis-pw"):
         assert secret not in text
     back = config_from_document(json.loads(text))
     assert diff_configs(back, masked(config, mask)).changes() == []

@@ -167,7 +167,7 @@ async def test_a_taken_port_stops_the_supervisor_with_exit_2(redis_server: Redis
 # -- the pure decisions ----------------------------------------------------------------------
 
 
-def test_each_worker_gets_the_bound_addresses_and_only_the_first_the_admin() -> None:
+def test_each_worker_keeps_the_addresses_as_written_and_only_the_first_the_admin() -> None:
     config = Config(
         upstreams=[Upstream("a", "http://127.0.0.1:9")],
         listen="127.0.0.1:0",
@@ -175,14 +175,10 @@ def test_each_worker_gets_the_bound_addresses_and_only_the_first_the_admin() -> 
         state="redis://r:6379",
         workers=3,
     )
-    first = worker_config(config, 0, "127.0.0.1:4000", "127.0.0.1:4001")
-    assert (first.listen, first.admin_listen, first.workers) == (
-        "127.0.0.1:4000",
-        "127.0.0.1:4001",
-        3,
-    )
-    other = worker_config(config, 2, "127.0.0.1:4000", "127.0.0.1:4001")
-    assert (other.listen, other.admin_listen) == ("127.0.0.1:4000", None)
+    first = worker_config(config, 0)
+    assert (first.listen, first.admin_listen, first.workers) == ("127.0.0.1:0", "127.0.0.1:0", 3)
+    other = worker_config(config, 2)
+    assert (other.listen, other.admin_listen) == ("127.0.0.1:0", None)
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,7 @@ def serve(**flags: Any) -> None:
     if config.workers > 1:
         from ..service.workers import run_workers
 
-        raise typer.Exit(run_workers(config))
+        raise typer.Exit(run_workers(config, loader))
     from ..service.server import run_server
 
     raise typer.Exit(run_server(config, loader=loader))

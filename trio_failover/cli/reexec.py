@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     if config.workers > 1:
         from ..service.workers import run_workers
 
-        return run_workers(config)
+        return run_workers(config, loader)
     from ..service.server import run_server
 
     return run_server(config, loader=loader)

@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from .config import ClientKey, Config, Upstream
+from .config import ClientKey, Config, Upstream, redact_url
 
 __all__ = [
     "NEEDS_RESTART",
@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 # Settings that a running proxy cannot take: its listeners are bound, its
-# logging and traces set up once (the reason is said in each refusal).
+# logging and traces set up once, its workers started, its shared state
+# reached at one address under one prefix (the reason is said in each
+# refusal).
 NEEDS_RESTART: tuple[str, ...] = (
     "listen",
     "admin_listen",
@@ -127,7 +129,8 @@ def diff_configs(old: Config, new: Config, *, tls_files_changed: bool = False) -
             certificate or key file differ from those loaded (the shell reads them).
     """
     refused = [
-        f"{name}: {_show(getattr(old, name))} -> {_show(getattr(new, name))} needs a restart"
+        f"{name}: {_show(getattr(old, name), name)} -> {_show(getattr(new, name), name)}"
+        " needs a restart"
         for name in NEEDS_RESTART
         if getattr(old, name) != getattr(new, name)
     ]
@@ -183,13 +186,15 @@ def _setting_changes(old: Config, new: Config) -> list[str]:
             continue
         before, after = getattr(old, name), getattr(new, name)
         if before != after:
-            phrases.append(f"{name}: {_show(before)} -> {_show(after)}")
+            phrases.append(f"{name}: {_show(before, name)} -> {_show(after, name)}")
     if old.admin_token != new.admin_token:
         phrases.append("admin_token changed")
     return phrases
 
 
-def _show(value: object) -> str:
+def _show(value: object, name: str = "") -> str:
+    if name == "state" and isinstance(value, str):
+        return redact_url(value)  # a Redis URL's password
     if isinstance(value, frozenset):
         return ",".join(sorted(str(item) for item in value)) or "(none)"
     if isinstance(value, float) and value.is_integer():
@@ -209,10 +214,11 @@ def hmac_mask(salt: bytes) -> Callable[[str], str]:
 def masked(config: Config, mask: Callable[[str], str]) -> Config:
     """``config`` with every secret replaced by ``mask(secret)``.
 
-    The secrets: client keys, node header values, the admin token, and a
-    node URL's ``user:password``. Two configurations masked with the same
-    function (an HMAC under one random salt, in the shell) compare as the
-    originals do, and neither shows a secret.
+    The secrets: client keys, node header values, the admin token, and the
+    ``user:password`` of a node URL and of the shared state's URL. Two
+    configurations masked with the same function (an HMAC under one random
+    salt, in the shell) compare as the originals do, and neither shows a
+    secret.
     """
     nodes = [
         attrs.evolve(
@@ -225,7 +231,9 @@ def masked(config: Config, mask: Callable[[str], str]) -> Config:
     ]
     clients = tuple(ClientKey(client.name, mask(client.key)) for client in config.clients)
     token = None if config.admin_token is None else mask(config.admin_token)
-    return attrs.evolve(config, upstreams=nodes, clients=clients, admin_token=token)
+    # A Redis URL's USER:PASS is checked for its shape: the mask keeps it.
+    state = _mask_url(config.state, lambda userinfo: f"{mask(userinfo)}:{mask(userinfo)}")
+    return attrs.evolve(config, upstreams=nodes, clients=clients, admin_token=token, state=state)
 
 
 def _mask_url(url: str, mask: Callable[[str], str]) -> str:

@@ -29,6 +29,17 @@ holds the read end of a pipe whose other end only the supervisor has.
 
 A worker that exits before it ever served, while the workers start, stops
 the whole program with its exit status (a bad TLS file is exit 2 for all).
+
+Reload (SPEC 9): ``SIGHUP`` to the supervisor is passed on to every worker.
+Each worker holds the command line's ``SettingsLoader`` (it travels with
+the settings) and reloads as a single proxy does, reading the file itself;
+``_WorkerLoader`` makes what it reads this worker's settings
+(``core/workers.worker_reload_config``), and a file that names other
+listeners is refused by every worker alike. With ``--watch-config`` each
+worker polls the file on its own: the supervisor reads no settings after
+its start, so a reload stays one code path, the worker's. A worker started
+again reads the file as it is then, so that it does not go back to the
+settings of the program's start after a reload.
 """
 
 from __future__ import annotations
@@ -46,8 +57,9 @@ import trio
 
 from ..core.config import Config, split_host_port
 from ..core.errors import ConfigError
-from ..core.workers import STEADY_AFTER, restart_delay, worker_config
+from ..core.workers import STEADY_AFTER, restart_delay, worker_config, worker_reload_config
 from ..telemetry.logs import configure_logging, logger
+from .reloader import Loader
 from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
 
 __all__ = ["Listeners", "bind_listeners", "main", "run_workers"]
@@ -124,11 +136,6 @@ def bind_listeners(config: Config) -> Listeners:
     return Listeners(tuple(clients), admin, addresses)
 
 
-def _host_port(address: tuple[str, int]) -> str:
-    host = f"[{address[0]}]" if ":" in address[0] else address[0]
-    return f"{host}:{address[1]}"
-
-
 @attrs.define
 class _Supervisor:
     """The running workers, and whether they are being stopped."""
@@ -140,6 +147,8 @@ class _Supervisor:
     processes: dict[int, trio.Process] = attrs.Factory(dict)
     stopped: trio.Event = attrs.Factory(trio.Event)
     ready: int = 0
+    serving: set[int] = attrs.Factory(set)  # the workers that said they serve (SIGHUP-ready)
+    reload_asked: set[int] = attrs.Factory(set)  # SIGHUP came while they were starting
     failed: int | None = None  # the exit status of a worker that never started
 
     async def keep(self, index: int, all_ready: trio.Event) -> None:
@@ -192,6 +201,10 @@ class _Supervisor:
                 logger.info(
                     "worker serving", extra={"fields": {"worker": index, "pid": process.pid}}
                 )
+                self.serving.add(index)
+                if index in self.reload_asked:  # it may have read the file before the change
+                    self.reload_asked.discard(index)
+                    self._hang_up(process)
             if served and first:
                 self.ready += 1
                 if self.ready == len(self.listeners.clients):
@@ -199,7 +212,30 @@ class _Supervisor:
             status = await process.wait()
         finally:
             self.processes.pop(index, None)
+            self.serving.discard(index)
+            self.reload_asked.discard(index)  # its successor reads the file as it starts
         return served, status
+
+    def reload(self) -> None:
+        """``SIGHUP``: pass it on to every worker, each of which reads the settings again.
+
+        Only to a worker that serves: one still starting has no handler yet,
+        and ``SIGHUP``'s default would end it. It gets the signal once it
+        says it serves.
+        """
+        logger.info(
+            "SIGHUP: reloading the workers", extra={"fields": {"workers": len(self.processes)}}
+        )
+        for index, process in self.processes.items():
+            if index in self.serving:
+                self._hang_up(process)
+            else:
+                self.reload_asked.add(index)
+
+    @staticmethod
+    def _hang_up(process: trio.Process) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGHUP)
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Stop restarting, and pass ``signum`` on to every worker."""
@@ -212,7 +248,7 @@ class _Supervisor:
 async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lifeline: int) -> int:
     supervisor = _Supervisor(config, listeners, settings_fd, lifeline)
     all_ready = trio.Event()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def announce() -> None:
@@ -222,6 +258,9 @@ async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lif
 
             async def watch_signals() -> None:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        supervisor.reload()
+                        continue
                     logger.info(
                         f"{signal.Signals(signum).name}: stopping the workers",
                         extra={"fields": {"workers": len(supervisor.processes)}},
@@ -246,11 +285,14 @@ def _log_listening(addresses: BoundAddresses, workers: int) -> None:
         handler.flush()
 
 
-def run_workers(config: Config) -> int:
+def run_workers(config: Config, loader: Loader | None = None) -> int:
     """The supervisor of ``config.workers`` workers, in the foreground; returns the exit code.
 
     A bad TLS file or an address that cannot be bound is exit 2 here, with
-    one line, before any worker starts.
+    one line, before any worker starts. ``loader`` (the command line's
+    ``SettingsLoader``, a plain value) goes to every worker: with it, each
+    reloads on the ``SIGHUP`` passed on, and watches the file itself with
+    ``--watch-config``.
     """
     configure_logging(config.log_format, config.log_level)
     try:
@@ -263,7 +305,7 @@ def run_workers(config: Config) -> int:
     lifeline, lifeline_end = os.pipe()  # not inherited: the workers get only the read end
     try:
         with os.fdopen(os.dup(settings_fd), "wb") as file:
-            pickle.dump(config, file)
+            pickle.dump((config, loader), file)
         return trio.run(_supervise, config, listeners, settings_fd, lifeline)
     finally:
         for fd in (settings_fd, lifeline, lifeline_end):
@@ -274,15 +316,46 @@ def run_workers(config: Config) -> int:
 # -- the worker's side ---------------------------------------------------------------
 
 
-def _read_settings(fd: int) -> Config:
+def _read_settings(fd: int) -> tuple[Config, Loader | None]:
     """The settings in the supervisor's memory file, read without moving the shared offset."""
     data = b""
     while chunk := os.pread(fd, 1 << 20, len(data)):
         data += chunk
-    config = pickle.loads(data)  # written by our own supervisor, just before our start
+    config, loader = pickle.loads(data)  # written by our own supervisor, before our start
     if not isinstance(config, Config):
         raise TypeError(f"expected a Config, read {type(config).__name__}")
-    return config
+    return config, loader
+
+
+@attrs.frozen
+class _WorkerLoader:
+    """A worker's reload: the program's loader, its result as ``worker_config`` makes it."""
+
+    load: Loader
+    program: Config
+    index: int
+
+    @property
+    def path(self) -> str | None:
+        return self.load.path
+
+    def __call__(self) -> Config:
+        new = self.load()
+        return worker_reload_config(self.program, new, self.index)
+
+
+def _current_settings(loader: _WorkerLoader, started_with: Config) -> Config:
+    """What a worker starts with: the file as it reads now (a worker started again after
+    a reload must not go back to the settings of the program's start), else the start's."""
+    try:
+        return loader()
+    except ConfigError as exc:
+        configure_logging(started_with.log_format, started_with.log_level)
+        logger.warning(
+            "worker: the settings do not read now; starting with those of the program's start",
+            extra={"fields": {"error": " ".join(str(exc).splitlines())}},
+        )
+        return started_with
 
 
 def _watch_lifeline(fd: int) -> None:
@@ -305,19 +378,22 @@ def main(argv: list[str]) -> int:
     """
     settings_fd, lifeline_fd, ready_fd, client_fd, admin_fd, index = map(int, argv[1:7])
     threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), daemon=True).start()
-    config = _read_settings(settings_fd)
+    program, load = _read_settings(settings_fd)
     os.close(settings_fd)
     client = socket.socket(fileno=client_fd)
     admin = socket.socket(fileno=admin_fd) if admin_fd >= 0 else None
-    admin_listen = _host_port(admin.getsockname()) if admin is not None else None
-    config = worker_config(config, index, _host_port(client.getsockname()), admin_listen)
+    config = worker_config(program, index)
+    loader = None
+    if load is not None:
+        loader = _WorkerLoader(load, program, index)
+        config = _current_settings(loader, config)
 
     def served(_: BoundAddresses) -> None:
         os.write(ready_fd, READY)
         os.close(ready_fd)
 
     sockets = InheritedSockets(client=client, admin=admin)
-    return run_server(config, sockets=sockets, on_listening=served)
+    return run_server(config, loader=loader, sockets=sockets, on_listening=served)
 
 
 if __name__ == "__main__":
