@@ -51,7 +51,7 @@ import bench
 import bench_redis
 
 P99_MS = bench.TARGET_STREAM_P99_MS
-LADDER = (250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000)
+LADDER = (200, 300, 400, 500, 600, 800, 1000, 1200, 1400, 1700, 2000, 2500, 3000)
 SYSTEMS = ("direct", "1 worker", "2 workers")
 
 
@@ -172,6 +172,15 @@ def streams_summary(results: dict[str, list[Ladder]]) -> None:
             ratios.append(two.best.streams / one.best.streams)
     if ratios:
         print("  2 workers / 1 worker: " + ", ".join(f"{r:.2f}x" for r in ratios))
+    print("p99 ms at the same N, 1 worker -> 2 workers (the last try of each step):")
+    for index, (one, two) in enumerate(zip(results["1 worker"], results["2 workers"], strict=True)):
+        theirs = {step.streams: step for step in two.steps}
+        pairs = [
+            f"{step.streams}: {step.p99_ms:.1f} -> {theirs[step.streams].p99_ms:.1f}"
+            for step in one.steps
+            if step.streams in theirs
+        ]
+        print(f"  round {index + 1}: " + ", ".join(pairs))
 
 
 # -- request-path CPU: redis against memory --------------------------------------------
