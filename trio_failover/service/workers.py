@@ -29,6 +29,10 @@ holds the read end of a pipe whose other end only the supervisor has.
 
 A worker that exits before it ever served, while the workers start, stops
 the whole program with its exit status (a bad TLS file is exit 2 for all).
+
+The first worker, whose admin listener answers ``/status`` for the fleet,
+also gets the read end of a roster pipe: at each start, serve and exit the
+supervisor writes it the whole list of workers (``roster.py``).
 """
 
 from __future__ import annotations
