@@ -47,6 +47,7 @@ demo: $(RUNTIME_STAMP)
 bench: install
 	$(BIN)/python scripts/bench.py
 	$(BIN)/python scripts/bench_burst.py
+	$(BIN)/python scripts/bench_workers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

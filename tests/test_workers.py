@@ -6,15 +6,17 @@ Every wait is for a log line or a process's exit, bounded by ``trio.fail_after``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -24,6 +26,7 @@ from support import Lines
 
 from trio_failover.core.config import Config, Upstream
 from trio_failover.core.workers import RESTART_FIRST, RESTART_MOST, restart_delay, worker_config
+from trio_failover.service.roster import LINE_MOST, Roster, WorkerEntry, encode, send
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -135,6 +138,57 @@ async def test_two_workers_share_the_port_restart_and_drain(redis_server: RedisS
                     os.kill(pid, 0)
 
 
+async def fleet_workers(admin: tuple[str, int], want: Callable[[list[Any]], bool]) -> list[Any]:
+    """The ``workers`` of ``/status`` once ``want`` holds of them: the supervisor's line
+    reaches the first worker's thread a moment after the log line it follows."""
+    for _ in range(200):  # bounded: 200 polls, a few seconds at most
+        answer = await http_get(admin, "/status")
+        workers = json.loads(answer.partition(b"\r\n\r\n")[2])["workers"]
+        if want(workers):
+            return list(workers)
+        await trio.sleep(0.02)
+    raise AssertionError(f"/status never showed the workers wanted: {workers}")
+
+
+async def test_the_first_workers_status_lists_the_workers(redis_server: RedisServer) -> None:
+    state = f"--state=redis://127.0.0.1:{redis_server.port}"
+    with trio.fail_after(LIMIT):
+        async with supervisor("--upstream=a=http://127.0.0.1:9", "--workers=2", state) as sup:
+            admin = await sup.address("admin")
+            pids = [await sup.worker_pid(0), await sup.worker_pid(1)]
+            listed = await fleet_workers(admin, lambda ws: all(w["serving"] for w in ws))
+            assert [(w["index"], w["pid"], w["restarts"]) for w in listed] == [
+                (0, pids[0], 0),
+                (1, pids[1], 0),
+            ]
+            assert all(0 <= w["uptime_s"] < LIMIT for w in listed)
+
+            # Worker 1 killed: listed again with its new pid, started once more.
+            seen = len(sup.lines)
+            os.kill(pids[1], signal.SIGKILL)
+            second = await sup.worker_pid(1, after=seen)
+            listed = await fleet_workers(admin, lambda ws: ws[1]["pid"] == second)
+            assert (listed[1]["restarts"], listed[1]["serving"]) == (1, True)
+            assert listed[0] == {**listed[0], "pid": pids[0], "restarts": 0}
+
+            # The first worker itself killed: its successor is told the list afresh.
+            seen = len(sup.lines)
+            os.kill(pids[0], signal.SIGKILL)
+            first = await sup.worker_pid(0, after=seen)
+            listed = await fleet_workers(admin, lambda ws: ws[0]["pid"] == first)
+            assert [(w["pid"], w["restarts"]) for w in listed] == [(first, 1), (second, 1)]
+
+
+async def test_a_single_proxys_status_has_no_workers() -> None:
+    with trio.fail_after(LIMIT):
+        async with supervisor("--upstream=a=http://127.0.0.1:9") as sup:
+            admin = await sup.address("admin")
+            answer = await http_get(admin, "/status")
+            assert "workers" not in json.loads(answer.partition(b"\r\n\r\n")[2])
+            sup.process.send_signal(signal.SIGTERM)
+            assert await sup.process.wait() == 0
+
+
 async def test_workers_whose_supervisor_was_killed_drain_and_exit(
     redis_server: RedisServer,
 ) -> None:
@@ -193,3 +247,29 @@ def test_each_worker_keeps_the_addresses_as_written_and_only_the_first_the_admin
 )
 def test_restart_delay(failures: int, lived: float, delay: float) -> None:
     assert restart_delay(failures, lived) == delay
+
+
+def test_a_roster_line_is_dropped_when_the_pipe_is_full_and_the_last_whole_line_wins() -> None:
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        line = encode([WorkerEntry(1, pid=7, restarts=2, serving=True), WorkerEntry(0, pid=6)])
+        assert send(write_end, line)
+        while send(write_end, line):  # bounded by the pipe's size
+            pass
+        assert not send(write_end, b"x" * (LINE_MOST + 1))  # would arrive in pieces
+        os.close(write_end)
+        write_end = -1
+        roster = Roster()
+        roster.follow(read_end)  # to the end of the pipe; closes it
+        read_end = -1
+        assert [(w["index"], w["pid"], w["restarts"]) for w in roster.document()] == [
+            (0, 6, 0),
+            (1, 7, 2),
+        ]
+        roster.take(b"not json")
+        assert len(roster.document()) == 2
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)

@@ -46,6 +46,7 @@ from ..proxy.proxy import Proxy
 from ..telemetry.events import SUBSCRIBER_BUFFER, Subscription
 from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest
+from . import roster
 from .history import History
 from .sampler import sample_history
 
@@ -223,7 +224,7 @@ _UNAUTHORIZED = attrs.evolve(
 def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History | None) -> Reply:
     routes: dict[bytes, Callable[[Proxy, ClientRequest], Reply]] = {
         b"/healthz": lambda p, _: _healthz_reply(p),
-        b"/status": lambda p, _: Reply(200, json.dumps(p.status()).encode()),
+        b"/status": lambda p, _: _status_reply(p),
         b"/metrics": _metrics_reply,
         b"/config": lambda p, _: Reply(200, json.dumps(running_config(p.config)).encode()),
         b"/": lambda _, __: _dashboard_reply(),
@@ -242,6 +243,14 @@ def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History |
         reply = _error(405, "method_not_allowed", "the admin API is read-only")
         return attrs.evolve(reply, headers=((b"allow", b"GET, HEAD"),))
     return answer(proxy, request)
+
+
+def _status_reply(proxy: Proxy) -> Reply:
+    document = proxy.status()
+    workers = roster.listed()  # a --workers fleet's first worker lists them all (SPEC 8)
+    if workers is not None:
+        document["workers"] = workers
+    return Reply(200, json.dumps(document).encode())
 
 
 def running_config(config: Config) -> dict[str, object]:

@@ -40,6 +40,10 @@ worker polls the file on its own: the supervisor reads no settings after
 its start, so a reload stays one code path, the worker's. A worker started
 again reads the file as it is then, so that it does not go back to the
 settings of the program's start after a reload.
+
+The first worker, whose admin listener answers ``/status`` for the fleet,
+also gets the read end of a roster pipe: at each start, serve and exit the
+supervisor writes it the whole list of workers (``roster.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from ..core.errors import ConfigError
 from ..core.workers import STEADY_AFTER, restart_delay, worker_config, worker_reload_config
 from ..telemetry.logs import configure_logging, logger
 from .reloader import Loader
+from .roster import Roster, WorkerEntry, encode, install, send
 from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
 
 __all__ = ["Listeners", "bind_listeners", "main", "run_workers"]
@@ -145,6 +150,8 @@ class _Supervisor:
     settings_fd: int
     lifeline: int  # the read end of a pipe whose write end only the supervisor holds
     processes: dict[int, trio.Process] = attrs.Factory(dict)
+    entries: dict[int, WorkerEntry] = attrs.Factory(dict)  # what /status lists (roster.py)
+    roster_fd: int | None = None  # the write end of the first worker's roster pipe
     stopped: trio.Event = attrs.Factory(trio.Event)
     ready: int = 0
     serving: set[int] = attrs.Factory(set)  # the workers that said they serve (SIGHUP-ready)
@@ -154,6 +161,7 @@ class _Supervisor:
     async def keep(self, index: int, all_ready: trio.Event) -> None:
         """Run worker ``index``, and start it again whenever it dies, until stopping."""
         failures, first = 0, True
+        self.entries[index] = WorkerEntry(index)
         while not self.stopped.is_set():
             started = trio.current_time()
             served, status = await self._run_once(index, first, all_ready)
@@ -173,13 +181,15 @@ class _Supervisor:
             first = first and not served
             with trio.move_on_after(delay):
                 await self.stopped.wait()
+            self.entries[index].restarts += not self.stopped.is_set()
 
     async def _run_once(self, index: int, first: bool, all_ready: trio.Event) -> tuple[bool, int]:
         """One life of worker ``index``: whether it served, and its exit status."""
         read_end, write_end = os.pipe()
         admin = self.listeners.admin if index == 0 else None
+        roster_read, roster_write = os.pipe() if index == 0 else (-1, -1)
         fds = [self.settings_fd, self.lifeline, write_end, self.listeners.clients[index].fileno()]
-        fds.append(admin.fileno() if admin is not None else -1)
+        fds += [admin.fileno() if admin is not None else -1, roster_read]
         command = [sys.executable, "-P", "-m", __name__, *map(str, fds), str(index)]
         try:
             process = await trio.lowlevel.open_process(
@@ -187,17 +197,27 @@ class _Supervisor:
             )
         except BaseException:
             os.close(read_end)
+            if roster_write >= 0:
+                os.close(roster_write)
             raise
         finally:
             os.close(write_end)
+            if roster_read >= 0:
+                os.close(roster_read)
+        if roster_write >= 0:
+            self._new_roster(roster_write)
         self.processes[index] = process
+        self.entries[index].pid = process.pid
+        self._publish()
         if self.stopped.is_set():  # stopped while it was being started
             process.send_signal(signal.SIGTERM)
         served = False
         try:
             async with trio.lowlevel.FdStream(read_end) as ready:
                 served = await ready.receive_some(1) == READY
-            if served:
+            if served:  # told to the first worker before it is logged
+                self.entries[index].serving = True
+                self._publish()
                 logger.info(
                     "worker serving", extra={"fields": {"worker": index, "pid": process.pid}}
                 )
@@ -214,6 +234,8 @@ class _Supervisor:
             self.processes.pop(index, None)
             self.serving.discard(index)
             self.reload_asked.discard(index)  # its successor reads the file as it starts
+            self.entries[index].pid, self.entries[index].serving = None, False
+            self._publish()
         return served, status
 
     def reload(self) -> None:
@@ -237,6 +259,22 @@ class _Supervisor:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGHUP)
 
+    def _new_roster(self, fd: int) -> None:
+        """The first worker's new roster pipe replaces its last life's."""
+        os.set_blocking(fd, False)
+        self.close_roster()
+        self.roster_fd = fd
+
+    def close_roster(self) -> None:
+        if self.roster_fd is not None:
+            os.close(self.roster_fd)
+            self.roster_fd = None
+
+    def _publish(self) -> None:
+        """Tell the first worker the list of workers, as it now is (roster.py)."""
+        if self.roster_fd is not None:
+            send(self.roster_fd, encode(list(self.entries.values())))
+
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Stop restarting, and pass ``signum`` on to every worker."""
         self.stopped.set()
@@ -248,6 +286,14 @@ class _Supervisor:
 async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lifeline: int) -> int:
     supervisor = _Supervisor(config, listeners, settings_fd, lifeline)
     all_ready = trio.Event()
+    try:
+        return await _supervised(supervisor, all_ready)
+    finally:
+        supervisor.close_roster()
+
+
+async def _supervised(supervisor: _Supervisor, all_ready: trio.Event) -> int:
+    config, listeners = supervisor.config, supervisor.listeners
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
@@ -371,13 +417,18 @@ def _watch_lifeline(fd: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """A worker: ``python -m trio_failover.service.workers FD FD FD FD FD INDEX``.
+    """A worker: ``python -m trio_failover.service.workers FD FD FD FD FD FD INDEX``.
 
     The descriptors: the settings, the lifeline, the ready pipe, the client
-    socket and the admin socket (-1 for none).
+    socket, the admin socket and the roster pipe (-1 for none: only the
+    first worker has the last two).
     """
-    settings_fd, lifeline_fd, ready_fd, client_fd, admin_fd, index = map(int, argv[1:7])
+    settings_fd, lifeline_fd, ready_fd, client_fd, admin_fd, roster_fd, index = map(int, argv[1:8])
     threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), daemon=True).start()
+    if roster_fd >= 0:  # the supervisor's list of workers, for /status
+        roster = Roster()
+        install(roster)
+        threading.Thread(target=roster.follow, args=(roster_fd,), daemon=True).start()
     program, load = _read_settings(settings_fd)
     os.close(settings_fd)
     client = socket.socket(fileno=client_fd)

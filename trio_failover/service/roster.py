@@ -1,0 +1,128 @@
+"""The workers of a ``--workers`` fleet, as the first worker's ``/status`` lists them (SPEC 8).
+
+Only the supervisor knows its workers (their pids, how often each was
+started again, whether each serves); only the first worker answers
+``/status``. So the supervisor tells the first worker: each time a worker
+starts, serves or exits it writes the whole list, one JSON line, to a pipe
+that the first worker holds the read end of (a new pipe for each of its
+lives), and a thread of that worker reads the lines and keeps the last.
+
+Why a pipe and whole snapshots: the supervisor never waits on it (its end
+is non-blocking; a line that finds the pipe full is dropped, the next one
+says everything again), a line shorter than ``PIPE_BUF`` arrives whole or
+not at all, and a worker that reads nothing for a while still shows the
+newest list once it does. The ages are not sent: each ``/status`` reads
+them from the kernel (``/proc/PID/stat``), so they are current however old
+the line, and no clock of the supervisor's is compared with the worker's.
+
+A worker runs one roster at most; ``install`` makes it the process's, and
+the admin listener asks ``listed()`` (None in a proxy without workers, whose
+``/status`` then has no ``workers`` key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+__all__ = ["Roster", "WorkerEntry", "encode", "install", "listed", "send"]
+
+# Lines longer than this could arrive in pieces (or be dropped in part).
+LINE_MOST = select.PIPE_BUF
+
+
+@attrs.define
+class WorkerEntry:
+    """One worker, as the supervisor knows it."""
+
+    index: int
+    pid: int | None = None  # None between a death and the next start
+    restarts: int = 0  # how many times it was started again
+    serving: bool = False  # it said it serves, and has not exited since
+
+    def document(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def encode(entries: list[WorkerEntry]) -> bytes:
+    """The line the supervisor sends: every worker, by index."""
+    line = json.dumps([entry.document() for entry in sorted(entries, key=lambda e: e.index)])
+    return line.encode() + b"\n"
+
+
+def send(fd: int, line: bytes) -> bool:
+    """Write ``line`` to the non-blocking pipe ``fd``, whole or not at all; whether it went.
+
+    A full pipe (the worker reads nothing) or a closed one (it died) drops
+    the line: the next one carries the whole list again.
+    """
+    if len(line) > LINE_MOST:
+        return False
+    try:
+        return os.write(fd, line) == len(line)
+    except (BlockingIOError, BrokenPipeError):
+        return False
+
+
+def uptime_s(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """Seconds since process ``pid`` started, from the kernel; None if it cannot tell."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
+        since_boot = float((proc / "uptime").read_text().split()[0])
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(max(0.0, since_boot - started), 1)
+
+
+class Roster:
+    """The first worker's copy of the supervisor's list."""
+
+    def __init__(self) -> None:
+        self._latest: list[dict[str, Any]] = []
+
+    def take(self, line: bytes) -> None:
+        """One line from the supervisor; a line that does not parse is ignored."""
+        with contextlib.suppress(ValueError):
+            entries = json.loads(line)
+            if isinstance(entries, list):
+                self._latest = entries  # one assignment: the admin thread sees old or new
+
+    def follow(self, fd: int) -> None:
+        """In a thread: read lines from ``fd`` until the supervisor's end closes."""
+        buffer = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(fd, 65536):
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                if lines:
+                    self.take(lines[-1])
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def document(self) -> list[dict[str, Any]]:
+        """The ``workers`` list of ``/status``: each worker with its age (``uptime_s``)."""
+        listed = []
+        for entry in self._latest:
+            pid = entry.get("pid")
+            age = uptime_s(pid) if isinstance(pid, int) else None
+            listed.append({**entry, "uptime_s": age})
+        return listed
+
+
+_installed: list[Roster] = []
+
+
+def install(roster: Roster) -> None:
+    """Make ``roster`` this process's (a worker's ``main`` does, once)."""
+    _installed[:] = [roster]
+
+
+def listed() -> list[dict[str, Any]] | None:
+    """The workers for ``/status``, or None when this process is no fleet's first worker."""
+    return _installed[0].document() if _installed else None
