@@ -102,6 +102,26 @@ async def test_watch_config_reloads_when_the_file_changes(
     assert second["changes"] == ["node b removed", "node a: url changed"]
 
 
+async def test_a_file_a_sighup_reloaded_is_not_reloaded_again_by_the_watch(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(NODE_A.format(a="http://127.0.0.1:9001"))
+    reloader = make_reloader(path)
+    with trio.fail_after(60), reloader.proxy.events.subscribe(0) as events:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reloader.watch_file, str(path))
+            await trio.sleep(5.5)  # between two looks
+            path.write_text(NODE_A.format(a="http://127.0.0.1:9003"))
+            await reloader.reload()  # a SIGHUP, before the watch's next look
+            first = events.receive.receive_nowait()
+            await trio.sleep(3)  # three looks later
+            with pytest.raises(trio.WouldBlock):
+                events.receive.receive_nowait()
+            nursery.cancel_scope.cancel()
+    assert first["changes"] == ["node a: url changed"]
+
+
 async def test_a_renewed_certificate_is_loaded_for_new_handshakes(tmp_path: Path) -> None:
     ca = trustme.CA()
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"

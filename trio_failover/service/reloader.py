@@ -96,9 +96,15 @@ class Reloader:
         self.load = load
         self.tls = tls
         self._make_context = make_context
+        # The file as the last reload read it: what ``watch_file`` compares
+        # with, so that a file a SIGHUP reloaded is not reloaded again.
+        self._seen: tuple[int, int, int] | None = None
 
     async def reload(self, *, dry_run: bool = False) -> ReloadResult:
         """Read the settings again and apply them; ``dry_run``: only say what would change."""
+        path = self.load.path
+        if path is not None and not dry_run:
+            self._seen = _file_state(path)
         try:
             new = self.load()
             digest = tls_digest(new)
@@ -127,15 +133,14 @@ class Reloader:
 
     async def watch_file(self, path: str, interval: float = WATCH_INTERVAL) -> None:
         """Reload whenever the file at ``path`` changes; runs until cancelled."""
-        seen = _file_state(path)
+        self._seen = _file_state(path)
         while True:
             await trio.sleep(interval)
             now = _file_state(path)
             if now is None:  # gone for a moment (a rename under way): look again
-                seen = None
+                self._seen = None
                 continue
-            if now != seen:
-                seen = now
+            if now != self._seen:
                 logger.info("config file changed", extra={"fields": {"path": path}})
                 await self.reload()
 
