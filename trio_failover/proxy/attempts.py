@@ -258,7 +258,9 @@ async def take_slot(
 
     Cancellation: a waiting workload leaves the queue (the client left).
     """
-    result = queue.acquire(order, tried=tried, preferred=preferred, now=now, loaded=loaded)
+    result = queue.acquire(
+        order, tried=tried, preferred=preferred, now=now, loaded=loaded, model=work.model
+    )
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:
             report.publish_workload(work)

@@ -69,7 +69,7 @@ class Proxy(OwnTasks):
             max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
         )
         self.board = NodeBoard(node.name for node in config.upstreams)
-        self.queue = SlotQueue(config, self.board.is_demoted)
+        self.queue = SlotQueue(config, self.board.is_demoted, self.board.model_cooldowns)
         self.report = Report(config)
         gauge_in_flight(self.report.metrics, self.board.configured, self.queue)
         self.report.metrics.queue_length.set_function(self.queue.__len__)
