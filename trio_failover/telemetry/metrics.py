@@ -88,6 +88,12 @@ class Metrics:
             "trio_failover_cooldowns", "Cooldowns started", ["node", "reason"], registry=r
         )
         self.cooling = Gauge("trio_failover_cooling_nodes", "Nodes cooling now", registry=r)
+        self.model_cooldowns = Counter(
+            "trio_failover_model_cooldowns",
+            "Cooldowns started for one model of a node (SPEC 5c)",
+            ["node", "model", "reason"],
+            registry=r,
+        )
         self.checks = Counter(
             "trio_failover_health_checks",
             "Health and inventory checks (GET /health, /v1/models) by node and result",
