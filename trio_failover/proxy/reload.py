@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .board import NodeBoard
     from .discovery import Discovery
     from .engine_holder import EngineHolder
+    from .engine_reader import EngineReader
     from .gate import ClientGate
     from .lists import FleetLists
     from .liveness import LivenessChecker
@@ -70,6 +71,7 @@ class Proxy(Protocol):
     view: StatusView
     queue: SlotQueue
     engines: EngineHolder
+    engine_reader: EngineReader
     liveness: LivenessChecker
     lists: FleetLists
     discovery: Discovery
@@ -163,7 +165,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     The board keeps it (``NodeBoard.reconcile``: a removed node's entry
     stays while the workloads still running there write their outcome);
     here the parts outside it follow: liveness books, the fleet lists'
-    cache, the metric series, the engines' state.
+    cache, the metric series, the engines' state and readers.
     """
     before = {node.name for node in old.upstreams}
     added = [node.name for node in new.upstreams if node.name not in before]
@@ -172,6 +174,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     board.reconcile(node.name for node in new.upstreams)
     proxy.liveness.reconcile(added)
     proxy.engines.reconcile(new)
+    proxy.engine_reader.reconcile(new)  # its readers follow (URL, TLS, engine, intervals)
     proxy.lists.forget([*added, *(before - after)])
     metrics = proxy.report.metrics
     metrics.declare_nodes(added)
