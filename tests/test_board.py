@@ -9,6 +9,9 @@ import math
 
 import pytest
 
+from trio_failover.core.engine_book import EngineChange, EngineRead, EngineSettings
+from trio_failover.core.engine_state import EngineSignal
+from trio_failover.core.engines import Detection, EngineKind, Signals
 from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.liveness import CheckRecord
 from trio_failover.core.node_change import ChangeKind, NodeChange
@@ -243,3 +246,54 @@ def test_listeners_hear_in_the_order_they_were_added() -> None:
     board.listen(lambda change: order.append("second"))
     board.demote("a", 1.0, "stall", 0.0)
     assert order == ["first", "second"]
+
+
+# -- the engine verbs (SPEC 5c) ------------------------------------------------------
+
+
+def engine_board() -> tuple[NodeBoard, list[EngineChange]]:
+    board = NodeBoard(["auto", "fixed"])
+    kind = Detection(EngineKind.LLAMA_SERVER, "configured")
+    board.configure_engines(
+        EngineSettings(
+            engines=dict.fromkeys(["auto", "fixed"], kind), auto=frozenset({"auto"}), max_age=6.0
+        )
+    )
+    told: list[EngineChange] = []
+    board.listen_engines(told.append)
+    return board, told
+
+
+LLAMA = Detection(EngineKind.LLAMA_SERVER, "configured")
+
+
+def test_engine_read_folds_the_signals_and_tells_capacity_and_change() -> None:
+    board, told = engine_board()
+    reading = Signals(busy=1, total_slots=4)
+    board.engine_read("auto", EngineSignal(LLAMA, reading, 10.0), 10.0)
+    board.engine_read("auto", EngineSignal(LLAMA, reading, 12.0), 12.0)  # the same again
+    board.engine_read("fixed", EngineSignal(LLAMA, reading, 12.0), 12.0)
+    assert told == [
+        EngineChange("auto", reading, 4, True),
+        EngineChange("auto", reading, 4, False),
+        EngineChange("fixed", reading, None, True),  # configured: no capacity from it
+    ]
+    assert board.engines.signals == {"auto": reading, "fixed": reading}
+
+
+def test_a_failed_read_keeps_the_last_good_one_until_it_goes_stale() -> None:
+    board, told = engine_board()
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=2, total_slots=2), 0.0), 0.0)
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 5.0), 5.0)
+    assert board.engines.signals["auto"].busy == 2
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 7.0), 7.0)
+    assert "auto" not in board.engines.signals  # older than three intervals: unknown
+    assert told[-1] == EngineChange("auto", Signals(), 0, True)
+
+
+def test_a_remote_read_counts_its_age_and_an_unknown_node_is_ignored() -> None:
+    board, told = engine_board()
+    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=1), age=7.0), 100.0)
+    assert "auto" not in board.engines.signals  # read 7 s ago: stale already
+    board.apply_engine(EngineRead("gone", LLAMA, Signals(busy=1)), 100.0)
+    assert [change.node for change in told] == ["auto"]

@@ -45,6 +45,8 @@ import attrs
 import trio
 
 from ..core.cooldown import Cooldown, CooldownTable, ModelCooldowns, ends_cooldown
+from ..core.engine_book import EngineBook, EngineChange, EngineRead, EngineSettings
+from ..core.engine_state import EngineSignal
 from ..core.inventory import (
     DOWN_REASON,
     READY_REASON_CHECK,
@@ -55,9 +57,10 @@ from ..core.inventory import (
 from ..core.liveness import CheckRecord
 from ..core.node_change import ChangeKind, NodeChange
 
-__all__ = ["Listener", "NodeBoard", "NodeState"]
+__all__ = ["EngineListener", "Listener", "NodeBoard", "NodeState"]
 
 Listener = Callable[[NodeChange], None]
+EngineListener = Callable[[EngineChange], None]
 
 
 @attrs.define
@@ -138,7 +141,37 @@ class _OwnParts:
         return event
 
 
-class NodeBoard(_Reads, _OwnParts):
+class _EngineParts:
+    """The board's engine verbs (SPEC 5c): each read folded into ``engines``, then told.
+
+    Told to the engine listeners (``listen_engines``), not the readiness
+    ones: a read changes no node's readiness, only its load and capacity.
+    """
+
+    engines: EngineBook
+    _engine_listeners: list[EngineListener]
+
+    def listen_engines(self, listener: EngineListener) -> None:
+        """Have ``listener`` called with what every folded engine read left."""
+        self._engine_listeners.append(listener)
+
+    def configure_engines(self, settings: EngineSettings) -> None:
+        """Take the engine settings of a (re)loaded configuration."""
+        self.engines.configure(settings)
+
+    def engine_read(self, node: str, signal: EngineSignal, now: float) -> None:
+        """The engine reader's callback: fold one read of ``node``'s engine at ``now``."""
+        self.apply_engine(EngineRead(node, signal.engine, signal.signals, now - signal.at), now)
+
+    def apply_engine(self, read: EngineRead, now: float) -> None:
+        """Fold ``read`` (this process's or another's), then tell the engine listeners."""
+        change = self.engines.fold(read, now)
+        if change is not None:
+            for listener in self._engine_listeners:
+                listener(change)
+
+
+class NodeBoard(_Reads, _OwnParts, _EngineParts):
     """Every node's ``NodeState`` and cooldowns; changed only by its verbs."""
 
     def __init__(self, names: Iterable[str]) -> None:
@@ -151,6 +184,8 @@ class NodeBoard(_Reads, _OwnParts):
         # By node and model (SPEC 5c); the slot queue reads its ``by_model``.
         self.model_cooldowns = ModelCooldowns()
         self._listeners: list[Listener] = []
+        self.engines = EngineBook(EngineSettings())  # read it; ``engine_read`` changes it
+        self._engine_listeners: list[EngineListener] = []
 
     def listen(self, listener: Listener) -> None:
         """Have ``listener`` called with every change the board applies."""

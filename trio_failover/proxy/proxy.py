@@ -25,6 +25,7 @@ import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
+from ..core.engine_book import EngineBook, engine_settings
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientRequest
@@ -33,7 +34,6 @@ from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
 from .board import NodeBoard, NodeState
 from .discovery import Discovery
-from .engine_holder import EngineHolder
 from .engine_reader import EngineReader
 from .gate import ClientGate
 from .lifetime import OwnTasks
@@ -84,10 +84,17 @@ class Proxy(OwnTasks):
         self.silence = SilenceWatch()
         # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
         self.liveness = LivenessChecker(config, self.connector, self.board, self.report)
-        # The engines' signals (SPEC 5c): read by engine_reader, held by
-        # engines (until the node board holds them), read by the slot queue.
-        self.engines = EngineHolder(config, self.queue)
-        self.engine_reader = EngineReader(config, self.connector, self.engines.on_signal)
+        # The engines' signals (SPEC 5c): read by engine_reader, kept by the
+        # board (``engines``), read by the slot ledger and the attempts.
+        self.board.configure_engines(engine_settings(config))
+        self.queue.scheduler.ledger.signals = self.board.engines.signals
+        self.board.listen_engines(self.queue.engine_changed)
+        board = self.board
+        self.engine_reader = EngineReader(
+            config,
+            self.connector,
+            lambda node, signal: board.engine_read(node, signal, trio.current_time()),
+        )
         self._workloads = WorkloadRunner(
             config,
             self.connector,
@@ -97,7 +104,7 @@ class Proxy(OwnTasks):
             self.report,
             self.silence,
             self.liveness,
-            self.engines,
+            self.board.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.board, self.queue, self.report)
@@ -109,6 +116,11 @@ class Proxy(OwnTasks):
             self.report,
             on_checked=self.engine_reader.checked,
         )
+
+    @property
+    def engines(self) -> EngineBook:
+        """The nodes' engines as last read (``engine_book.EngineBook``); the board's."""
+        return self.board.engines
 
     @property
     def cooldowns(self) -> CooldownTable:

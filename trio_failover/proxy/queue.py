@@ -26,6 +26,7 @@ import trio
 
 from ..core.config import Config
 from ..core.cooldown import ModelCooldowns
+from ..core.engine_book import EngineChange
 from ..core.node_change import ChangeKind, NodeChange
 from ..core.slots import (
     Acquired,
@@ -183,6 +184,14 @@ class SlotQueue:
         if change.kind is ChangeKind.COOLING:
             self.demoted()  # also lets the ticker see its end
         else:
+            self.dispatch()
+
+    def engine_changed(self, change: EngineChange) -> None:
+        """The board's engine listener: a read may change a node's load or capacity."""
+        changed = change.changed
+        if change.capacity is not None:  # capacity auto: the engine's own
+            changed = self.scheduler.ledger.set_capacity(change.node, change.capacity) or changed
+        if changed:
             self.dispatch()
 
     def demoted(self) -> None:

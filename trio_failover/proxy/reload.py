@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from ..core.config import Config
+from ..core.engine_book import engine_settings
 from ..core.errors import ConfigError
 from ..core.reload import diff_configs
 from ..telemetry.logs import logger
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from ..wire.upstream import Connector
     from .board import NodeBoard
     from .discovery import Discovery
-    from .engine_holder import EngineHolder
     from .engine_reader import EngineReader
     from .gate import ClientGate
     from .lists import FleetLists
@@ -70,7 +70,6 @@ class Proxy(Protocol):
     board: NodeBoard
     view: StatusView
     queue: SlotQueue
-    engines: EngineHolder
     engine_reader: EngineReader
     liveness: LivenessChecker
     lists: FleetLists
@@ -173,7 +172,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     board = proxy.board
     board.reconcile(node.name for node in new.upstreams)
     proxy.liveness.reconcile(added)
-    proxy.engines.reconcile(new)
+    proxy.board.configure_engines(engine_settings(new))
     proxy.engine_reader.reconcile(new)  # its readers follow (URL, TLS, engine, intervals)
     proxy.lists.forget([*added, *(before - after)])
     metrics = proxy.report.metrics
