@@ -110,6 +110,13 @@ async def test_a_429_for_x_demotes_x_only(autojump_clock: trio.abc.Clock) -> Non
     assert [r.json()["model"] for r in a.received if r.method == b"POST"] == ["x", "y"]
     assert list(cooling) == ["x"]
     assert cooling["x"]["reason"] == "retryable_response"
+    labels = {"node": "a", "model": "x", "reason": "retryable_response"}
+    sample = proxy.metrics.registry.get_sample_value
+    assert sample("trio_failover_model_cooldowns_total", labels) == 1
+    assert (
+        sample("trio_failover_cooldowns_total", {"node": "a", "reason": "retryable_response"})
+        is None
+    )
 
 
 async def test_an_unresponsive_node_is_demoted_whole(autojump_clock: trio.abc.Clock) -> None:

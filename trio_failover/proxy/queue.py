@@ -28,6 +28,7 @@ from ..core.config import Config
 from ..core.cooldown import ModelCooldowns
 from ..core.engine_book import EngineChange
 from ..core.node_change import ChangeKind, NodeChange
+from ..core.slot_ledger import SlotLedger
 from ..core.slots import (
     Acquired,
     Handoff,
@@ -259,3 +260,15 @@ def gauge_in_flight(metrics: Metrics, nodes: Iterable[str], queue: SlotQueue) ->
     for node in nodes:
         # Read at scrape time: no gauge update per attempt.
         metrics.in_flight.labels(node).set_function(partial(ledger.in_flight, node))
+        metrics.capacity.labels(node).set_function(partial(ledger.capacity, node))
+        metrics.engine_busy.labels(node).set_function(partial(_engine_count, ledger, node, True))
+        metrics.engine_waiting.labels(node).set_function(
+            partial(_engine_count, ledger, node, False)
+        )
+
+
+def _engine_count(ledger: SlotLedger, node: str, busy: bool) -> float:
+    """The engine's busy (or waiting) count of ``node`` as the ledger reads it; NaN: none."""
+    reading = ledger.signals.get(node)
+    count = None if reading is None else reading.busy if busy else reading.waiting
+    return math.nan if count is None else float(count)

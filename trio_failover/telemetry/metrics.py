@@ -136,6 +136,25 @@ class Metrics:
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
         )
+        # SPEC 5c: what the slot decisions use of each node now, read at scrape time.
+        self.capacity = Gauge(
+            "trio_failover_capacity",
+            "Attempts a node takes at once now (0 = no limit; auto: the engine's)",
+            ["node"],
+            registry=r,
+        )
+        self.engine_busy = Gauge(
+            "trio_failover_engine_busy",
+            "Requests the node's engine says it works on (NaN: no fresh reading)",
+            ["node"],
+            registry=r,
+        )
+        self.engine_waiting = Gauge(
+            "trio_failover_engine_waiting",
+            "Requests queued inside the node's engine (NaN: no fresh reading)",
+            ["node"],
+            registry=r,
+        )
 
     def _define_queue(self, r: FlushingRegistry) -> None:
         """The series of the slot queue."""
