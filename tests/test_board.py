@@ -113,7 +113,7 @@ def test_node_wide_records_leave_model_cooldowns_alone() -> None:
 
 
 def test_a_remote_model_record_applies_and_a_removed_node_forgets_its_models() -> None:
-    board, heard = board_heard()
+    board, _ = board_heard()
     board.apply(NodeChange(COOLING, "a", "rate_limited", 30.0, model="m"), 10.0)
     assert board.cooldown("a", 39.0, model="m") is not None
     board.reconcile(["b"])

@@ -11,6 +11,7 @@ the cold-start timeout.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -211,7 +212,8 @@ async def test_the_engine_gauges_show_its_counts_and_the_capacity_in_force(
                 ]
                 waiting = sample("trio_failover_engine_waiting", {"node": "a"})
     assert got == [3.0, 2.0]
-    assert waiting is not None and waiting != waiting  # llama-server says none: NaN
+    assert waiting is not None
+    assert math.isnan(waiting)  # llama-server says none
 
 
 async def test_vllm_running_and_waiting_count_for_least_loaded(

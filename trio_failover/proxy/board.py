@@ -10,8 +10,9 @@ The contract, for this board and for one over a shared store (issue 31):
 
 - State changes only through the verbs: ``demote``, ``served``,
   ``attempt_ended``, ``check_finished``, ``liveness_checked``, ``expire``,
-  ``keep_tags``, ``reconcile``. Nothing else writes a ``NodeState`` (the
-  stream counter and the re-check event are this process's own).
+  ``keep_tags``, ``reconcile`` (and the engine verbs, below). Nothing else
+  writes a ``NodeState`` (the stream counter and the re-check event are
+  this process's own).
 - A change of a node's readiness is a ``core.node_change.NodeChange``
   record. The verbs make them and hand them to ``apply``, which changes the
   state and then calls every listener (``listen``) with the record as
@@ -33,7 +34,23 @@ the client asked for (``llama3`` and ``llama3:latest`` are one model:
 ``is_demoted(node, now, model)`` asks both. Records with a ``model`` speak
 of that model only: ``COOLING`` demotes it, ``READY`` (a served answer for
 it, or its expiry on a node not down) and ``COOLED`` (its expiry on a down
-node) end it; node-wide records never touch model cooldowns.
+node) end it; node-wide records never touch model cooldowns; ``DOWN``
+and ``UP`` with a model are ignored.
+
+Engines (SPEC 5c): ``engine_read(node, signal, now)`` (the reader's
+callback) makes a ``core.engine_book.EngineRead`` record (node, engine
+``Detection``, ``Signals``, ``age`` in seconds: no clock time) and hands it
+to ``apply_engine(read, now)``, which folds it into ``engines`` (an
+``EngineBook``: the states, the ledger's fresh ``signals``, the ``auto``
+capacities) and tells the engine listeners (``listen_engines``) an
+``EngineChange`` (node, current signals, ``auto`` capacity or None,
+``changed``). These are a separate channel from the readiness records, so
+a mirror of ``NodeChange`` records is not handed them; one that shares
+reads publishes ``EngineRead`` records (every read, changed or not, so
+that they stay fresh remotely) and applies remote ones through
+``apply_engine`` (``Signals`` holds frozensets and tuples of attrs
+records: its JSON form is the mirror's to write). ``configure_engines``
+takes a (re)loaded configuration's ``engine_book.engine_settings``.
 """
 
 from __future__ import annotations
