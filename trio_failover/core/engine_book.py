@@ -97,8 +97,14 @@ class EngineBook:
         self.signals: dict[str, Signals] = {}  # the ledger reads this very dict
 
     def configure(self, settings: EngineSettings) -> None:
-        """A reload's settings: added nodes start fresh, kept ones keep their readings."""
+        """A reload's settings: added nodes start fresh, kept ones keep their readings.
+
+        A removed node's reading goes (a name added again starts afresh).
+        """
         self.settings = settings
+        for name in [name for name in self.states if name not in settings.engines]:
+            del self.states[name]
+            self.signals.pop(name, None)
         for name, kind in settings.engines.items():
             if name not in self.states:
                 self.states[name] = EngineState(engine=kind)
