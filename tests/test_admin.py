@@ -99,6 +99,7 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "state": "cooling",
             "cooldown_remaining_s": 7.0,
             "reason": "header_timeout",
+            "models_cooling": {},  # SPEC 5c: a node serving one model cools whole
             "in_flight": 0,
             "capacity": 0,
             "served": 0,

@@ -9,6 +9,9 @@ import math
 
 import pytest
 
+from trio_failover.core.engine_book import EngineChange, EngineRead, EngineSettings
+from trio_failover.core.engine_state import EngineSignal
+from trio_failover.core.engines import Detection, EngineKind, Signals
 from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.liveness import CheckRecord
 from trio_failover.core.node_change import ChangeKind, NodeChange
@@ -57,18 +60,65 @@ def test_the_longer_cooldown_wins_and_is_told() -> None:
     assert (entry.reason, entry.until) == ("rate_limited", 70.0)
 
 
-def test_a_model_cooldown_is_stored_and_told_but_does_not_demote_the_node() -> None:
+def test_a_model_cooldown_demotes_the_node_for_that_model_only() -> None:
     board, heard = board_heard()
-    board.demote("a", 5.0, "model_busy", 0.0, model="m")
-    assert heard == [NodeChange(COOLING, "a", "model_busy", 5.0, model="m")]
+    board.demote("a", 5.0, "header_timeout", 0.0, model="m")
+    assert heard == [NodeChange(COOLING, "a", "header_timeout", 5.0, model="m")]
     entry = board.cooldown("a", 1.0, model="m")
     assert entry is not None
     assert entry.until == 5.0
     assert board.cooldown("a", 1.0) is None
     assert board.cooldown("a", 1.0, model="other") is None
-    assert not board.is_demoted("a", 1.0)
+    assert not board.is_demoted("a", 1.0)  # asked for no model, or another one
+    assert not board.is_demoted("a", 1.0, "other")
+    assert board.is_demoted("a", 1.0, "m")
+    assert board.is_demoted("a", 1.0, "m:latest")  # the same model
+    assert not board.is_demoted("b", 1.0, "m")
+    assert board.wake_at() == 5.0
     board.expire(6.0)
+    assert heard[1:] == [NodeChange(READY, "a", "expired", model="m")]
     assert board.cooldown("a", 1.0, model="m") is None
+    assert board.model_cooldowns.by_model == {}  # the request path's test is empty again
+
+
+def test_a_model_cooldown_that_ends_on_a_down_node_is_cooled_not_ready() -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "header_timeout", 0.0, model="m")
+    board.check_finished("a", REFUSED, 1.0)
+    board.expire(6.0)
+    assert [(c.kind, c.model) for c in heard] == [(COOLING, "m"), (DOWN, None), (COOLED, "m")]
+
+
+@pytest.mark.parametrize(
+    ("served_model", "ends"), [("m", True), ("m:latest", True), ("other", False), (None, False)]
+)
+def test_served_for_the_model_ends_its_cooldown(served_model: str | None, ends: bool) -> None:
+    board, heard = board_heard()
+    board.demote("a", 5.0, "header_timeout", 0.0, model="m")
+    board.served("a", 200, 1.0, model=served_model)
+    assert board.is_demoted("a", 1.0, "m") is not ends
+    told = [(c.kind, c.model) for c in heard[1:]]
+    assert told == ([(READY, "m")] if ends else [])
+
+
+def test_node_wide_records_leave_model_cooldowns_alone() -> None:
+    board, heard = board_heard()
+    board.demote("a", 50.0, "header_timeout", 0.0, model="m")
+    board.demote("a", 5.0, "unresponsive", 0.0)
+    board.served("a", 200, 1.0)  # no model: the node's cooldown ends, m's runs on
+    assert not board.is_demoted("a", 1.0)
+    assert board.is_demoted("a", 1.0, "m")
+    board.apply(NodeChange(UP, "a", "health_check", model="m"), 1.0)  # a node's kind: ignored
+    assert heard[-1] == NodeChange(READY, "a", "success")
+
+
+def test_a_remote_model_record_applies_and_a_removed_node_forgets_its_models() -> None:
+    board, _ = board_heard()
+    board.apply(NodeChange(COOLING, "a", "rate_limited", 30.0, model="m"), 10.0)
+    assert board.cooldown("a", 39.0, model="m") is not None
+    board.reconcile(["b"])
+    assert board.cooldown("a", 11.0, model="m") is None
+    assert board.model_cooldowns.by_model == {}
 
 
 @pytest.mark.parametrize(
@@ -196,3 +246,55 @@ def test_listeners_hear_in_the_order_they_were_added() -> None:
     board.listen(lambda change: order.append("second"))
     board.demote("a", 1.0, "stall", 0.0)
     assert order == ["first", "second"]
+
+
+# -- the engine verbs (SPEC 5c) ------------------------------------------------------
+
+
+def engine_board() -> tuple[NodeBoard, list[EngineChange]]:
+    board = NodeBoard(["auto", "fixed"])
+    kind = Detection(EngineKind.LLAMA_SERVER, "configured")
+    board.configure_engines(
+        EngineSettings(
+            engines=dict.fromkeys(["auto", "fixed"], kind), auto=frozenset({"auto"}), max_age=6.0
+        )
+    )
+    told: list[EngineChange] = []
+    board.listen_engines(told.append)
+    return board, told
+
+
+LLAMA = Detection(EngineKind.LLAMA_SERVER, "configured")
+
+
+def test_engine_read_folds_the_signals_and_tells_capacity_and_change() -> None:
+    board, told = engine_board()
+    reading = Signals(busy=1, total_slots=4)
+    board.engine_read("auto", EngineSignal(LLAMA, reading, 10.0), 10.0)
+    board.engine_read("auto", EngineSignal(LLAMA, reading, 12.0), 12.0)  # the same again
+    board.engine_read("fixed", EngineSignal(LLAMA, reading, 12.0), 12.0)
+    assert told == [
+        EngineChange("auto", reading, 4, True, fresh=True),
+        EngineChange("auto", reading, 4, False, fresh=True),  # a good read: anchored anew
+        EngineChange("fixed", reading, None, True, fresh=True),  # configured: no capacity
+    ]
+    assert board.engines.signals == {"auto": reading, "fixed": reading}
+
+
+def test_a_failed_read_keeps_the_last_good_one_until_it_goes_stale() -> None:
+    board, told = engine_board()
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=2, total_slots=2), 0.0), 0.0)
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 5.0), 5.0)
+    assert board.engines.signals["auto"].busy == 2
+    assert not told[-1].fresh  # a failed read keeps the old anchor
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 7.0), 7.0)
+    assert "auto" not in board.engines.signals  # older than three intervals: unknown
+    assert told[-1] == EngineChange("auto", Signals(), 0, True)
+
+
+def test_a_remote_read_counts_its_age_and_an_unknown_node_is_ignored() -> None:
+    board, told = engine_board()
+    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=1), age=7.0), 100.0)
+    assert "auto" not in board.engines.signals  # read 7 s ago: stale already
+    board.apply_engine(EngineRead("gone", LLAMA, Signals(busy=1)), 100.0)
+    assert [change.node for change in told] == ["auto"]

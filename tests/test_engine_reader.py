@@ -180,6 +180,7 @@ async def test_with_discovery_off_an_auto_node_is_never_read(
             async with trio.open_nursery() as nursery:
                 await nursery.start(reader.run)
                 await trio.sleep(10.0)
+                nursery.cancel_scope.cancel()
     assert fleet["a"].received == []
 
 
@@ -193,4 +194,43 @@ async def test_nothing_is_read_with_no_interval_and_no_checks(
             async with trio.open_nursery() as nursery:
                 await nursery.start(reader.run)
                 await trio.sleep(10.0)
+                nursery.cancel_scope.cancel()
     assert fleet["a"].received == []
+
+
+async def test_a_reload_starts_added_readers_stops_removed_ones_and_takes_the_interval(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({name: FakeNode(FakeLlamaServer()) for name in "abc"}) as fleet:
+        everyone = config_of(fleet, dict.fromkeys("abc", "llama-server"), discovery_interval=0.0)
+        first = attrs.evolve(everyone, upstreams=everyone.upstreams[:2])  # a and b
+        got = Signals()
+        reader = EngineReader(first, fleet.connector, got)
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(reader.run)
+                await trio.sleep(3.0)  # a and b read at 0 and 2
+                # b and c now, every 5 s: a stops, c starts at once, b begins again
+                reader.reconcile(
+                    attrs.evolve(everyone, upstreams=everyone.upstreams[1:], load_interval=5.0)
+                )
+                reader.checked("a", good=True)  # a check of a removed node: nothing
+                await trio.sleep(8.0)
+                nursery.cancel_scope.cancel()
+    assert reads(fleet["a"], b"/slots") == [0.0, 2.0]
+    assert reads(fleet["b"], b"/slots") == [0.0, 2.0, 3.0, 8.0]
+    assert reads(fleet["c"], b"/slots") == [3.0, 8.0]
+
+
+async def test_a_reload_that_turns_reads_on_starts_them(autojump_clock: trio.abc.Clock) -> None:
+    async with Fleet({"a": FakeNode(FakeLlamaServer())}) as fleet:
+        off = config_of(fleet, {"a": "llama-server"}, discovery_interval=0.0, load_interval=0.0)
+        reader = EngineReader(off, fleet.connector, Signals())
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(reader.run)
+                await trio.sleep(3.0)
+                reader.reconcile(attrs.evolve(off, load_interval=2.0))
+                await trio.sleep(3.0)
+                nursery.cancel_scope.cancel()
+    assert reads(fleet["a"], b"/slots") == [3.0, 5.0]

@@ -11,6 +11,7 @@ the cold-start timeout.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -215,6 +216,26 @@ async def test_status_shows_the_engine_the_capacity_source_and_the_reading(
     signals = node["engine_signals"]
     assert (signals["busy"], signals["total_slots"], signals["stale"]) == (1, 2, False)
     assert node["engine_error"] is None
+
+
+async def test_the_engine_gauges_show_its_counts_and_the_capacity_in_force(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engine = FakeLlamaServer(slots=3)
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                engine.set_other_clients(2)
+                await trio.sleep(2.0)
+                sample = proxy.metrics.registry.get_sample_value
+                got = [
+                    sample(name, {"node": "a"})
+                    for name in ("trio_failover_capacity", "trio_failover_engine_busy")
+                ]
+                waiting = sample("trio_failover_engine_waiting", {"node": "a"})
+    assert got == [3.0, 2.0]
+    assert waiting is not None
+    assert math.isnan(waiting)  # llama-server says none
 
 
 async def test_vllm_running_and_waiting_count_for_least_loaded(

@@ -19,6 +19,7 @@ from test_queue import BODY, Traffic, by_request, ids, in_flight, make_proxy, ru
 from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
 from trio_failover.testing import (
+    FakeLlamaServer,
     FakeNode,
     Fleet,
     NodeIO,
@@ -235,6 +236,26 @@ async def test_discovery_checks_the_added_nodes_and_stops_checking_the_removed(
         assert checks("a") == 3
         assert checks("c") >= 3  # at once, then each interval
         assert proxy.status()["nodes"][0]["models"] == ["fake-model"]
+
+
+async def test_the_engine_reader_reads_the_added_nodes_and_the_capacity_follows(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engines = {"a": FakeLlamaServer(slots=2), "c": FakeLlamaServer(slots=3)}
+    async with Fleet({name: FakeNode(engine) for name, engine in engines.items()}) as fleet:
+        upstreams = [attrs.evolve(u, engine="llama-server") for u in fleet.upstreams()]
+        config = Config(upstreams=upstreams[:1], admin_listen=None, discovery_interval=0.0)
+        proxy = Proxy(config, connector=fleet.connector)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.engine_reader.run)
+            await trio.sleep(1)
+            assert (await proxy.reload(attrs.evolve(config, upstreams=upstreams[1:]))).ok
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+        slots = [r.at for r in fleet["a"].received if r.target == b"/slots"]
+        assert slots == [0.0]  # removed at 1 s: read no more
+        assert [n["capacity"] for n in proxy.status()["nodes"]] == [3]  # c's, auto
+        assert proxy.engines.signals.keys() == {"c"}
 
 
 async def test_a_removed_nodes_idle_connections_close(autojump_clock: trio.abc.Clock) -> None:

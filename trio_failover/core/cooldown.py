@@ -11,7 +11,11 @@ Two rules hold for the whole table:
 
 from __future__ import annotations
 
+import math
+
 import attrs
+
+from .names import spellings
 
 
 def ends_cooldown(status: int) -> bool:
@@ -88,3 +92,80 @@ class CooldownTable:
     def active(self, now: float) -> list[Cooldown]:
         """The cooldowns still running at ``now``."""
         return [entry for entry in self._entries.values() if entry.until > now]
+
+
+class ModelCooldowns:
+    """The per-model demotions of one proxy's nodes (SPEC 5c): node x model -> ``Cooldown``.
+
+    A node that serves more than one model may stall on one (its load, its
+    prompt) and serve the others: such a demotion is kept here, by the
+    model's name as first demoted (a later spelling of the same model,
+    ``llama3`` for ``llama3:latest``, finds it: ``names.spellings``), beside
+    the node-wide ``CooldownTable``.
+    ``by_model`` (read it, never write it) is empty while no model of any
+    node cools: the request path tests it, a plain dict, before anything else.
+    """
+
+    def __init__(self) -> None:
+        self.by_model: dict[str, CooldownTable] = {}
+
+    def key(self, model: str) -> str:
+        """The spelling ``model`` is kept under: the one already kept, else its own."""
+        for name in spellings(model):
+            if name in self.by_model:
+                return name
+        return model
+
+    def demote(
+        self, node: str, model: str, *, now: float, duration: float, reason: str
+    ) -> Cooldown:
+        """Demote ``node`` for ``model`` (the longer demotion wins, as ``CooldownTable``)."""
+        table = self.by_model.setdefault(self.key(model), CooldownTable())
+        return table.demote(node, now=now, duration=duration, reason=reason)
+
+    def get(self, node: str, model: str, now: float) -> Cooldown | None:
+        """The cooldown of ``node`` for ``model`` still running at ``now``."""
+        table = self.by_model.get(self.key(model))
+        return None if table is None else table.get(node, now)
+
+    def restore(self, node: str, model: str) -> Cooldown | None:
+        """End the cooldown of ``node`` for ``model``; returns what ended."""
+        model = self.key(model)
+        table = self.by_model.get(model)
+        if table is None:
+            return None
+        ended = table.restore(node)
+        if not table.active(-math.inf):
+            del self.by_model[model]
+        return ended
+
+    def forget(self, node: str) -> None:
+        """Drop every model cooldown of ``node`` (it left the fleet)."""
+        for model in list(self.by_model):
+            self.restore(node, model)
+
+    def expire(self, now: float) -> list[tuple[str, Cooldown]]:
+        """Drop and return the ``(model, cooldown)`` pairs that ran out by ``now``."""
+        ended = [
+            (model, entry) for model, table in self.by_model.items() for entry in table.expire(now)
+        ]
+        for model in [
+            model for model, table in self.by_model.items() if not table.active(-math.inf)
+        ]:
+            del self.by_model[model]
+        return ended
+
+    def of_node(self, node: str, now: float) -> dict[str, Cooldown]:
+        """The models of ``node`` cooling at ``now`` (``/status``'s ``models_cooling``)."""
+        found = {}
+        for model, table in self.by_model.items():
+            entry = table.get(node, now)
+            if entry is not None:
+                found[model] = entry
+        return found
+
+    def ends(self) -> list[float]:
+        """When each kept cooldown ends (expired ones included), for the ticker."""
+        return [
+            entry.until for table in self.by_model.values() for entry in table.active(-math.inf)
+        ]

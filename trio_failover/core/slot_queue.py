@@ -32,6 +32,7 @@ __all__ = [
     "QueueBudget",
     "QueueFull",
     "Queued",
+    "ReadyFor",
     "SlotScheduler",
     "Waiter",
 ]
@@ -54,6 +55,19 @@ def _asked_once(ready: Readiness) -> Callable[[str], bool]:
     return is_ready
 
 
+# A node's readiness for one model (per-model cooldowns, SPEC 5c): model -> predicate.
+ReadyFor: TypeAlias = Callable[[str], Readiness]
+
+
+def _model_ready(
+    by_model: dict[str, Callable[[str], bool]], model: str, ready_for: ReadyFor
+) -> Callable[[str], bool]:
+    found = by_model.get(model)
+    if found is None:
+        found = by_model[model] = _asked_once(ready_for(model))
+    return found
+
+
 # -- the queue -------------------------------------------------------------------------
 
 
@@ -64,6 +78,8 @@ class Waiter(Generic[T]):
     Attributes:
         token: what the shell passed to ``acquire`` (e.g. its ``trio.Event``).
         order, tried, preferred, loaded: as passed to ``acquire``, frozen.
+        model: the model it asks for, set by the shell as it queues: a
+            hand-off asks ``ready_for(model)`` of it (per-model cooldowns).
         position: its place when it started waiting, 1 = next (the
             ``position`` of its ``queued`` event).
         slot: set when a hand-off gives it a slot (taken for it already).
@@ -77,6 +93,7 @@ class Waiter(Generic[T]):
     untried: frozenset[str] = field(repr=False)
     slot: Slot | None = None
     loaded: frozenset[str] = frozenset()
+    model: str | None = None
     moved: bool = False
     """Set when a reload took it out of the queue: resolve its candidates again."""
 
@@ -144,6 +161,9 @@ class SlotScheduler(Generic[T]):
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an int >= 0, not {max_queue!r}")
         self.ledger = SlotLedger(capacities, signals)
+        # A waiter with a ``model`` is handed off by ``ready_for(model)``
+        # (per-model cooldowns, SPEC 5c); None: by ``ready`` alone.
+        self.ready_for: ReadyFor | None = None
         self.balance: Balance = balance
         self.max_queue = max_queue
         # An insertion-ordered dict is the FIFO: arrival order to iterate,
@@ -277,6 +297,8 @@ class SlotScheduler(Generic[T]):
 
     def _hand_off(self, is_ready: Callable[[str], bool], freed: str | None) -> list[Handoff[T]]:
         handoffs: list[Handoff[T]] = []
+        ready_for = self.ready_for
+        by_model: dict[str, Callable[[str], bool]] = {}
         for waiter in self._waiters:
             if freed is not None:
                 if self.ledger.is_full(freed):
@@ -286,7 +308,9 @@ class SlotScheduler(Generic[T]):
             choice = choose_node(
                 waiter.order,
                 tried=waiter.tried,
-                ready=is_ready,
+                ready=is_ready
+                if ready_for is None or waiter.model is None
+                else _model_ready(by_model, waiter.model, ready_for),
                 ledger=self.ledger,
                 balance=self.balance,
                 preferred=waiter.preferred,

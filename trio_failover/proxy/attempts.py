@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from ..core.config import Config, Upstream
+from ..core.engine_book import EngineBook
 from ..core.errors import RetryableResponse, UpstreamError
 from ..core.headers import get, upstream_request_headers
 from ..core.outcome import SavedResponse, failure_code, failure_status
@@ -31,7 +32,6 @@ from ..wire.client import ClientConnection, ClientRequest
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
-from .engine_holder import EngineHolder
 from .milestones import Milestones
 from .queue import SlotQueue
 from .records import Workload
@@ -83,7 +83,7 @@ class Attempts:
         milestones: Milestones,
         relay: Relay,
         liveness: Liveness | None = None,
-        engines: EngineHolder | None = None,
+        engines: EngineBook | None = None,
     ) -> None:
         self.config = config
         # The engines' signals (SPEC 5c): loaded models first; None = none.
@@ -279,7 +279,9 @@ async def take_slot(
 
     Cancellation: a waiting workload leaves the queue (the client left).
     """
-    result = queue.acquire(order, tried=tried, preferred=preferred, now=now, loaded=loaded)
+    result = queue.acquire(
+        order, tried=tried, preferred=preferred, now=now, loaded=loaded, model=work.model
+    )
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:
             report.publish_workload(work)

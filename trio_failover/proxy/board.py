@@ -10,8 +10,9 @@ The contract, for this board and for one over a shared store (issue 31):
 
 - State changes only through the verbs: ``demote``, ``served``,
   ``attempt_ended``, ``check_finished``, ``liveness_checked``, ``expire``,
-  ``keep_tags``, ``reconcile``. Nothing else writes a ``NodeState`` (the
-  stream counter and the re-check event are this process's own).
+  ``keep_tags``, ``reconcile`` (and the engine verbs, below). Nothing else
+  writes a ``NodeState`` (the stream counter and the re-check event are
+  this process's own).
 - A change of a node's readiness is a ``core.node_change.NodeChange``
   record. The verbs make them and hand them to ``apply``, which changes the
   state and then calls every listener (``listen``) with the record as
@@ -25,8 +26,31 @@ The contract, for this board and for one over a shared store (issue 31):
   ``cooldown``, ``is_down``, ``inventories``, ``nodes`` (the per-node view
   of ``/status``), ``wake_at`` (the next cooldown's end, for the ticker).
 
-``model=``: a cooldown for one model of a node (SPEC 5c, next). It is
-stored and told now; ``is_demoted`` asks only the node-wide ones (None).
+``model=``: a cooldown for one model of a node (SPEC 5c), by the name
+the client asked for (``llama3`` and ``llama3:latest`` are one model:
+``names.spellings``; the caller decides the scope with
+``engines.cooldown_scope``). Kept in ``model_cooldowns``
+(``core.cooldown.ModelCooldowns``) beside the node-wide ``cooldowns``;
+``is_demoted(node, now, model)`` asks both. Records with a ``model`` speak
+of that model only: ``COOLING`` demotes it, ``READY`` (a served answer for
+it, or its expiry on a node not down) and ``COOLED`` (its expiry on a down
+node) end it; node-wide records never touch model cooldowns; ``DOWN``
+and ``UP`` with a model are ignored.
+
+Engines (SPEC 5c): ``engine_read(node, signal, now)`` (the reader's
+callback) makes a ``core.engine_book.EngineRead`` record (node, engine
+``Detection``, ``Signals``, ``age`` in seconds: no clock time) and hands it
+to ``apply_engine(read, now)``, which folds it into ``engines`` (an
+``EngineBook``: the states, the ledger's fresh ``signals``, the ``auto``
+capacities) and tells the engine listeners (``listen_engines``) an
+``EngineChange`` (node, current signals, ``auto`` capacity or None,
+``changed``). These are a separate channel from the readiness records, so
+a mirror of ``NodeChange`` records is not handed them; one that shares
+reads publishes ``EngineRead`` records (every read, changed or not, so
+that they stay fresh remotely) and applies remote ones through
+``apply_engine`` (``Signals`` holds frozensets and tuples of attrs
+records: its JSON form is the mirror's to write). ``configure_engines``
+takes a (re)loaded configuration's ``engine_book.engine_settings``.
 """
 
 from __future__ import annotations
@@ -37,7 +61,9 @@ from collections.abc import Callable, Iterable
 import attrs
 import trio
 
-from ..core.cooldown import Cooldown, CooldownTable, ends_cooldown
+from ..core.cooldown import Cooldown, CooldownTable, ModelCooldowns, ends_cooldown
+from ..core.engine_book import EngineBook, EngineChange, EngineRead, EngineSettings
+from ..core.engine_state import EngineSignal
 from ..core.inventory import (
     DOWN_REASON,
     READY_REASON_CHECK,
@@ -48,9 +74,10 @@ from ..core.inventory import (
 from ..core.liveness import CheckRecord
 from ..core.node_change import ChangeKind, NodeChange
 
-__all__ = ["Listener", "NodeBoard", "NodeState", "shared_check"]
+__all__ = ["EngineListener", "Listener", "NodeBoard", "NodeState", "shared_check"]
 
 Listener = Callable[[NodeChange], None]
+EngineListener = Callable[[EngineChange], None]
 
 
 @attrs.define
@@ -73,40 +100,12 @@ class NodeState:
     recheck: trio.Event = attrs.Factory(trio.Event)
 
 
-class NodeBoard:
-    """Every node's ``NodeState`` and cooldowns; changed only by its verbs."""
+class _Reads:
+    """The board's plain reads of node state and cooldowns."""
 
-    def __init__(self, names: Iterable[str]) -> None:
-        self.nodes = {name: NodeState() for name in names}
-        self.configured = tuple(self.nodes)  # in force; ``nodes`` also has retired ones
-        # Nodes with an inventory (ranking filters on it); empty until a check lists models.
-        self.inventories: dict[str, tuple[str, ...]] = {}
-        self.cooldowns = CooldownTable()  # node-wide; read it, never write it
-        self._model_cooldowns: dict[str, CooldownTable] = {}  # by model (SPEC 5c, next)
-        self._listeners: list[Listener] = []
-        # After a check: (node, inventory replaced?); the fleet tells it (SPEC 8).
-        self.on_check: Callable[[str, bool], None] = _unheard
-
-    def listen(self, listener: Listener) -> None:
-        """Have ``listener`` called with every change the board applies."""
-        self._listeners.append(listener)
-
-    # -- reads ---------------------------------------------------------------
-
-    def is_demoted(self, name: str, now: float) -> bool:
-        """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
-
-        The one readiness predicate: the slot queue asks this (and nothing
-        else) at each attempt. Every change of its answer other than a
-        cooldown's expiry is a ``NodeChange`` (the queue's listener
-        dispatches); the ticker sees to expiries.
-        """
-        return self.cooldowns.is_cooling(name, now) or self.nodes[name].down
-
-    def cooldown(self, name: str, now: float, *, model: str | None = None) -> Cooldown | None:
-        """The node's (or its model's) cooldown still running at ``now``, if any."""
-        table = self.cooldowns if model is None else self._model_cooldowns.get(model)
-        return None if table is None else table.get(name, now)
+    nodes: dict[str, NodeState]
+    cooldowns: CooldownTable
+    model_cooldowns: ModelCooldowns
 
     def is_down(self, name: str) -> bool:
         """Whether the node's last health check failed (and nothing served since)."""
@@ -117,11 +116,14 @@ class NodeBoard:
         return sum(node.down for node in self.nodes.values())
 
     def wake_at(self) -> float:
-        """When the next node-wide cooldown ends (``inf``: none), for the ticker.
+        """When the next cooldown (node-wide or a model's) ends (``inf``: none), for the ticker.
 
         One that ran out unnoticed counts too: it ended, so the ticker looks now.
         """
-        return min((entry.until for entry in self.cooldowns.active(-math.inf)), default=math.inf)
+        ends = [entry.until for entry in self.cooldowns.active(-math.inf)]
+        if self.model_cooldowns.by_model:
+            ends += self.model_cooldowns.ends()
+        return min(ends, default=math.inf)
 
     def known_tags(self, name: str) -> list[dict[str, object]] | None:
         """The ``models`` entries of the node's last ``/api/tags`` answer to a check.
@@ -131,20 +133,130 @@ class NodeBoard:
         """
         return self.nodes[name].tags
 
+
+class _OwnParts:
+    """The board's parts that are this process's own: its streams and re-check asks."""
+
+    nodes: dict[str, NodeState]
+
+    def streaming(self, name: str) -> _Streaming:
+        """Count a committed attempt of ``name`` as streaming while the ``with`` block runs."""
+        return _Streaming(self.nodes[name])
+
+    def streamed_since(self, name: str, since: float) -> bool:
+        """Whether an attempt of ``name`` streamed at any moment from ``since`` on."""
+        node = self.nodes[name]
+        return node.streams > 0 or node.last_stream_end >= since
+
+    def ask_recheck(self, name: str) -> None:
+        """Have the node's checker check it now (or right after its running check)."""
+        self.nodes[name].recheck.set()
+
+    def take_recheck(self, name: str) -> trio.Event:
+        """A fresh re-check event for a check that begins now; a later ask sets it."""
+        event = self.nodes[name].recheck = trio.Event()
+        return event
+
+
+class _EngineParts:
+    """The board's engine verbs (SPEC 5c): each read folded into ``engines``, then told.
+
+    Told to the engine listeners (``listen_engines``), not the readiness
+    ones: a read changes no node's readiness, only its load and capacity.
+    """
+
+    engines: EngineBook
+    _engine_listeners: list[EngineListener]
+
+    def listen_engines(self, listener: EngineListener) -> None:
+        """Have ``listener`` called with what every folded engine read left."""
+        self._engine_listeners.append(listener)
+
+    def configure_engines(self, settings: EngineSettings) -> None:
+        """Take the engine settings of a (re)loaded configuration."""
+        self.engines.configure(settings)
+
+    def engine_read(self, node: str, signal: EngineSignal, now: float) -> None:
+        """The engine reader's callback: fold one read of ``node``'s engine at ``now``."""
+        self.apply_engine(EngineRead(node, signal.engine, signal.signals, now - signal.at), now)
+
+    def apply_engine(self, read: EngineRead, now: float) -> None:
+        """Fold ``read`` (this process's or another's), then tell the engine listeners."""
+        change = self.engines.fold(read, now)
+        if change is not None:
+            for listener in self._engine_listeners:
+                listener(change)
+
+
+class NodeBoard(_Reads, _OwnParts, _EngineParts):
+    """Every node's ``NodeState`` and cooldowns; changed only by its verbs."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.nodes = {name: NodeState() for name in names}
+        self.configured = tuple(self.nodes)  # in force; ``nodes`` also has retired ones
+        # Only the nodes with an inventory: what ranking filters on, and
+        # empty (nothing to parse a body for) until a check lists models.
+        self.inventories: dict[str, tuple[str, ...]] = {}
+        self.cooldowns = CooldownTable()  # node-wide; read it, never write it
+        # By node and model (SPEC 5c); the slot queue reads its ``by_model``.
+        self.model_cooldowns = ModelCooldowns()
+        self._listeners: list[Listener] = []
+        self.engines = EngineBook(EngineSettings())  # read it; ``engine_read`` changes it
+        self._engine_listeners: list[EngineListener] = []
+        # After a check: (node, inventory replaced?); the fleet tells it (SPEC 8).
+        self.on_check: Callable[[str, bool], None] = _unheard
+
+    def listen(self, listener: Listener) -> None:
+        """Have ``listener`` called with every change the board applies."""
+        self._listeners.append(listener)
+
+    # -- reads ---------------------------------------------------------------
+
+    def is_demoted(self, name: str, now: float, model: str | None = None) -> bool:
+        """Whether ``name`` is demoted behind the ready nodes at ``now``: cooling or down.
+
+        The one readiness predicate: the slot queue asks this (and nothing
+        else) at each attempt. Every change of its answer other than a
+        cooldown's expiry is a ``NodeChange`` (the queue's listener
+        dispatches); the ticker sees to expiries. ``model``: also demoted
+        when that model of the node cools (asked only while any does).
+        """
+        if self.cooldowns.is_cooling(name, now) or self.nodes[name].down:
+            return True
+        return model is not None and self._model_demoted(name, now, model)
+
+    def _model_demoted(self, name: str, now: float, model: str) -> bool:
+        cooling = self.model_cooldowns
+        return bool(cooling.by_model) and cooling.get(name, model, now) is not None
+
+    def cooldown(self, name: str, now: float, *, model: str | None = None) -> Cooldown | None:
+        """The node's (or its model's) cooldown still running at ``now``, if any."""
+        if model is None:
+            return self.cooldowns.get(name, now)
+        return self.model_cooldowns.get(name, model, now)
+
     # -- the verbs -----------------------------------------------------------
 
     def demote(
         self, node: str, duration: float, reason: str, now: float, *, model: str | None = None
     ) -> None:
         """Cool ``node`` (or its ``model``) down for ``duration`` seconds from ``now``."""
-        self.apply(NodeChange(ChangeKind.COOLING, node, reason, duration, model), now)
+        key = None if model is None else self.model_cooldowns.key(model)
+        self.apply(NodeChange(ChangeKind.COOLING, node, reason, duration, key), now)
 
-    def served(self, node: str, status: int, now: float) -> None:
-        """Count a committed answer; one below 500 ends the cooldown and the down flag."""
+    def served(self, node: str, status: int, now: float, *, model: str | None = None) -> None:
+        """Count a committed answer; one below 500 ends the cooldown and the down flag.
+
+        ``model``: the model the client asked for: its cooldown on the node ends too.
+        """
         state = self.nodes[node]
         state.served += 1
         if not ends_cooldown(status):
             return
+        if model is not None and self.model_cooldowns.by_model:  # the common case skips it
+            key = self.model_cooldowns.key(model)
+            if self.model_cooldowns.get(node, key, -math.inf) is not None:
+                self.apply(NodeChange(ChangeKind.READY, node, READY_REASON_SERVED, model=key), now)
         entry = self.cooldowns.get(node, -math.inf)
         if state.down or (entry is not None and entry.until > now):
             self.apply(NodeChange(ChangeKind.READY, node, READY_REASON_SERVED), now)
@@ -197,9 +309,10 @@ class NodeBoard:
 
     def expire(self, now: float) -> None:
         """Notice the cooldowns that ran out by ``now``: ``READY`` for the nodes not down."""
-        if self._model_cooldowns:
-            for table in self._model_cooldowns.values():
-                table.expire(now)
+        if self.model_cooldowns.by_model:
+            for model, entry in self.model_cooldowns.expire(now):
+                kind = ChangeKind.COOLED if self.nodes[entry.node].down else ChangeKind.READY
+                self.apply(NodeChange(kind, entry.node, "expired", model=model), now)
         ended = self.cooldowns.expire(now)
         if not ended:  # asked at every workload: the common answer costs nothing
             return
@@ -217,8 +330,8 @@ class NodeBoard:
         wanted = list(names)
         for name in [name for name in self.configured if name not in wanted]:
             self.inventories.pop(name, None)
-            for table in (self.cooldowns, *self._model_cooldowns.values()):
-                table.restore(name)
+            self.cooldowns.restore(name)
+            self.model_cooldowns.forget(name)
             self.nodes[name].down = False
         for name in wanted:
             if name not in self.configured:
@@ -234,11 +347,11 @@ class NodeBoard:
         if state is None:  # a node this board does not have (a remote's older fleet)
             return
         kind = change.kind
+        if change.model is not None:
+            self._apply_model(change, now)
+            return
         if kind is ChangeKind.COOLING:
-            table = self.cooldowns
-            if change.model is not None:
-                table = self._model_cooldowns.setdefault(change.model, CooldownTable())
-            entry = table.demote(
+            entry = self.cooldowns.demote(
                 change.node, now=now, duration=change.remaining, reason=change.reason
             )
             change = attrs.evolve(change, remaining=entry.remaining(now))
@@ -251,28 +364,26 @@ class NodeBoard:
             state.down = False
         else:  # COOLED: ran out (already gone here)
             self.cooldowns.restore(change.node)
+        self._tell(change)
+
+    def _apply_model(self, change: NodeChange, now: float) -> None:
+        """``apply`` of a record for one model: only that model's cooldown changes."""
+        model = change.model
+        assert model is not None
+        if change.kind is ChangeKind.COOLING:
+            entry = self.model_cooldowns.demote(
+                change.node, model, now=now, duration=change.remaining, reason=change.reason
+            )
+            change = attrs.evolve(change, remaining=entry.remaining(now))
+        elif change.kind in (ChangeKind.READY, ChangeKind.COOLED):
+            self.model_cooldowns.restore(change.node, model)
+        else:  # DOWN and UP are the node's, never a model's
+            return
+        self._tell(change)
+
+    def _tell(self, change: NodeChange) -> None:
         for listener in self._listeners:
             listener(change)
-
-    # -- this process's own: streams and re-checks ---------------------------
-
-    def streaming(self, name: str) -> _Streaming:
-        """Count a committed attempt of ``name`` as streaming while the ``with`` block runs."""
-        return _Streaming(self.nodes[name])
-
-    def streamed_since(self, name: str, since: float) -> bool:
-        """Whether an attempt of ``name`` streamed at any moment from ``since`` on."""
-        node = self.nodes[name]
-        return node.streams > 0 or node.last_stream_end >= since
-
-    def ask_recheck(self, name: str) -> None:
-        """Have the node's checker check it now (or right after its running check)."""
-        self.nodes[name].recheck.set()
-
-    def take_recheck(self, name: str) -> trio.Event:
-        """A fresh re-check event for a check that begins now; a later ask sets it."""
-        event = self.nodes[name].recheck = trio.Event()
-        return event
 
 
 def _unheard(node: str, replaced: bool) -> None:

@@ -21,12 +21,17 @@ server's services nursery starts it, like discovery). Each task:
 An ``openai`` node (or a kind without reads) gets one ``EngineSignal``
 (its kind, no signals) and its task ends. With ``--load-interval 0`` reads
 happen only with checks; with that and discovery off, never.
+
+A reload (``reconcile``, from ``reload.py``) starts the tasks of added
+nodes, stops those of removed ones, and starts afresh those of kept nodes
+whose URL, TLS or engine changed (all of them when ``--load-interval`` or
+the discovery interval did), as ``discovery.py`` does with its checkers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
@@ -70,6 +75,8 @@ class EngineReader:
         self.answer_timeout = SIGNAL_ANSWER_TIMEOUT
         self._wake = {node.name: trio.Event() for node in config.upstreams}
         self._good_check = dict.fromkeys(self._wake, False)
+        self._nursery: trio.Nursery | None = None  # while ``run`` runs
+        self._tasks: dict[str, trio.CancelScope] = {}  # the running readers, by node
 
     def checked(self, node: str, good: bool) -> None:
         """A check of ``node`` ended (discovery calls this): read with it, detect at a good one."""
@@ -79,17 +86,67 @@ class EngineReader:
         self._wake[node].set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Read every node until cancelled; returns at once when nothing would ever be read.
+        """Read every node until cancelled (a reload may add, stop and restart readers).
 
         Cancellation: a read in progress closes its connection at once.
         """
-        if not self.config.load_interval and not self.config.discovery_interval:
-            task_status.started()
-            return
-        async with trio.open_nursery() as nursery:
-            for node in self.config.upstreams:
-                nursery.start_soon(self._read_every, node)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for node in self.config.upstreams:
+                    self._start(node)
+                task_status.started()
+                await trio.sleep_forever()  # the readers come and go with reloads
+        finally:
+            self._nursery = None
+            self._tasks.clear()
+
+    def reconcile(self, config: Config, restart: Iterable[str] = ()) -> None:
+        """A reload: read the added nodes, stop reading the removed ones.
+
+        ``restart``: kept nodes whose reader begins again with the new
+        settings. A kept node whose URL, TLS or engine changed is restarted
+        too, and every node when an interval changed. Before ``run`` only
+        the configuration is taken.
+        """
+        old, self.config = self.config, config
+        before = {node.name: node for node in old.upstreams}
+        restart = set(restart)
+        if (old.load_interval, old.discovery_interval) != (
+            config.load_interval,
+            config.discovery_interval,
+        ):
+            restart |= set(before)
+        for node in config.upstreams:
+            kept = before.get(node.name)
+            if kept is not None and _reads_differently(kept, node):
+                restart.add(node.name)
+        names = {node.name for node in config.upstreams}
+        for name in [name for name in self._tasks if name not in names or name in restart]:
+            self._tasks.pop(name).cancel()
+        for name in [name for name in self._wake if name not in names or name in restart]:
+            del self._wake[name]
+            del self._good_check[name]
+        for node in config.upstreams:
+            if node.name not in self._wake:
+                self._wake[node.name] = trio.Event()
+                self._good_check[node.name] = False
+            if node.name not in self._tasks:
+                self._start(node)
+
+    def _start(self, node: Upstream) -> None:
+        if self._nursery is None or (
+            not self.config.load_interval and not self.config.discovery_interval
+        ):
+            return  # nothing would ever be read
+        scope = self._tasks[node.name] = trio.CancelScope()
+        self._nursery.start_soon(self._reader, node, scope)
+
+    async def _reader(self, node: Upstream, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._read_every(node)
+        if self._tasks.get(node.name) is scope:
+            del self._tasks[node.name]
 
     async def _read_every(self, node: Upstream) -> None:
         engine = configured_engine(EngineKind(node.engine))
@@ -146,3 +203,13 @@ class EngineReader:
                 continue
             answers[path] = Answer(got.status, "", got.body)
         return answers
+
+
+def _reads_differently(old: Upstream, new: Upstream) -> bool:
+    """Whether a kept node's reader must begin again: another address, TLS or engine."""
+    return (old.url, old.engine, old.ca_file, old.insecure_skip_verify) != (
+        new.url,
+        new.engine,
+        new.ca_file,
+        new.insecure_skip_verify,
+    )

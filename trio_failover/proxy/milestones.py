@@ -5,6 +5,10 @@ ended, the client left: each is judged by ``core/outcome.py`` (fail over?
 cool the node, how long? ask for a health check?) and recorded through
 the node board (node state) and ``Report`` (telemetry). The workload
 shell (``workload.py``, ``attempts.py``) calls these; nothing here waits.
+
+A demotion covers the node, or on a node serving more than one model only
+the workload's model (SPEC 5c, ``engines.cooldown_scope``); a served
+answer ends its model's cooldown as well as the node's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import trio
 
 from ..core.config import Config, Upstream
+from ..core.engines import Scope, cooldown_scope, serves_many
 from ..core.errors import RetryableResponse, UpstreamError
 from ..core.outcome import AttemptRecord, Outcome, judge, retry_after_of
 from ..core.workload import State
@@ -56,7 +61,7 @@ class Milestones:
         self.board.attempt_ended(node.name, str(failure.outcome), record.detail, failed=True)
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
-            self.board.demote(node.name, verdict.cooldown, str(failure.outcome), now)
+            self._demote(work, node, verdict.cooldown, str(failure.outcome), status, now)
         if verdict.recheck:
             self.board.ask_recheck(node.name)
         return verdict.fail_over
@@ -72,7 +77,7 @@ class Milestones:
         work.status = response.status
         if response.checks:
             work.checks += response.checks
-        self.board.served(node.name, response.status, now)
+        self.board.served(node.name, response.status, now, model=work.model)
         self.report.committed(work, node.name, timings.head - timings.written, now)
 
     def stream_ended(self, work: Workload, node: Upstream, outcome: Outcome, detail: str) -> None:
@@ -85,7 +90,24 @@ class Milestones:
         self.report.stream_ended(work, record)
         verdict = judge(outcome, response_header_timeout=self.config.response_header_timeout)
         if verdict.cooldown > 0:
-            self.board.demote(node.name, verdict.cooldown, str(outcome), now)
+            self._demote(work, node, verdict.cooldown, str(outcome), None, now)
+
+    def _demote(
+        self,
+        work: Workload,
+        node: Upstream,
+        duration: float,
+        outcome: str,
+        status: int | None,
+        now: float,
+    ) -> None:
+        """Cool ``node`` down, or only the workload's model of it (SPEC 5c)."""
+        model = work.model
+        if model is not None:
+            many = serves_many(node.models, self.board.inventories.get(node.name))
+            if cooldown_scope(outcome, status, serves_many=many) is Scope.NODE:
+                model = None
+        self.board.demote(node.name, duration, outcome, now, model=model)
 
     def client_aborted(self, work: Workload) -> None:
         """The client left before the workload was settled."""

@@ -3,7 +3,10 @@
 ``NodeNews`` is a listener of the node board (``board.py``): each
 ``NodeChange`` it is handed becomes the ``node`` event (``cooling``,
 ``ready``, ``down``; SPEC 8), its log line and the gauges of cooling and
-down nodes. It writes no node state.
+down nodes. A record for one model (SPEC 5c) is a ``node`` event with its
+``model`` (a node-wide event has none), a log line and
+``trio_failover_model_cooldowns``; the node gauges count whole nodes only.
+It writes no node state.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class NodeNews:
     def __call__(self, change: NodeChange) -> None:
         node, reason, kind = change.node, change.reason, change.kind
         metrics = self.metrics
+        if change.model is not None:
+            self._model_news(change)
+            return
         if kind is ChangeKind.COOLING:
             metrics.child(metrics.cooldowns, node, reason).inc()
             until = round(change.remaining, 3)
@@ -41,12 +47,30 @@ class NodeNews:
             fields = {"node": node, "reason": reason, "error": change.error}
             logger.warning("node down", extra={"fields": fields})
             self._publish(node, "down", reason, 0)
-        if kind is not ChangeKind.DOWN and change.model is None:
+        if kind is not ChangeKind.DOWN:
             metrics.cooling.set(len(self.board.cooldowns.active(trio.current_time())))
         if kind is not ChangeKind.COOLING:
             metrics.down.set(self.board.down_count())
 
-    def _publish(self, node: str, state: str, reason: str, until: float) -> None:
-        self.events.publish(
-            {"type": "node", "node": node, "state": state, "reason": reason, "until_s": until}
-        )
+    def _model_news(self, change: NodeChange) -> None:
+        """A change of one model's cooldown on a node: its event, log line and counter."""
+        node, model, reason = change.node, change.model, change.reason
+        fields = {"node": node, "model": model, "reason": reason}
+        if change.kind is ChangeKind.COOLING:
+            metrics = self.metrics
+            assert model is not None
+            metrics.child(metrics.model_cooldowns, node, model, reason).inc()
+            until = round(change.remaining, 3)
+            logger.warning("model cooldown", extra={"fields": {**fields, "for_s": until}})
+            self._publish(node, "cooling", reason, until, model)
+        elif change.kind is ChangeKind.READY:
+            logger.info("model ready", extra={"fields": fields})
+            self._publish(node, "ready", reason, 0, model)
+
+    def _publish(
+        self, node: str, state: str, reason: str, until: float, model: str | None = None
+    ) -> None:
+        event = {"type": "node", "node": node, "state": state, "reason": reason, "until_s": until}
+        if model is not None:  # one model's cooldown (SPEC 5c); else the whole node's
+            event["model"] = model
+        self.events.publish(event)

@@ -25,6 +25,7 @@ import trio
 
 from ..core.config import Config
 from ..core.cooldown import CooldownTable
+from ..core.engine_book import EngineBook, engine_settings
 from ..core.redis_url import parse_state
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
@@ -34,7 +35,6 @@ from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
 from .board import NodeBoard, NodeState
 from .discovery import Discovery
-from .engine_holder import EngineHolder
 from .engine_reader import EngineReader
 from .gate import ClientGate
 from .lifetime import OwnTasks
@@ -75,13 +75,8 @@ class Proxy(OwnTasks):
         self.pool = ConnectionPool(
             max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
         )
-        self.board = NodeBoard(node.name for node in config.upstreams)
-        self.queue = SlotQueue(config, self.board.is_demoted)
         self.report = Report(config)
-        gauge_in_flight(self.report.metrics, self.board.configured, self.queue)
-        self.report.metrics.queue_length.set_function(self.queue.__len__)
-        self.board.listen(self.queue.board_changed)
-        self.board.listen(NodeNews(self.board, self.report.events, self.report.metrics))
+        self.board, self.queue = _board_and_queue(config, self.report)
         self.view = StatusView(config, self.board, self.queue, self.report.recent, self.report.live)
         metrics = self.report.metrics
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
@@ -91,10 +86,14 @@ class Proxy(OwnTasks):
         self.silence = SilenceWatch()
         # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
         self.liveness = LivenessChecker(config, self.connector, self.board, self.report)
-        # The engines' signals (SPEC 5c): read by engine_reader, held by
-        # engines (until the node board holds them), read by the slot queue.
-        self.engines = EngineHolder(config, self.queue)
-        self.engine_reader = EngineReader(config, self.connector, self.engines.on_signal)
+        # The engines' signals (SPEC 5c): read by engine_reader, kept by the
+        # board (``engines``), read by the slot ledger and the attempts.
+        board = self.board
+        self.engine_reader = EngineReader(
+            config,
+            self.connector,
+            lambda node, signal: board.engine_read(node, signal, trio.current_time()),
+        )
         self._workloads = WorkloadRunner(
             config,
             self.connector,
@@ -104,7 +103,7 @@ class Proxy(OwnTasks):
             self.report,
             self.silence,
             self.liveness,
-            self.engines,
+            self.board.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
         self.lists = FleetLists(config, self.connector, self.board, self.queue, self.report)
@@ -123,6 +122,11 @@ class Proxy(OwnTasks):
 
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots
+
+    @property
+    def engines(self) -> EngineBook:
+        """The nodes' engines as last read (``engine_book.EngineBook``); the board's."""
+        return self.board.engines
 
     @property
     def cooldowns(self) -> CooldownTable:
@@ -250,6 +254,24 @@ class Proxy(OwnTasks):
             node.update(self.engines.describe(node["name"], now))
         document["state"] = dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()
         return document
+
+
+def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQueue]:
+    """The node board and the slot queue, and what listens to the board.
+
+    The queue's dispatch and the node news (events, logs, gauges) hear its
+    readiness changes, the queue its engine readings (SPEC 5c).
+    """
+    board = NodeBoard(node.name for node in config.upstreams)
+    queue = SlotQueue(config, board.is_demoted, board.model_cooldowns)
+    gauge_in_flight(report.metrics, board.configured, queue)
+    report.metrics.queue_length.set_function(queue.__len__)
+    board.listen(queue.board_changed)
+    board.listen(NodeNews(board, report.events, report.metrics))
+    board.configure_engines(engine_settings(config))
+    queue.scheduler.ledger.signals = board.engines.signals
+    board.listen_engines(queue.engine_changed)
+    return board, queue
 
 
 @asynccontextmanager

@@ -7,7 +7,10 @@ event and no other, so a freed slot wakes exactly one workload, and no task
 runs per waiter. The waiter's own ``move_on_at`` is its queue timeout.
 
 Readiness comes from one predicate, ``NodeBoard.is_demoted`` (cooling, and
-whatever else demotes a node), asked lazily with the current time. Whoever
+whatever else demotes a node), asked lazily with the current time. While
+some model of some node cools (``ModelCooldowns.by_model``: SPEC 5c),
+it is asked with the workload's model too; otherwise it is asked as
+before, at no extra cost to the request path. Whoever
 changes a node between ready and demoted calls ``dispatch()``: that can let
 a waiter onto a node it could not use before.
 """
@@ -17,11 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from typing import Protocol
 
 import trio
 
 from ..core.config import Config
+from ..core.cooldown import ModelCooldowns
+from ..core.engine_book import EngineChange
 from ..core.node_change import ChangeKind, NodeChange
+from ..core.slot_ledger import SlotLedger
 from ..core.slots import (
     Acquired,
     Handoff,
@@ -32,7 +39,12 @@ from ..core.slots import (
 )
 from ..telemetry.metrics import Metrics
 
-Demoted = Callable[[str, float], bool]
+
+class Demoted(Protocol):
+    """``(node, now[, model]) -> bool``: ``NodeBoard.is_demoted``."""
+
+    def __call__(self, node: str, now: float, model: str | None = None, /) -> bool: ...
+
 
 # Why the queue turned a workload away -> the code and message of its 503.
 REFUSALS = {
@@ -45,12 +57,15 @@ REFUSALS = {
 class SlotQueue:
     """One proxy's slots and queue (a ``SlotScheduler`` of parked ``trio.Event``)."""
 
-    def __init__(self, config: Config, is_demoted: Demoted) -> None:
+    def __init__(
+        self, config: Config, is_demoted: Demoted, models: ModelCooldowns | None = None
+    ) -> None:
         """An empty queue; every node's capacity from ``config``.
 
         Args:
             config: capacities, ``balance`` and ``max_queue``.
-            is_demoted: ``(node, now) -> bool``, the one readiness predicate.
+            is_demoted: ``(node, now, model) -> bool``, the one readiness predicate.
+            models: the board's per-model cooldowns, read only (falsy: none).
         """
         self.scheduler: SlotScheduler[trio.Event] = SlotScheduler(
             # Capacity auto (None) limits nothing until its engine says
@@ -60,6 +75,9 @@ class SlotQueue:
             max_queue=config.max_queue,
         )
         self._is_demoted = is_demoted
+        # The board's dict itself: empty while no model cools (one test per acquire).
+        self._models = (ModelCooldowns() if models is None else models).by_model
+        self.scheduler.ready_for = self._ready_for  # for the queued waiters' models
         self.closed = False
         # Set (and replaced) when the ticker's next wake-up may have moved
         # earlier: the queue stopped being empty, or a cooldown began.
@@ -73,6 +91,15 @@ class SlotQueue:
         """Whether ``node`` is ready now (not demoted)."""
         return not self._is_demoted(node, trio.current_time())
 
+    def _ready_for(self, model: str) -> Callable[[str], bool]:
+        """The readiness of the nodes for a waiter asking for ``model``."""
+        is_demoted = self._is_demoted
+
+        def ready(node: str) -> bool:
+            return not is_demoted(node, trio.current_time(), model)
+
+        return ready
+
     # -- one attempt ---------------------------------------------------------
 
     def acquire(
@@ -83,6 +110,7 @@ class SlotQueue:
         preferred: str | None,
         now: float | None = None,
         loaded: frozenset[str] = frozenset(),
+        model: str | None = None,
     ) -> Acquired[trio.Event]:
         """Decide the next attempt: a slot now, a place in the queue, or why not.
 
@@ -91,10 +119,17 @@ class SlotQueue:
         ``now``, when the caller read the clock since its last checkpoint,
         spares the readiness test a reading of its own. ``loaded``: the
         nodes holding the request's model loaded, tried first (SPEC 5c).
+        ``model``: the one it asks for, for its per-model cooldowns.
         """
         ready = self.is_ready
-        if now is not None:
-            is_demoted = self._is_demoted
+        is_demoted = self._is_demoted
+        if model is not None and self._models:
+            at = trio.current_time() if now is None else now
+
+            def ready(node: str) -> bool:
+                return not is_demoted(node, at, model)
+
+        elif now is not None:
 
             def ready(node: str) -> bool:
                 return not is_demoted(node, now)
@@ -102,8 +137,10 @@ class SlotQueue:
         result = self.scheduler.acquire(
             trio.Event(), order, tried=tried, ready=ready, preferred=preferred, loaded=loaded
         )
-        if isinstance(result, Queued) and len(self.scheduler) == 1:
-            self._changed()
+        if isinstance(result, Queued):
+            result.waiter.model = model
+            if len(self.scheduler) == 1:
+                self._changed()
         return result
 
     async def wait(self, waiter: Waiter[trio.Event], deadline: float) -> Slot | None:
@@ -150,6 +187,18 @@ class SlotQueue:
         else:
             self.dispatch()
 
+    def engine_changed(self, change: EngineChange) -> None:
+        """The board's engine listener: a read may change a node's load or capacity."""
+        changed = change.changed
+        if change.fresh:
+            # The engine's count is of now, this proxy's attempts of now among it.
+            self.scheduler.ledger.note_reading(change.node)
+            changed = True
+        if change.capacity is not None:  # capacity auto: the engine's own
+            changed = self.scheduler.ledger.set_capacity(change.node, change.capacity) or changed
+        if changed:
+            self.dispatch()
+
     def demoted(self) -> None:
         """A node was demoted: dispatch, and let the ticker see its end time."""
         if len(self.scheduler):
@@ -162,19 +211,8 @@ class SlotQueue:
         ``moved``: the node list changed; every waiter wakes without a slot
         and with ``moved`` set, to resolve its candidates again.
         """
-        ledger = self.scheduler.ledger
-        kept = set(ledger.nodes)
         waiters = self.scheduler.reconfigure(
-            {  # an ``auto`` node keeps the capacity its engine gave (SPEC 5c), a new one 0
-                node.name: (
-                    node.capacity
-                    if node.capacity is not None
-                    else ledger.capacity(node.name)
-                    if node.name in kept
-                    else 0
-                )
-                for node in config.upstreams
-            },
+            _reload_capacities(config, self.scheduler.ledger),
             balance=config.balance,
             max_queue=config.max_queue,
             moved=moved,
@@ -209,9 +247,36 @@ class SlotQueue:
             handoff.waiter.token.set()
 
 
+def _reload_capacities(config: Config, ledger: SlotLedger) -> dict[str, int]:
+    """A reload's capacities: an ``auto`` node keeps what its engine gave (SPEC 5c), a new one 0."""
+    kept = set(ledger.nodes)
+    return {
+        node.name: (
+            node.capacity
+            if node.capacity is not None
+            else ledger.capacity(node.name)
+            if node.name in kept
+            else 0
+        )
+        for node in config.upstreams
+    }
+
+
 def gauge_in_flight(metrics: Metrics, nodes: Iterable[str], queue: SlotQueue) -> None:
     """Have the in-flight gauges of ``nodes`` read ``queue``'s ledger at scrape time."""
     ledger = queue.scheduler.ledger
     for node in nodes:
         # Read at scrape time: no gauge update per attempt.
         metrics.in_flight.labels(node).set_function(partial(ledger.in_flight, node))
+        metrics.capacity.labels(node).set_function(partial(ledger.capacity, node))
+        metrics.engine_busy.labels(node).set_function(partial(_engine_count, ledger, node, True))
+        metrics.engine_waiting.labels(node).set_function(
+            partial(_engine_count, ledger, node, False)
+        )
+
+
+def _engine_count(ledger: SlotLedger, node: str, busy: bool) -> float:
+    """The engine's busy (or waiting) count of ``node`` as the ledger reads it; NaN: none."""
+    reading = ledger.signals.get(node)
+    count = None if reading is None else reading.busy if busy else reading.waiting
+    return math.nan if count is None else float(count)

@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from ..core.config import Config
+from ..core.engine_book import engine_settings
 from ..core.errors import ConfigError
 from ..core.reload import diff_configs
 from ..telemetry.logs import logger
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from ..wire.upstream import Connector
     from .board import NodeBoard
     from .discovery import Discovery
-    from .engine_holder import EngineHolder
+    from .engine_reader import EngineReader
     from .gate import ClientGate
     from .lists import FleetLists
     from .liveness import LivenessChecker
@@ -69,7 +70,7 @@ class Proxy(Protocol):
     board: NodeBoard
     view: StatusView
     queue: SlotQueue
-    engines: EngineHolder
+    engine_reader: EngineReader
     liveness: LivenessChecker
     lists: FleetLists
     discovery: Discovery
@@ -163,7 +164,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     The board keeps it (``NodeBoard.reconcile``: a removed node's entry
     stays while the workloads still running there write their outcome);
     here the parts outside it follow: liveness books, the fleet lists'
-    cache, the metric series, the engines' state.
+    cache, the metric series, the engines' state and readers.
     """
     before = {node.name for node in old.upstreams}
     added = [node.name for node in new.upstreams if node.name not in before]
@@ -171,7 +172,8 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     board = proxy.board
     board.reconcile(node.name for node in new.upstreams)
     proxy.liveness.reconcile(added)
-    proxy.engines.reconcile(new)
+    proxy.board.configure_engines(engine_settings(new))
+    proxy.engine_reader.reconcile(new)  # its readers follow (URL, TLS, engine, intervals)
     proxy.lists.forget([*added, *(before - after)])
     metrics = proxy.report.metrics
     metrics.declare_nodes(added)

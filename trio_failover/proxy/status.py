@@ -66,6 +66,10 @@ class StatusView:
                     "state": state,
                     "cooldown_remaining_s": round(entry.remaining(now), 3) if entry else 0,
                     "reason": reason,
+                    "models_cooling": {
+                        model: {"remaining_s": round(cool.remaining(now), 3), "reason": cool.reason}
+                        for model, cool in board.model_cooldowns.of_node(node.name, now).items()
+                    },
                     "in_flight": ledger.in_flight(node.name),
                     "capacity": ledger.capacity(node.name),  # auto: as resolved now
                     "served": known.served,

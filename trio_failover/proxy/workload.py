@@ -19,6 +19,7 @@ from __future__ import annotations
 import trio
 
 from ..core.config import Config
+from ..core.engine_book import EngineBook
 from ..core.outcome import AttemptRecord, Outcome
 from ..core.requests import workload_id
 from ..core.workload import FINAL, State
@@ -29,7 +30,6 @@ from ..wire.upstream import Connector, Liveness
 from .answers import send_failure
 from .attempts import Attempts
 from .board import NodeBoard
-from .engine_holder import EngineHolder
 from .milestones import Milestones
 from .queue import REFUSALS, SlotQueue
 from .records import Workload
@@ -58,7 +58,7 @@ class WorkloadRunner:
         report: Report,
         silence: SilenceWatch | None = None,
         liveness: Liveness | None = None,
-        engines: EngineHolder | None = None,
+        engines: EngineBook | None = None,
     ) -> None:
         self.config = config
         # The streams' idle timers; ``serve()`` runs its ``watch``.

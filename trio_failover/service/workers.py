@@ -38,8 +38,7 @@ the settings) and reloads as a single proxy does, reading the file itself;
 listeners is refused by every worker alike. With ``--watch-config`` each
 worker polls the file on its own: the supervisor reads no settings after
 its start, so a reload stays one code path, the worker's. A worker started
-again reads the file as it is then, so that it does not go back to the
-settings of the program's start after a reload.
+again reads the file as it is then, not the settings of the program's start.
 
 The first worker, whose admin listener answers ``/status`` for the fleet,
 also gets the read end of a roster pipe: at each start, serve and exit the

@@ -88,6 +88,10 @@ class Metrics:
             "trio_failover_cooldowns", "Cooldowns started", ["node", "reason"], registry=r
         )
         self.cooling = Gauge("trio_failover_cooling_nodes", "Nodes cooling now", registry=r)
+        self.model_cooldowns = Counter(
+            "trio_failover_model_cooldowns", "Cooldowns of one model of a node (SPEC 5c)",
+            ["node", "model", "reason"], registry=r,
+        )  # fmt: skip
         self.checks = Counter(
             "trio_failover_health_checks",
             "Health and inventory checks (GET /health, /v1/models) by node and result",
@@ -130,6 +134,7 @@ class Metrics:
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
         )
+        self.capacity, self.engine_busy, self.engine_waiting = _engine_gauges(r)
 
     def _define_queue(self, r: FlushingRegistry) -> None:
         """The series of the slot queue."""
@@ -238,3 +243,27 @@ def _latency(
 ) -> Histogram:
     """A histogram of seconds with the latency buckets."""
     return Histogram(name, documentation, labels, buckets=_LATENCY_BUCKETS, registry=registry)
+
+
+def _engine_gauges(r: FlushingRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """What the slot decisions use of each node now (SPEC 5c), read at scrape time."""
+    return (
+        Gauge(
+            "trio_failover_capacity",
+            "Attempts a node takes at once now (0 = no limit; auto: the engine's)",
+            ["node"],
+            registry=r,
+        ),
+        Gauge(
+            "trio_failover_engine_busy",
+            "Requests the node's engine says it works on (NaN: no fresh reading)",
+            ["node"],
+            registry=r,
+        ),
+        Gauge(
+            "trio_failover_engine_waiting",
+            "Requests queued inside the node's engine (NaN: no fresh reading)",
+            ["node"],
+            registry=r,
+        ),
+    )
