@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+import pytest
 import trio
 from conftest import RedisServer
 from test_replicas import LIMIT, SLACK, replica_config, replicas
 
 from trio_failover.core import fleet_records
-from trio_failover.core.engine_book import EngineChange, EngineRead
+from trio_failover.core.engine_book import EngineChange, EngineRead, EngineSettings
 from trio_failover.core.engines import UNKNOWN, Detection, EngineKind, Signals
 from trio_failover.core.redis_url import RedisAddress
 from trio_failover.core.state_layout import RemoteRecord
+from trio_failover.proxy.board import NodeBoard
+from trio_failover.proxy.fleet import FleetBoard
 from trio_failover.proxy.proxy import Proxy
+from trio_failover.proxy.shared_state import SharedState
 from trio_failover.testing import FakeLlamaServer, FakeNode, Fleet, healthy, request, start_in_fleet
 
 INTERVAL = 0.2  # --load-interval: a reading is unknown once older than 0.6 s
@@ -165,3 +169,32 @@ async def test_a_reading_that_arrives_older_than_three_intervals_is_unknown_at_o
                 assert await a.fleet.state.publish(older, node="a") is True
                 await late.wait()
                 assert b.engines.signals["a"] == full
+
+
+async def test_a_late_older_reading_does_not_shorten_the_watch_of_the_newer_one(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """``age_engines`` judges a remote reading when the newest one heard is stale, not before."""
+    board = NodeBoard(["a"])
+    board.configure_engines(EngineSettings(engines={"a": LLAMA}, max_age=3 * INTERVAL))
+    link = FleetBoard(board, cast(SharedState, None))  # nothing published here
+    told: list[tuple[float, EngineChange]] = []
+    board.listen_engines(lambda change: told.append((trio.current_time(), change)))
+
+    def heard(busy: int, age: float) -> None:
+        read = EngineRead("a", LLAMA, Signals(busy=busy, total_slots=2), age=age)
+        link.on_record(RemoteRecord("replica-a", "a", fleet_records.engine_record(read)))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link.age_engines)
+        start = trio.current_time()
+        heard(2, 0.0)
+        await trio.sleep(0.1)
+        heard(1, 0.5)  # taken 0.4 s before the one heard first: no news
+        await trio.sleep(0.4)  # 0.5 s after the newer reading: fresh still
+        assert board.engines.signals["a"].busy == 2
+        await trio.sleep(0.2)
+        assert "a" not in board.engines.signals  # past 0.6 s: unknown, without a read
+        nursery.cancel_scope.cancel()
+    ended = [at - start for at, change in told if change.changed and change.signals == UNKNOWN]
+    assert ended == [pytest.approx(3 * INTERVAL + 0.001)]

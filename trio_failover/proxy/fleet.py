@@ -12,7 +12,7 @@ the proxy's parts:
   ``apply``, ``shared_check`` and ``apply_engine``. What came from
   elsewhere is never told again: it is applied with ``_remote`` set, which
   the listener reads (``apply_engine`` calls no hook at all). A remote
-  engine reading is folded again once it is three intervals old
+  engine reading is judged again once it is three intervals old
   (``age_engines``), so it goes stale here even on a replica that reads no
   engine itself.
 - **the slots** (``FleetSlots``): an attempt that has its local slot takes
@@ -146,7 +146,9 @@ class FleetBoard:
     def _fold_engine(self, read: EngineRead, now: float) -> None:
         """Fold a remote read (the newest reading wins: ``next_state``), and watch its age."""
         self.board.apply_engine(read, now)
-        self._engine_reads[read.node] = now - read.age
+        # A late, older read changed nothing: the newer one's age still counts.
+        taken = max(now - read.age, self._engine_reads.get(read.node, -math.inf))
+        self._engine_reads[read.node] = taken
         self._engine_news.set()
 
     async def age_engines(self) -> None:
