@@ -298,3 +298,33 @@ def test_a_remote_read_counts_its_age_and_an_unknown_node_is_ignored() -> None:
     assert "auto" not in board.engines.signals  # read 7 s ago: stale already
     board.apply_engine(EngineRead("gone", LLAMA, Signals(busy=1)), 100.0)
     assert [change.node for change in told] == ["auto"]
+
+
+def test_a_remote_read_older_than_the_reading_changes_nothing_and_is_not_fresh() -> None:
+    board, told = engine_board()
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=1, total_slots=2), 10.0), 10.0)
+    # Another replica's, taken at 9.5 and heard at 10.2: older than ours.
+    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), age=0.7), 10.2)
+    assert board.engines.signals["auto"].busy == 1
+    assert told[-1] == EngineChange("auto", Signals(busy=1, total_slots=2), 2, False)
+    # One taken after ours wins, and anchors the count.
+    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), age=0.1), 10.5)
+    assert board.engines.signals["auto"].busy == 2
+    assert told[-1].fresh
+
+
+def test_only_a_read_of_ours_goes_to_the_hook_and_judging_drops_a_stale_reading() -> None:
+    board, told = engine_board()
+    hooked: list[EngineRead] = []
+    board.on_engine_read = hooked.append
+    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=1), 9.0), 10.0)
+    board.apply_engine(EngineRead("fixed", LLAMA, Signals(busy=2)), 10.0)  # another replica's
+    assert hooked == [EngineRead("auto", LLAMA, Signals(busy=1), age=1.0)]
+    board.judge_engine("fixed", 16.0)  # six seconds: three intervals, still fresh
+    assert "fixed" in board.engines.signals
+    assert told[-1] == EngineChange("fixed", Signals(busy=2), None, False)
+    board.judge_engine("fixed", 16.5)
+    assert "fixed" not in board.engines.signals
+    assert told[-1] == EngineChange("fixed", Signals(), None, True)
+    board.judge_engine("gone", 16.5)  # a node the book does not have: nothing told
+    assert len(told) == 4

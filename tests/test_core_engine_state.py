@@ -72,6 +72,18 @@ def read(signals: Signals, at: float) -> EngineSignal:
             EngineState(engine=LLAMA, last_error="GET /props: connect timed out", error_at=10.0),
             id="a failed first read knows nothing",
         ),
+        pytest.param(
+            EngineState(engine=LLAMA, signals=GOOD, read_at=12.0),
+            Signals(busy=2, total_slots=2),
+            EngineState(engine=LLAMA, signals=GOOD, read_at=12.0),
+            id="a good read older than the state's (a late remote one) changes nothing",
+        ),
+        pytest.param(
+            EngineState(engine=LLAMA, signals=GOOD, read_at=10.0, last_error="x", error_at=11.0),
+            Signals(busy=2, total_slots=2),
+            EngineState(engine=LLAMA, signals=Signals(busy=2, total_slots=2), read_at=10.0),
+            id="one of the same moment replaces it",
+        ),
     ],
 )
 def test_next_state(before: EngineState, signals: Signals, after: EngineState) -> None:

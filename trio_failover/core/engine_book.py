@@ -1,13 +1,13 @@
 """Pure: every node's engine as last read, and what the slot decisions read of it (SPEC 5c).
 
 The node board (``proxy/board.py``) owns one ``EngineBook`` and changes it
-only through its verb ``engine_read``; the book folds each read into the
+only through its engine verbs; the book folds each read into the
 node's ``EngineState`` (``engine_state.next_state``) and keeps two outputs
 current:
 
 - ``signals``: node -> fresh ``Signals``, the very mapping the slot ledger
   reads (``SlotLedger.signals``); a reading that went stale leaves it at its
-  node's next read;
+  node's next read, or when judged again (``judge``);
 - ``auto_capacity(node)``: an ``auto`` node's capacity from its engine
   (llama-server's ``total_slots``, else 0); None for a configured one.
 
@@ -119,7 +119,23 @@ class EngineBook:
         if node not in self.states:
             return None
         signal = EngineSignal(read.engine, read.signals, now - read.age)
-        state = self.states[node] = next_state(self.states[node], signal)
+        self.states[node] = next_state(self.states[node], signal)
+        return self._judged(node, now, signal.at)
+
+    def judge(self, node: str, now: float) -> EngineChange | None:
+        """What ``node``'s reading is at ``now``, without a read (None: no such node).
+
+        A reading that went stale since leaves ``signals``, as at a read: a
+        replica fed by another's reads (SPEC 8) has no read of its own to
+        drop it. Never ``fresh``.
+        """
+        if node not in self.states:
+            return None
+        return self._judged(node, now, None)
+
+    def _judged(self, node: str, now: float, read_at: float | None) -> EngineChange:
+        """Keep ``node``'s current signals at ``now``; ``read_at``: the read just folded."""
+        state = self.states[node]
         current = state.current(now, self.settings.max_age)
         before = self.signals.get(node)
         if current == UNKNOWN:
@@ -127,8 +143,9 @@ class EngineBook:
         else:
             self.signals[node] = current
         capacity = auto_capacity(current) if node in self.settings.auto else None
-        # A good read of now (a failed one keeps the old reading and its anchor).
-        fresh = state.read_at == signal.at and node in self.signals
+        # A good read of now (a failed one keeps the old reading and its anchor;
+        # an older one changed nothing).
+        fresh = read_at is not None and state.read_at == read_at and node in self.signals
         return EngineChange(node, current, capacity, before != self.signals.get(node), fresh)
 
     def describe(self, node: str, now: float) -> dict[str, Any]:

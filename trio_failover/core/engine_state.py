@@ -90,9 +90,14 @@ def next_state(state: EngineState, signal: EngineSignal) -> EngineState:
     own schedule (three intervals after the last good read), and lays any
     field the read did give (llama-server's ``/props`` when its ``/slots``
     failed) over them.
+
+    A good read older than the state's (another replica's, come late: SPEC
+    8) changes nothing: the newest reading wins, whoever took it.
     """
     error = signal.signals.last_error
     if not error:
+        if state.read_at is not None and signal.at < state.read_at:
+            return state
         return EngineState(engine=signal.engine, signals=signal.signals, read_at=signal.at)
     partial = attrs.evolve(signal.signals, last_error="")
     signals = merge_signals([state.signals, partial]) if partial != UNKNOWN else state.signals

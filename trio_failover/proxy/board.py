@@ -37,20 +37,14 @@ it, or its expiry on a node not down) and ``COOLED`` (its expiry on a down
 node) end it; node-wide records never touch model cooldowns; ``DOWN``
 and ``UP`` with a model are ignored.
 
-Engines (SPEC 5c): ``engine_read(node, signal, now)`` (the reader's
-callback) makes a ``core.engine_book.EngineRead`` record (node, engine
-``Detection``, ``Signals``, ``age`` in seconds: no clock time) and hands it
-to ``apply_engine(read, now)``, which folds it into ``engines`` (an
-``EngineBook``: the states, the ledger's fresh ``signals``, the ``auto``
-capacities) and tells the engine listeners (``listen_engines``) an
-``EngineChange`` (node, current signals, ``auto`` capacity or None,
-``changed``). These are a separate channel from the readiness records, so
-a mirror of ``NodeChange`` records is not handed them; one that shares
-reads publishes ``EngineRead`` records (every read, changed or not, so
-that they stay fresh remotely) and applies remote ones through
-``apply_engine`` (``Signals`` holds frozensets and tuples of attrs
-records: its JSON form is the mirror's to write). ``configure_engines``
-takes a (re)loaded configuration's ``engine_book.engine_settings``.
+Engines (SPEC 5c): ``engine_read(node, signal, now)``, the reader's
+callback, makes a ``core.engine_book.EngineRead`` record (node, engine,
+``Signals``, ``age`` in seconds: no clock time), folds it into ``engines``
+(an ``EngineBook``: states, the ledger's fresh ``signals``, ``auto``
+capacities) with ``apply_engine(read, now)``, which tells the engine
+listeners an ``EngineChange``, and hands it to ``on_engine_read`` (the
+fleet's hook). Another replica's read comes in through ``apply_engine``;
+``judge_engine`` lets it go stale. ``configure_engines`` takes a reload's.
 """
 
 from __future__ import annotations
@@ -167,6 +161,7 @@ class _EngineParts:
 
     engines: EngineBook
     _engine_listeners: list[EngineListener]
+    on_engine_read: Callable[[EngineRead], None]  # after each fold of a read of ours
 
     def listen_engines(self, listener: EngineListener) -> None:
         """Have ``listener`` called with what every folded engine read left."""
@@ -178,11 +173,19 @@ class _EngineParts:
 
     def engine_read(self, node: str, signal: EngineSignal, now: float) -> None:
         """The engine reader's callback: fold one read of ``node``'s engine at ``now``."""
-        self.apply_engine(EngineRead(node, signal.engine, signal.signals, now - signal.at), now)
+        read = EngineRead(node, signal.engine, signal.signals, now - signal.at)
+        self.apply_engine(read, now)
+        self.on_engine_read(read)
 
     def apply_engine(self, read: EngineRead, now: float) -> None:
         """Fold ``read`` (this process's or another's), then tell the engine listeners."""
-        change = self.engines.fold(read, now)
+        self._tell_engines(self.engines.fold(read, now))
+
+    def judge_engine(self, node: str, now: float) -> None:
+        """Judge ``node``'s reading at ``now``, no read: gone stale, it leaves the signals."""
+        self._tell_engines(self.engines.judge(node, now))
+
+    def _tell_engines(self, change: EngineChange | None) -> None:
         if change is not None:
             for listener in self._engine_listeners:
                 listener(change)
@@ -205,6 +208,7 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
         self._engine_listeners: list[EngineListener] = []
         # After a check: (node, inventory replaced?); the fleet tells it (SPEC 8).
         self.on_check: Callable[[str, bool], None] = _unheard
+        self.on_engine_read = _unheard  # likewise, each engine read (SPEC 8)
 
     def listen(self, listener: Listener) -> None:
         """Have ``listener`` called with every change the board applies."""
@@ -386,8 +390,8 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
             listener(change)
 
 
-def _unheard(node: str, replaced: bool) -> None:
-    """``on_check`` with nobody to tell (``--state memory``)."""
+def _unheard(*_told: object) -> None:
+    """``on_check`` and ``on_engine_read`` with nobody to tell (``--state memory``)."""
 
 
 def shared_check(

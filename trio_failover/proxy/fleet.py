@@ -6,11 +6,15 @@ nothing costs. ``Fleet`` owns the replica's ``SharedState`` and joins it to
 the proxy's parts:
 
 - **the board** (``FleetBoard``): every change the board applies is
-  published (a listener), and so is every finished check (``on_check``);
-  the other replicas' records and the join's snapshot are applied to the
-  board with ``apply`` and ``shared_check``. What came from elsewhere is
-  never told again: it is applied with ``_remote`` set, which the
-  listener reads.
+  published (a listener), and so is every finished check (``on_check``)
+  and every good engine read (``on_engine_read``); the other replicas'
+  records and the join's snapshot are applied to the board with
+  ``apply``, ``shared_check`` and ``apply_engine``. What came from
+  elsewhere is never told again: it is applied with ``_remote`` set, which
+  the listener reads (``apply_engine`` calls no hook at all). A remote
+  engine reading is judged again once it is three intervals old
+  (``age_engines``), so it goes stale here even on a replica that reads no
+  engine itself.
 - **the slots** (``FleetSlots``): an attempt that has its local slot takes
   the node's lease in Redis (``Attempts``' fleet step); when Redis says the
   node is full, the node counts as full in the local ledger
@@ -31,6 +35,7 @@ import trio
 
 from ..core import fleet_records
 from ..core.config import Config
+from ..core.engine_book import EngineRead
 from ..core.node_change import NodeChange
 from ..core.redis_url import parse_state
 from ..core.state_layout import RemoteRecord
@@ -45,6 +50,7 @@ OUTBOX = 10_000  # records waiting to go out; more while Redis is slow are dropp
 REFUSED_RETRY_MOST = 5.0  # seconds a node counts as full elsewhere without news
 ALONE_RETRY = 1.0  # likewise, over this replica's share while Redis is away
 EXPIRED = "expired"  # the reason of the board's expiry changes
+STALE_MARGIN = 0.001  # a reading is stale once strictly older than three intervals
 
 
 class FleetBoard:
@@ -55,8 +61,12 @@ class FleetBoard:
         self.state = state
         self._remote = False
         self._send, self._outbox = trio.open_memory_channel[tuple[dict[str, Any], str]](OUTBOX)
+        # node -> when the last remote engine read folded was taken (this clock).
+        self._engine_reads: dict[str, float] = {}
+        self._engine_news = trio.Event()
         board.listen(self.changed)
         board.on_check = self.checked
+        board.on_engine_read = self.engine_read
 
     # -- out -----------------------------------------------------------------
 
@@ -79,6 +89,15 @@ class FleetBoard:
         if state.last_check is not None:
             record = fleet_records.check_record(state.last_check, trio.current_time())
             self._queue(record, node)
+
+    def engine_read(self, read: EngineRead) -> None:
+        """The board's ``on_engine_read``: publish a good read made here.
+
+        A failed one is this replica's own news (its path to the engine);
+        the last good reading goes stale on every replica on its own.
+        """
+        if not self._remote and not read.signals.last_error:
+            self._queue(fleet_records.engine_record(read), read.node)
 
     def _queue(self, record: dict[str, Any], node: str) -> None:
         try:
@@ -105,6 +124,10 @@ class FleetBoard:
             if change is not None:
                 self.board.apply(change, now)
                 return
+            read = fleet_records.read_engine(node, remote.record, remote.age)
+            if read is not None:
+                self._fold_engine(read, now)
+                return
             known, inventory = fleet_records.read_inventory(remote.record)
             if known:
                 shared_check(self.board, node, inventory=inventory, replace_inventory=True)
@@ -119,6 +142,31 @@ class FleetBoard:
         """Apply a join's snapshot, oldest record first."""
         for record in fleet_records.snapshot_order(records):
             self.on_record(record)
+
+    def _fold_engine(self, read: EngineRead, now: float) -> None:
+        """Fold a remote read (the newest reading wins: ``next_state``), and watch its age."""
+        self.board.apply_engine(read, now)
+        # A late, older read changed nothing: the newer one's age still counts.
+        taken = max(now - read.age, self._engine_reads.get(read.node, -math.inf))
+        self._engine_reads[read.node] = taken
+        self._engine_news.set()
+
+    async def age_engines(self) -> None:
+        """Judge each remote reading again once it is stale, so that it leaves the signals.
+
+        The book drops a stale reading at the node's next read, and a
+        replica that reads no engine itself (or cannot reach it) has none.
+        """
+        while True:
+            now, max_age = trio.current_time(), self.board.engines.settings.max_age
+            for node, at in list(self._engine_reads.items()):
+                if now - at > max_age:
+                    del self._engine_reads[node]
+                    self.board.judge_engine(node, now)
+            self._engine_news = trio.Event()
+            first = min(self._engine_reads.values(), default=math.inf)
+            with trio.move_on_at(first + max_age + STALE_MARGIN):
+                await self._engine_news.wait()
 
 
 class FleetSlots:
@@ -251,6 +299,7 @@ class Fleet:
         async with trio.open_nursery() as nursery:
             assert self.board_link is not None
             nursery.start_soon(self.board_link.publish_all)
+            nursery.start_soon(self.board_link.age_engines)
             await nursery.start(self.state.run)
             nursery.start_soon(self.slots.watch_marks)
             nursery.start_soon(self.slots.watch_state)
