@@ -60,13 +60,21 @@ def load_average() -> str:
 
 
 @contextlib.contextmanager
-def fleet(workdir: Path, upstream: str, workers: int, state: str) -> Iterator[tuple[int, int]]:
-    """``trio-failover serve --workers N``; yields (port, supervisor pid) once it serves."""
+def fleet(
+    workdir: Path, upstream: str, workers: int, state: str, capacity: int = 0
+) -> Iterator[tuple[int, int]]:
+    """``trio-failover serve --workers N``; yields (port, supervisor pid) once it serves.
+
+    ``capacity`` above 0: ``--capacity``, so that with a shared state every
+    attempt takes and releases its slot's lease in Redis (SPEC 8).
+    """
     port = bench.free_port()
     command = [sys.executable, "-m", "trio_failover", "serve", "--listen", f"127.0.0.1:{port}"]
     command += ["--admin-listen", "127.0.0.1:0", "--upstream", upstream, "--state", state]
     command += ["--workers", str(workers), "--max-connections", "8000"]
     command += ["--discovery-interval", "0"]
+    if capacity:
+        command += ["--capacity", str(capacity)]
     log_path = workdir / f"proxy-{port}.log"
     with (
         log_path.open("wb") as log,
@@ -205,7 +213,9 @@ def run_cpu(args: argparse.Namespace, workdir: Path, redis: str) -> None:
         json_port, _ = stack.enter_context(bench.child("upstream"))[0]
         upstream = f"json=http://127.0.0.1:{json_port}"
         proxies = {
-            name: stack.enter_context(fleet(workdir, upstream, 1, state))
+            # A capacity (never reached: one request at a time) puts the
+            # slot's lease, a take and a release in Redis, on the path.
+            name: stack.enter_context(fleet(workdir, upstream, 1, state, capacity=8))
             for name, state in (("memory", "memory"), ("redis", redis))
         }
         for port, _ in proxies.values():
