@@ -17,7 +17,6 @@ import statistics
 import time
 from pathlib import Path
 
-import pytest
 from conftest import PROGRAM, Fleet
 from harness import LOOPBACK, Exchange, Proxy, chat_body, wait_for
 from report import Report
@@ -109,11 +108,6 @@ def test_sighup_adds_an_engine_while_a_stream_runs(
     print("reload:", figures)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engines' reader keeps the node list of the start (engine_reader.py): "
-    "an auto node added by a reload is never read, so its capacity stays 0 (no limit)",
-)
 def test_an_engine_added_by_a_reload_is_read(fleet: Fleet, log_dir: Path) -> None:
     a, b = fleet.engines("llama-server", "a", "b")  # one slot each: total_slots 1
     config = log_dir / "fleet.toml"
