@@ -244,6 +244,7 @@ async def test_capacity_one_across_two_replica_processes_one_waits_and_runs_at_o
 
                     async def watch(task_status: Any) -> None:
                         queued.append(await first_queued(*admins, task_status=task_status))
+                        watching.cancel_scope.cancel()
 
                     async def send(replica: ProxyProcess) -> None:
                         response = await request_tcp(replica.address, body=STREAM)
@@ -252,10 +253,16 @@ async def test_capacity_one_across_two_replica_processes_one_waits_and_runs_at_o
                             (response.header("x-failover-attempts") or "", response.status)
                         )
 
+                    async def two_at_once() -> None:
+                        await held.wait_for(lambda: held.most > 1)
+                        watching.cancel_scope.cancel()  # neither waits: fail at once
+
                     async with trio.open_nursery() as watching:
                         await watching.start(watch)
+                        watching.start_soon(two_at_once)
                         nursery.start_soon(send, a)
                         nursery.start_soon(send, b)
+                    assert held.most == 1, "both requests ran at the node at once"
                     await held.wait_for(lambda: held.now == 1)
                     # One runs at the node, the other waits in its replica's queue.
                     waiting = await status_of(queued[0])
@@ -287,6 +294,7 @@ async def leases_at(redis_server: RedisServer, node: str) -> int:
 
 
 AWAY = 10.0  # seconds Redis is stopped
+ANSWER = 3.0  # seconds a request may take while it is: far more than it does
 
 
 async def test_redis_stopped_for_ten_seconds_both_replicas_serve_alone_and_rejoin(
@@ -310,7 +318,8 @@ async def test_redis_stopped_for_ten_seconds_both_replicas_serve_alone_and_rejoi
                 served = 0
                 while trio.current_time() < away_until:  # ten seconds without Redis
                     for replica in (a, b):
-                        response = await request_tcp(replica.address, body=STREAM)
+                        with trio.fail_after(ANSWER):  # no request waits for Redis
+                            response = await request_tcp(replica.address, body=STREAM)
                         assert response is not None
                         assert response.status == 200
                         assert response.body == b"hi"
