@@ -435,3 +435,32 @@ async def test_a_slot_freed_by_another_replica_comes_off_this_ones_engine_readin
                 assert ledger.engine_busy("gpu-1") == 0
                 assert a.fleet is not None
                 assert a.fleet.slots._own == {}
+
+
+async def test_a_replicas_own_freed_slot_is_not_taken_off_the_engines_reading_again(
+    redis_server: RedisServer,
+) -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=2) for up in fleet.upstreams()]
+            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
+                assert a.fleet is not None
+                ledger = a.queue.scheduler.ledger
+                a.engines.signals["gpu-1"] = Signals(busy=1)  # another client's, not a replica's
+                ledger.note_reading("gpu-1")
+                heard = trio.Event()
+                on_freed = a.fleet.state.on_freed
+
+                def heard_freed(node: str) -> None:
+                    on_freed(node)
+                    heard.set()
+
+                a.fleet.state.on_freed = heard_freed
+                response = await request(a, body=STREAM)
+                assert response is not None
+                assert response.status == 200
+                await heard.wait()  # A's release, announced to A too
+                # Its own slot came off its count once; the other client's work stays.
+                assert ledger.engine_busy("gpu-1") == 1
+                assert a.fleet.slots._own == {}
