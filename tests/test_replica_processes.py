@@ -21,7 +21,7 @@ import trio_websocket
 from conftest import RedisServer
 from support import ProxyProcess, serve_process
 
-from trio_failover.core.lease_script import slots_key
+from trio_failover.core.lease_script import freed_channel, slots_key
 from trio_failover.testing import (
     FakeNode,
     Fleet,
@@ -31,7 +31,7 @@ from trio_failover.testing import (
     healthy,
     request_tcp,
 )
-from trio_failover.wire.redis import open_redis
+from trio_failover.wire.redis import open_redis, open_subscription
 
 LIMIT = 40.0
 SLACK = 1.5  # how late things happen on a busy two-core machine with three processes
@@ -334,10 +334,21 @@ async def test_redis_stopped_for_ten_seconds_both_replicas_serve_alone_and_rejoi
                 for admin in admins:
                     state = (await status_of(admin))["state"]
                     assert (state["backend"], state["connected"]) == ("redis", True)
-                for replica in (a, b):
-                    response = await request_tcp(replica.address, body=STREAM)
-                    assert response is not None
-                    assert response.status == 200
+                # A replica releases its lease after the response's end: the test
+                # waits for both releases' announcements before it counts leases.
+                freed = await open_subscription(
+                    redis_server.address,
+                    [freed_channel("trio-failover:")],
+                    deadline=trio.current_time() + 5,
+                )
+                async with freed:
+                    for replica in (a, b):
+                        response = await request_tcp(replica.address, body=STREAM)
+                        assert response is not None
+                        assert response.status == 200
+                        with trio.fail_after(5):
+                            message = await freed.__anext__()
+                        assert message.data == b"gpu-1"
                 # Each request reached the node once, and no replica's lease stayed behind.
                 assert len(nodes["gpu-1"].received) == served + 2
                 assert await leases_at(redis_server, "gpu-1") == 0

@@ -229,8 +229,13 @@ class FleetSlots:
 
     async def watch_state(self) -> None:
         """A join or a loss of Redis changes who decides: every mark ends, waiters try again."""
+        link = (self.state.connected, self.state.joins)
         while True:
             await self.state.wait_changed()
+            now = (self.state.connected, self.state.joins)
+            if now != link:  # announcements due on the old subscription never come
+                self._own.clear()
+                link = now
             for node in list(self._until):
                 self.freed(node)
 
