@@ -23,6 +23,7 @@ from conftest import RedisServer
 from test_redis_wire import SilentServer
 
 from trio_failover.core.config import Config
+from trio_failover.core.engines import Signals
 from trio_failover.core.inventory import CheckVerdict, Health
 from trio_failover.core.lease_script import slots_key
 from trio_failover.core.liveness import CheckRecord
@@ -399,3 +400,67 @@ async def test_a_held_slot_is_renewed_past_its_ttl_while_its_attempt_runs(
                     await gate.wait_for(lambda: len(gate.started) == 2)
                     gate.let_go()
                 assert gate.most == 1
+
+
+async def test_a_slot_freed_by_another_replica_comes_off_this_ones_engine_reading(
+    redis_server: RedisServer,
+) -> None:
+    # A's last reading of the engine counted B's attempt (busy 1 of 1); the
+    # next one would come a load interval later. B's freed slot is announced
+    # at once, and A's waiter runs then.
+    gate = Gate()
+    with trio.fail_after(LIMIT):
+        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
+            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
+            settings = {"upstreams": upstreams, "queue_timeout": 20.0}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                ledger = a.queue.scheduler.ledger
+                signals = a.engines.signals
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(request, b, body=STREAM))
+                    await gate.wait_for(lambda: gate.now == 1)
+                    signals["gpu-1"] = Signals(busy=1)  # what A's engine reader saw now
+                    ledger.note_reading("gpu-1")
+                    with a.events.subscribe() as events:
+                        nursery.start_soon(functools.partial(request, a, body=STREAM))
+                        async for event in events:  # A's request waits: the reading says full
+                            if event.get("state") == "queued" and "position" in event:
+                                break
+                    gate.let_go()
+                    await gate.wait_for(lambda: len(gate.started) == 2)
+                    gate.let_go()
+                assert gate.most == 1
+                assert gate.started[1] - gate.ended[0] < SLACK
+                # A's own release is not taken off the reading a second time.
+                assert ledger.engine_busy("gpu-1") == 0
+                assert a.fleet is not None
+                assert a.fleet.slots._own == {}
+
+
+async def test_a_replicas_own_freed_slot_is_not_taken_off_the_engines_reading_again(
+    redis_server: RedisServer,
+) -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=2) for up in fleet.upstreams()]
+            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
+                assert a.fleet is not None
+                ledger = a.queue.scheduler.ledger
+                a.engines.signals["gpu-1"] = Signals(busy=1)  # another client's, not a replica's
+                ledger.note_reading("gpu-1")
+                heard = trio.Event()
+                on_freed = a.fleet.state.on_freed
+
+                def heard_freed(node: str) -> None:
+                    on_freed(node)
+                    heard.set()
+
+                a.fleet.state.on_freed = heard_freed
+                response = await request(a, body=STREAM)
+                assert response is not None
+                assert response.status == 200
+                await heard.wait()  # A's release, announced to A too
+                # Its own slot came off its count once; the other client's work stays.
+                assert ledger.engine_busy("gpu-1") == 1
+                assert a.fleet.slots._own == {}

@@ -633,3 +633,45 @@ def test_module_imports_only_the_standard_library(module: str) -> None:
             tops.add((node.module or "").partition(".")[0])
     assert tops or module == "slots"
     assert tops <= set(sys.stdlib_module_names) - {"time", "socket", "asyncio", "threading"}
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """An engine's reading (``EngineLoad``)."""
+
+    busy: int | None
+    waiting: int | None = None
+
+
+@pytest.mark.parametrize(
+    ("ours", "busy", "ended", "expected", "moved"),
+    [
+        (0, 1, 1, 0, 1),  # another replica's one attempt ended: free now
+        (0, 2, 1, 1, 1),  # two of others, one ended
+        (1, 2, 1, 1, 1),  # ours stays counted
+        (1, 1, 1, 1, 0),  # the reading holds no others: left alone
+        (0, 1, 3, 0, 1),  # more ended than the reading held: never below our count
+        (0, None, 1, None, 0),  # the engine says nothing: nothing to move
+    ],
+)
+def test_an_attempt_ended_elsewhere_comes_off_the_engines_reading(
+    ours: int, busy: int | None, ended: int, expected: int | None, moved: int
+) -> None:
+    signals = {"a": _Reading(busy)}
+    ledger = SlotLedger({"a": 3}, signals)
+    for _ in range(ours):
+        ledger.take("a")
+    ledger.note_reading("a")
+    assert sum(ledger.ended_elsewhere("a") for _ in range(ended)) == moved
+    assert ledger.engine_busy("a") == expected
+    assert ledger.ended_elsewhere("b") is False  # a node without a reading: nothing happens
+
+
+def test_an_attempt_ended_elsewhere_counts_until_the_next_reading_only() -> None:
+    signals = {"a": _Reading(1)}
+    ledger = SlotLedger({"a": 1}, signals)
+    ledger.note_reading("a")
+    ledger.ended_elsewhere("a")
+    assert not ledger.is_full("a")
+    ledger.note_reading("a")  # a fresh reading that still says busy 1: full again
+    assert ledger.is_full("a")

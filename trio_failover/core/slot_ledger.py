@@ -123,6 +123,24 @@ class SlotLedger:
         """``node``'s reading in ``signals`` was just taken: anchor it to the count now."""
         self._at_reading[node] = self._in_flight[node]
 
+    def ended_elsewhere(self, node: str) -> bool:
+        """Another replica's attempt at ``node`` ended (SPEC 8): one fewer busy in the reading.
+
+        The engine's count holds the other replicas' attempts among its
+        "others"; the freed slot is announced at once, the engine's next
+        reading comes up to a load interval later. Never below this
+        proxy's own count; a reading that holds no others is left alone.
+        Returns whether the count moved.
+        """
+        reading = self.signals.get(node) if self.signals else None
+        if reading is None or reading.busy is None:
+            return False
+        anchor = self._at_reading.get(node, self._in_flight[node])
+        if reading.busy - anchor <= 0:
+            return False
+        self._at_reading[node] = anchor + 1
+        return True
+
     def engine_busy(self, node: str) -> int | None:
         """The engine's busy count now, by its last reading; None = it says none.
 

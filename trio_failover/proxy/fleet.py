@@ -20,6 +20,10 @@ the proxy's parts:
   node is full, the node counts as full in the local ledger
   (``SlotLedger.elsewhere``) and the workload waits in the local queue
   until a freed slot is announced (or the oldest lease may have lapsed).
+  A freed slot of another replica also comes off the engine's last
+  reading of the node (``SlotLedger.ended_elsewhere``): that reading
+  counted the other replica's attempt, and the next one is a load
+  interval away.
 
 Its own tasks run in the proxy's nursery (``Fleet.run``): the shared
 state's membership, the publisher (the board's listeners are synchronous;
@@ -180,6 +184,7 @@ class FleetSlots:
         self._until: dict[str, float] = {}  # node -> when its "full elsewhere" mark ends
         self._marked = trio.Event()
         self._frees: dict[str, int] = {}  # node -> freed announcements heard
+        self._own: dict[str, int] = {}  # node -> announcements of our own releases to come
 
     async def take(self, node: str) -> str | None:
         """The node's lease for an attempt holding its local slot; None: full across the fleet.
@@ -216,9 +221,36 @@ class FleetSlots:
         if not lease:
             return
         self.held.pop(lease, None)
+        self._own[node] = self._own.get(node, 0) + 1  # before: the news may come first
+        released: bool | None = None
         with trio.move_on_after(2 * self.state.state_timeout, shield=True):
-            await self.state.release_slot(node, lease)
+            released = await self.state.release_slot(node, lease)
+        if released is not True:  # nothing of ours is announced (or not that we know)
+            self._heard_own(node)
         self.freed(node)  # while Redis is away nobody announces it
+
+    def announced(self, node: str) -> None:
+        """A freed slot at ``node`` was announced (``on_freed``; our own releases too).
+
+        One that is not ours ended another replica's attempt, which the
+        engine's last reading still counts as busy: the ledger takes it
+        off (``SlotLedger.ended_elsewhere``), so a waiter here runs now,
+        not at the engine's next reading, a load interval later.
+        """
+        if not self._heard_own(node) and self.ledger.ended_elsewhere(node):
+            self.queue.dispatch()  # the node may have room now, by the engine's count
+        self.freed(node)
+
+    def _heard_own(self, node: str) -> bool:
+        """Count one announcement of our own releases at ``node`` off; False: none was due."""
+        due = self._own.get(node, 0)
+        if due <= 0:
+            return False
+        if due == 1:
+            del self._own[node]
+        else:
+            self._own[node] = due - 1
+        return True
 
     def freed(self, node: str) -> None:
         """A slot at ``node`` was freed somewhere (``on_freed``): let a waiter try again."""
@@ -245,8 +277,13 @@ class FleetSlots:
 
     async def watch_state(self) -> None:
         """A join or a loss of Redis changes who decides: every mark ends, waiters try again."""
+        link = (self.state.connected, self.state.joins)
         while True:
             await self.state.wait_changed()
+            now = (self.state.connected, self.state.joins)
+            if now != link:  # announcements due on the old subscription never come
+                self._own.clear()
+                link = now
             for node in list(self._until):
                 self.freed(node)
 
@@ -288,7 +325,7 @@ class Fleet:
             self.board_link.on_snapshot(records)
 
     def _on_freed(self, node: str) -> None:
-        self.slots.freed(node)
+        self.slots.announced(node)
 
     def status(self) -> dict[str, Any]:
         """``/status``'s ``state``."""
