@@ -61,7 +61,6 @@ import platform
 import re
 import resource
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -360,29 +359,17 @@ def serve_relay(
     trio.run(main)
 
 
+# The process helpers are bench_churn's (it is imported by this script, not the other way).
+free_port = bench_churn.free_port
+started = bench_churn.started
+
+
 def raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    bench_churn.raise_fd_limit()
 
 
 def wait_port(port: int, limit: float = 15.0) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    bench_churn.wait_port(port, limit)
 
 
 def rss_kb(pid: int) -> int:
@@ -393,22 +380,6 @@ def rss_kb(pid: int) -> int:
                 return int(line.split()[1])
     out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True)
     return int(out.stdout.strip() or 0)
-
-
-@contextlib.contextmanager
-def started(command: list[str], **kwargs: object) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(command, **kwargs)  # type: ignore[call-overload]
-    with process:  # closes its pipes at the end
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
 
 
 @contextlib.contextmanager
