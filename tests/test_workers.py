@@ -57,8 +57,18 @@ class Supervisor:
 async def supervisor(*options: str) -> AsyncIterator[Supervisor]:
     command = [sys.executable, "-m", "trio_failover", "serve", "--listen=127.0.0.1:0"]
     command += ["--admin-listen=127.0.0.1:0", "--discovery-interval=0", "--shutdown-timeout=2s"]
+    async with spawned([*command, *options]) as sup:
+        yield sup
+
+
+@asynccontextmanager
+async def spawned(command: list[str], *, drain: bool = False) -> AsyncIterator[Supervisor]:
+    """``command`` running, its stderr read line by line; killed at the end.
+
+    ``drain``: at the end of the block, ``SIGTERM`` first and an exit 0 asserted.
+    """
     process = await trio.lowlevel.open_process(
-        [*command, *options], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     sup = Supervisor(process, Lines())
 
@@ -75,6 +85,9 @@ async def supervisor(*options: str) -> AsyncIterator[Supervisor]:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_stderr)
             yield sup
+            if drain:
+                process.send_signal(signal.SIGTERM)
+                assert await process.wait() == 0
             nursery.cancel_scope.cancel()
     finally:
         if process.returncode is None:

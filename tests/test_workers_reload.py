@@ -23,7 +23,7 @@ import pytest
 import trio
 from conftest import RedisServer
 from support import Lines
-from test_workers import Supervisor, http_get
+from test_workers import Supervisor, http_get, spawned
 
 from trio_failover.core.config import Config, Upstream
 from trio_failover.core.errors import ConfigError
@@ -57,32 +57,8 @@ def flags(config: Path, redis: RedisServer) -> list[str]:
 @asynccontextmanager
 async def workers(config: Path, redis: RedisServer) -> AsyncIterator[Supervisor]:
     command = [sys.executable, "-m", "trio_failover", "serve", *flags(config, redis)]
-    process = await trio.lowlevel.open_process(
-        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    sup = Supervisor(process, Lines())
-
-    async def read_stderr() -> None:
-        assert process.stderr is not None
-        buffer = b""
-        while chunk := await process.stderr.receive_some(65536):
-            *done, buffer = (buffer + chunk).split(b"\n")
-            for raw in done:
-                sup.lines.append(raw.decode(errors="replace"))
-        sup.stderr_closed.set()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read_stderr)
-            yield sup
-            sup.process.send_signal(signal.SIGTERM)
-            assert await sup.process.wait() == 0
-            nursery.cancel_scope.cancel()
-    finally:
-        if process.returncode is None:
-            process.kill()
-        with trio.CancelScope(shield=True):
-            await process.wait()
+    async with spawned(command, drain=True) as sup:
+        yield sup
 
 
 async def wait_count(lines: Lines, text: str, count: int, after: int) -> list[str]:
