@@ -307,8 +307,11 @@ def _bool_toml(value: object) -> bool:
     return value
 
 
-BOOL = Kind("bool", _bool_text, _bool_toml, lambda value: "true" if value else "false")
-"""A switch: a flag without a value (``--watch-config``), ``true``/``false`` elsewhere."""
+BOOL = Kind("bool", _bool_text, _bool_toml, lambda value: "on" if value else "off")
+"""A switch: a flag without a value (``--watch-config``), ``true``/``false`` elsewhere.
+
+``check`` shows it as SPEC 3 writes its default: ``on`` or ``off``.
+"""
 CONFIG_PATH = Kind("path", str, str, show_path)
 NODES = Kind("nodes", str, str, str)
 CAPACITIES = Kind("capacity", str, str, str)
