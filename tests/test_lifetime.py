@@ -149,6 +149,13 @@ async def test_a_proxy_nobody_runs_serves_with_its_tasks_lent_while_connections_
     assert proxy.pool.idle_count("a") == 0
 
 
+async def test_the_kit_starts_a_proxy_only_in_a_fleet() -> None:
+    proxy = Proxy(Config(upstreams=[trio_failover.Upstream("a", "http://127.0.0.1:9")]))
+    with pytest.raises(RuntimeError, match="no fleet"):
+        await start_in_fleet(proxy)
+    assert not proxy.running
+
+
 async def test_an_error_in_the_block_leaves_it_unwrapped(autojump_clock: trio.abc.Clock) -> None:
     async with Fleet({"a": FakeNode(healthy())}) as fleet:
         config = config_for(fleet)

@@ -209,7 +209,8 @@ async def request(
     ``leave_after`` closes the client connection after that many seconds
     (a client that gives up); the function then returns None.
     """
-    await start_in_fleet(proxy)
+    if isinstance(proxy.connector, MemoryConnector):
+        await start_in_fleet(proxy)  # else handle_connection lends it its tasks
     events = _request_events(method, target, b"proxy.test", headers, body)
     return await _exchange_in_memory(proxy.handle_connection, events, leave_after)
 
