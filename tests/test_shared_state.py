@@ -144,7 +144,7 @@ async def test_leases_hold_capacity_across_replicas_and_a_release_wakes_every_re
             assert taken.taken
 
 
-async def test_hold_slot_renews_the_lease_past_its_ttl(redis_server: RedisServer) -> None:
+async def test_renewals_keep_the_lease_past_its_ttl(redis_server: RedisServer) -> None:
     seen_a, seen_b = Seen(), Seen()
     a = replica(redis_server.address, seen_a, "a", lease_ttl=0.6)
     b = replica(redis_server.address, seen_b, "b", lease_ttl=0.6)
@@ -152,7 +152,13 @@ async def test_hold_slot_renews_the_lease_past_its_ttl(redis_server: RedisServer
         async with joined(a, b), trio.open_nursery() as holder:
             lease = a.new_lease_id()
             assert (await a.take_slot("gpu-1", lease, 1)) == LeaseTake(taken=True, in_flight=1)
-            holder.start_soon(a.hold_slot, "gpu-1", lease)
+
+            async def hold() -> None:  # as the fleet's renewing task does (fleet.py)
+                while True:
+                    await trio.sleep(a.lease_ttl / 3)
+                    await a.renew_slot("gpu-1", lease)
+
+            holder.start_soon(hold)
             # Past two TTLs the holder's renewals still keep b out...
             end = trio.current_time() + 1.5
             while trio.current_time() < end:

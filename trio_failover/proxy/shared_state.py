@@ -7,8 +7,8 @@ records and the freed-slot announcements. What it offers:
 - ``publish(record, node=...)``: tell the other replicas a change (and
   store it in the node's hash, which a replica loads when it (re)joins);
 - ``take_slot`` / ``renew_slot`` / ``release_slot``: the slot lease
-  (``wire/slot_lease.py``'s scripts) with ``--lease-ttl``; ``hold_slot``
-  renews one until cancelled;
+  (``wire/slot_lease.py``'s scripts) with ``--lease-ttl`` (``fleet.py``
+  renews every held lease from one task);
 - callbacks, all synchronous and called from its own task:
   ``on_record(RemoteRecord)`` for each record of another replica,
   ``on_freed(node)`` for each freed slot (its own releases too: a waiter of
@@ -195,16 +195,6 @@ class SharedState:
         return await self._bounded(
             lambda link, deadline: link.leases.release(node, lease_id, deadline=deadline)
         )
-
-    async def hold_slot(self, node: str, lease_id: str) -> None:
-        """Renew the lease every third of ``--lease-ttl`` until cancelled (beside the attempt).
-
-        A renewal that fails is tried again at the next turn: the lease has
-        two more turns before it lapses.
-        """
-        while True:
-            await trio.sleep(self.lease_ttl / 3)
-            await self.renew_slot(node, lease_id)
 
     async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
         """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
