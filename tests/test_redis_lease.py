@@ -15,6 +15,7 @@ import trio.lowlevel
 import trio.testing
 from conftest import RedisServer
 
+from trio_failover.core.errors import StateError
 from trio_failover.core.lease_script import LeaseTake, slots_key
 from trio_failover.wire.redis import (
     Message,
@@ -38,6 +39,30 @@ async def next_message(subscription: Subscription) -> Message:
         return await subscription.__anext__()
 
 
+async def release(
+    leases: SlotLeases, node: str, lease: str, *, capacity: int = 1, seen_full: bool = False
+) -> bool:
+    """Post the release, then let a later call read its answer (as the proxy's next take does)."""
+    answers: list[bool | StateError] = []
+    assert await leases.release(
+        node,
+        lease,
+        capacity=capacity,
+        seen_full=seen_full,
+        origin="replica-a",
+        deadline=soon(),
+        on_answer=answers.append,
+    )
+    assert answers == []  # nobody waited for it
+    await leases.connection.execute("PING", deadline=soon())
+    (answer,) = answers
+    assert isinstance(answer, bool)
+    return answer
+
+
+FREED_BY_A = Message(b"trio-failover:freed", b"gpu-1 replica-a")
+
+
 async def test_capacity_one_refuses_a_second_take_and_release_frees_it(
     redis_server: RedisServer,
 ) -> None:
@@ -59,14 +84,46 @@ async def test_capacity_one_refuses_a_second_take_and_release_frees_it(
             assert (await leases.take("gpu-2", "b", capacity=1, ttl=TTL, deadline=soon())).taken
             assert await leases.in_flight("gpu-1", deadline=soon()) == 1
 
-            assert await leases.release("gpu-1", "a", deadline=soon()) is True
-            assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+            assert await release(leases, "gpu-1", "a") is True
+            assert await next_message(subscription) == FREED_BY_A
             assert await leases.in_flight("gpu-1", deadline=soon()) == 0
             assert (await leases.take("gpu-1", "b", capacity=1, ttl=TTL, deadline=soon())).taken
             # A second release of the same lease finds nothing and announces nothing.
-            assert await leases.release("gpu-1", "a", deadline=soon()) is False
-            assert await leases.release("gpu-1", "b", deadline=soon()) is True
-            assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+            assert await release(leases, "gpu-1", "a") is False
+            assert await release(leases, "gpu-1", "b") is True
+            assert await next_message(subscription) == FREED_BY_A
+
+
+async def test_a_release_is_announced_only_when_a_waiter_may_hope_for_it(
+    redis_server: RedisServer,
+) -> None:
+    """Announced when the node was full before the release, or the replica saw it full."""
+    with trio.fail_after(LIMIT):
+        async with (
+            await open_subscription(
+                redis_server.address, ["trio-failover:freed"], deadline=soon()
+            ) as subscription,
+            await open_redis(redis_server.address, deadline=soon()) as redis,
+        ):
+            leases = SlotLeases(redis)
+
+            async def take(node: str, lease: str) -> None:
+                assert (await leases.take(node, lease, capacity=3, ttl=TTL, deadline=soon())).taken
+
+            for lease in ("a", "b"):
+                await take("gpu-1", lease)
+            await take("gpu-2", "c")
+            assert await release(leases, "gpu-1", "a", capacity=3) is True  # 2 of 3: room left
+            # Seen full (an engine's own count said so): announced all the same.
+            assert await release(leases, "gpu-2", "c", capacity=3, seen_full=True) is True
+            for lease in ("d", "e"):
+                await take("gpu-1", lease)
+            assert await release(leases, "gpu-1", "b", capacity=3) is True  # 3 of 3: full
+            # The first release said nothing: the messages are the second's and the third's.
+            assert await next_message(subscription) == Message(
+                b"trio-failover:freed", b"gpu-2 replica-a"
+            )
+            assert await next_message(subscription) == FREED_BY_A
 
 
 async def test_taking_a_held_lease_again_does_not_count_twice(redis_server: RedisServer) -> None:
@@ -208,9 +265,9 @@ async def test_a_waiter_on_every_replica_hears_of_the_freed_slot(
             leases = SlotLeases(redis)
             for lease in ("l0", "l1"):
                 await leases.take("gpu-1", lease, capacity=2, ttl=TTL, deadline=soon())
-            await leases.release("gpu-1", "l0", deadline=soon())
+            assert await release(leases, "gpu-1", "l0", capacity=2)
             for subscription in subscriptions:
-                assert await next_message(subscription) == Message(b"trio-failover:freed", b"gpu-1")
+                assert await next_message(subscription) == FREED_BY_A
 
 
 @pytest.mark.parametrize("capacity", [1, 3])
@@ -241,7 +298,7 @@ async def test_the_count_never_passes_capacity_under_churn(
                     most = max(most, len(held))
                     await trio.lowlevel.checkpoint()
                     held.discard(lease)
-                    assert await leases.release("n", lease, deadline=soon())
+                    assert await release(leases, "n", lease, capacity=capacity)
 
             async with trio.open_nursery() as nursery:
                 for index in range(8):

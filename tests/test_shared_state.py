@@ -33,7 +33,7 @@ class Seen:
     """What one replica's callbacks were told, with an event per arrival."""
 
     records: list[RemoteRecord] = attrs.Factory(list)
-    freed: list[str] = attrs.Factory(list)
+    freed: list[tuple[str, bool]] = attrs.Factory(list)
     snapshots: list[list[RemoteRecord]] = attrs.Factory(list)
     arrived: trio.Event = attrs.Factory(trio.Event)
 
@@ -45,8 +45,8 @@ class Seen:
         self.records.append(record)
         self._told()
 
-    def on_freed(self, node: str) -> None:
-        self.freed.append(node)
+    def on_freed(self, node: str, mine: bool) -> None:
+        self.freed.append((node, mine))
         self._told()
 
     def on_snapshot(self, records: list[RemoteRecord]) -> None:
@@ -136,9 +136,11 @@ async def test_leases_hold_capacity_across_replicas_and_a_release_wakes_every_re
             assert refused is not None
             assert not refused.taken
             assert await a.renew_slot("gpu-1", lease_a) is True
-            assert await a.release_slot("gpu-1", lease_a) is True
-            await seen_b.wait_for(lambda: seen_b.freed == ["gpu-1"])
-            await seen_a.wait_for(lambda: seen_a.freed == ["gpu-1"])
+            # Posted: True once written; the slot was full, so it is announced,
+            # to a as its own.
+            assert await a.release_slot("gpu-1", lease_a, capacity=1, seen_full=False) is True
+            await seen_b.wait_for(lambda: seen_b.freed == [("gpu-1", False)])
+            await seen_a.wait_for(lambda: seen_a.freed == [("gpu-1", True)])
             taken = await b.take_slot("gpu-1", lease_b, 1)
             assert taken is not None
             assert taken.taken
@@ -197,7 +199,7 @@ async def test_redis_away_goes_on_alone_logs_once_and_rejoins(
             # Away: every call answers at once, and says "decide locally".
             start = trio.current_time()
             assert await a.take_slot("gpu-1", a.new_lease_id(), 1) is None
-            assert await a.release_slot("gpu-1", "x") is None
+            assert await a.release_slot("gpu-1", "x", capacity=1, seen_full=True) is False
             assert await a.renew_slot("gpu-1", "x") is None
             assert await a.publish({"kind": "k"}) is False
             assert trio.current_time() - start < 0.1

@@ -9,7 +9,9 @@ never two round trips (count, then add) that two replicas could interleave.
 Expiry is noticed lazily, by the next script that touches the node's set.
 A refused take therefore says when the oldest lease ends (``retry_after``),
 so a waiter whose holder died asks again then; whichever script drops
-expired leases or releases one announces it: ``PUBLISH PREFIX freed NODE``.
+expired leases announces it: ``PUBLISH PREFIX freed NODE``. A release
+announces its slot (``NODE REPLICA``) only when a waiter may be hoping for
+it: the node was full before it, or the releasing replica saw it full.
 The set itself expires one TTL after its last lease, so nodes that are gone
 leave nothing behind, while a waiter still sees (and announces) the expiry.
 
@@ -35,6 +37,7 @@ __all__ = [
     "LeaseTake",
     "freed_channel",
     "lease_ms",
+    "read_freed",
     "read_take",
     "slots_key",
 ]
@@ -100,10 +103,21 @@ return result
 RELEASE = (
     _PROLOGUE
     + """
--- Returns 1 released, 0 the lease was already gone (expired, or released).
+-- ARGV[4] capacity (0 = no limit), ARGV[5] 1 when the releasing replica saw
+-- the node full (by an engine's count too), ARGV[6] the releasing replica.
+-- The freed slot is announced only when someone may be waiting for it: the
+-- node was full before this release (a take may have been refused), or the
+-- replica saw it full. Leases that expired are announced without a replica:
+-- they were nobody's to release. Returns 1 released, 0 the lease was
+-- already gone (expired, or released).
+local capacity, seen_full, origin = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
+local before = redis.call('ZCARD', key)
 local removed = redis.call('ZREM', key, id)
-freed = freed + removed
-announce()
+if freed > 0 then
+  announce()
+elseif removed == 1 and (seen_full or (capacity > 0 and before >= capacity)) then
+  redis.call('PUBLISH', channel, node .. ' ' .. origin)
+end
 return removed
 """
 )
@@ -140,8 +154,18 @@ def slots_key(prefix: str, node: str) -> str:
 
 
 def freed_channel(prefix: str) -> str:
-    """The channel on which a freed slot is announced; the message is the node's name."""
+    """The channel on which a freed slot is announced (``read_freed`` reads its messages)."""
     return f"{prefix}freed"
+
+
+def read_freed(message: str) -> tuple[str, str]:
+    """A freed announcement as (node, releasing replica); the replica is "" for an expiry.
+
+    The message is the node's name, then for a release a space and the
+    replica's id (node names hold no space: ``core/config.py``).
+    """
+    node, _, origin = message.partition(" ")
+    return node, origin
 
 
 def lease_ms(ttl: float) -> int:

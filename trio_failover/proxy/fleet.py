@@ -184,7 +184,6 @@ class FleetSlots:
         self._until: dict[str, float] = {}  # node -> when its "full elsewhere" mark ends
         self._marked = trio.Event()
         self._frees: dict[str, int] = {}  # node -> freed announcements heard
-        self._own: dict[str, int] = {}  # node -> announcements of our own releases to come
 
     async def take(self, node: str) -> str | None:
         """The node's lease for an attempt holding its local slot; None: full across the fleet.
@@ -200,8 +199,7 @@ class FleetSlots:
         try:
             taken = await self.state.take_slot(node, lease, capacity)
         except BaseException:  # cancelled: the take may have happened in Redis
-            with trio.move_on_after(2 * self.state.state_timeout, shield=True):
-                await self.state.release_slot(node, lease)
+            await self.state.release_slot(node, lease, capacity=capacity, seen_full=False)
             raise
         if taken is None:  # away, or no answer in time: this replica's share
             if self.ledger.in_flight(node) > self.state.share(capacity):
@@ -217,40 +215,34 @@ class FleetSlots:
         return lease
 
     async def release(self, node: str, lease: str) -> None:
-        """End the attempt's lease (shielded: a cancelled attempt still gives it back)."""
+        """End the attempt's lease: written at once, not waited for (shielded).
+
+        Called before the local slot goes back, so ``is_full`` still counts
+        this attempt: a node full here (by an engine's count too) has its
+        freed slot announced to the other replicas.
+        """
         if not lease:
             return
         self.held.pop(lease, None)
-        self._own[node] = self._own.get(node, 0) + 1  # before: the news may come first
-        released: bool | None = None
-        with trio.move_on_after(2 * self.state.state_timeout, shield=True):
-            released = await self.state.release_slot(node, lease)
-        if released is not True:  # nothing of ours is announced (or not that we know)
-            self._heard_own(node)
-        self.freed(node)  # while Redis is away nobody announces it
+        full = self.ledger.is_full(node)
+        capacity = self.ledger.capacity(node)
+        await self.state.release_slot(node, lease, capacity=capacity, seen_full=full)
+        self.freed(node)  # this replica's waiters: no announcement comes back for them
 
-    def announced(self, node: str) -> None:
-        """A freed slot at ``node`` was announced (``on_freed``; our own releases too).
+    def announced(self, node: str, mine: bool) -> None:
+        """A freed slot at ``node`` was announced (``on_freed``).
 
-        One that is not ours ended another replica's attempt, which the
-        engine's last reading still counts as busy: the ledger takes it
-        off (``SlotLedger.ended_elsewhere``), so a waiter here runs now,
-        not at the engine's next reading, a load interval later.
+        This replica's own release was dealt with when it was made. Another
+        replica's ended an attempt that the engine's last reading still
+        counts as busy: the ledger takes it off (``SlotLedger.ended_elsewhere``),
+        so a waiter here runs now, not at the engine's next reading, a load
+        interval later.
         """
-        if not self._heard_own(node) and self.ledger.ended_elsewhere(node):
+        if mine:
+            return
+        if self.ledger.ended_elsewhere(node):
             self.queue.dispatch()  # the node may have room now, by the engine's count
         self.freed(node)
-
-    def _heard_own(self, node: str) -> bool:
-        """Count one announcement of our own releases at ``node`` off; False: none was due."""
-        due = self._own.get(node, 0)
-        if due <= 0:
-            return False
-        if due == 1:
-            del self._own[node]
-        else:
-            self._own[node] = due - 1
-        return True
 
     def freed(self, node: str) -> None:
         """A slot at ``node`` was freed somewhere (``on_freed``): let a waiter try again."""
@@ -277,13 +269,8 @@ class FleetSlots:
 
     async def watch_state(self) -> None:
         """A join or a loss of Redis changes who decides: every mark ends, waiters try again."""
-        link = (self.state.connected, self.state.joins)
         while True:
             await self.state.wait_changed()
-            now = (self.state.connected, self.state.joins)
-            if now != link:  # announcements due on the old subscription never come
-                self._own.clear()
-                link = now
             for node in list(self._until):
                 self.freed(node)
 
@@ -324,8 +311,8 @@ class Fleet:
         if self.board_link is not None:
             self.board_link.on_snapshot(records)
 
-    def _on_freed(self, node: str) -> None:
-        self.slots.announced(node)
+    def _on_freed(self, node: str, mine: bool) -> None:
+        self.slots.announced(node, mine)
 
     def status(self) -> dict[str, Any]:
         """``/status``'s ``state``."""

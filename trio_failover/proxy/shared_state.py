@@ -8,11 +8,12 @@ records and the freed-slot announcements. What it offers:
   store it in the node's hash, which a replica loads when it (re)joins);
 - ``take_slot`` / ``renew_slot`` / ``release_slot``: the slot lease
   (``wire/slot_lease.py``'s scripts) with ``--lease-ttl`` (``fleet.py``
-  renews every held lease from one task);
+  renews every held lease from one task); the release is written and not
+  waited for, so the take is the request path's one round trip;
 - callbacks, all synchronous and called from its own task:
   ``on_record(RemoteRecord)`` for each record of another replica,
-  ``on_freed(node)`` for each freed slot (its own releases too: a waiter of
-  this replica may take it), ``on_snapshot(records)`` once per join;
+  ``on_freed(node, mine)`` for each freed slot announced (``mine``: by this
+  replica's own release), ``on_snapshot(records)`` once per join;
 - ``status()``, the ``/status`` document's ``state``; ``replicas``, the live
   count it last saw; ``share(capacity)``, its share while Redis is away.
 
@@ -41,7 +42,7 @@ import trio
 
 from ..core import state_layout
 from ..core.errors import StateError
-from ..core.lease_script import LeaseTake, freed_channel
+from ..core.lease_script import LeaseTake, freed_channel, read_freed
 from ..core.redis_url import RedisAddress
 from ..core.state_layout import RemoteRecord
 from ..telemetry.logs import logger
@@ -96,7 +97,7 @@ class SharedState:
         heartbeat_interval: float | None = None,
         ssl_context: ssl.SSLContext | None = None,
         on_record: Callable[[RemoteRecord], None] = _ignore,
-        on_freed: Callable[[str], None] = _ignore,
+        on_freed: Callable[[str, bool], None] = _ignore,
         on_snapshot: Callable[[list[RemoteRecord]], None] = _ignore,
     ) -> None:
         self.address = address
@@ -187,14 +188,34 @@ class SharedState:
             lambda link, deadline: link.leases.renew(node, lease_id, ttl=ttl, deadline=deadline)
         )
 
-    async def release_slot(self, node: str, lease_id: str) -> bool | None:
-        """End the lease (announced as freed): True, False (already gone), None (Redis away).
+    async def release_slot(
+        self, node: str, lease_id: str, *, capacity: int, seen_full: bool
+    ) -> bool:
+        """End the lease, without waiting for Redis' answer: True once it is written.
 
-        A lease Redis never heard released ends by itself within one TTL.
+        Announced as freed when a waiter may be hoping for the slot
+        (``SlotLeases.release``). False while Redis is away, or when the
+        write did not go out within ``--state-timeout``: a lease Redis never
+        heard released ends by itself within one TTL. Shielded (see
+        ``RedisConnection.post``).
         """
-        return await self._bounded(
-            lambda link, deadline: link.leases.release(node, lease_id, deadline=deadline)
+        link = self._link
+        if link is None:
+            return False
+        return await link.leases.release(
+            node,
+            lease_id,
+            capacity=capacity,
+            seen_full=seen_full,
+            origin=self.replica_id,
+            deadline=trio.current_time() + self.state_timeout,
+            on_answer=self._released,
         )
+
+    def _released(self, answer: bool | StateError) -> None:
+        """A posted release's answer (read by a later call): only a failure says anything."""
+        if isinstance(answer, StateError):
+            logger.debug("shared state: a release failed", extra={"fields": {"error": str(answer)}})
 
     async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
         """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
@@ -344,7 +365,8 @@ class _Membership:
         records, freed = (channel.encode() for channel in state.channels)
         async for message in subscription:
             if message.channel == freed:
-                state.on_freed(message.data.decode(errors="replace"))
+                node, origin = read_freed(message.data.decode(errors="replace"))
+                state.on_freed(node, origin == state.replica_id)
             elif message.channel == records:
                 record = state_layout.decode_envelope(message.data)
                 if record is not None and record.origin != state.replica_id:

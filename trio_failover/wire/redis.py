@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import hiredis
@@ -56,6 +56,7 @@ from .redis_link import (
 __all__ = [
     "Arg",
     "Message",
+    "OnReplies",
     "RedisConnection",
     "Reply",
     "Script",
@@ -85,6 +86,10 @@ class Message:
     data: bytes
 
 
+# What a posted call's replies go to: the replies, or the error that ended it.
+OnReplies = Callable[[list[object] | StateError], None]
+
+
 @attrs.define(eq=False, slots=True)
 class _Call:
     """One caller's commands in flight; the replies come in as they are read."""
@@ -96,6 +101,16 @@ class _Call:
     # Set while the caller waits for another task to read its replies:
     # set() when they are in, or when it is this caller's turn to read.
     wake: trio.Event | None = None
+    # A posted call (``RedisConnection.post``): nobody waits; called when it ends.
+    on_done: OnReplies | None = None
+
+    def finish(self) -> None:
+        """The replies are in, or the call failed: wake its caller, or tell its callback."""
+        self.done = True
+        if self.wake is not None:
+            self.wake.set()
+        if self.on_done is not None:
+            self.on_done(self.error if self.error is not None else self.replies)
 
 
 class _InFlight:
@@ -116,10 +131,12 @@ class _InFlight:
         call.replies.append(reply)
         if len(call.replies) == call.expected:
             self._calls.popleft()
-            call.done = True
-            if call.wake is not None:
-                call.wake.set()
+            call.finish()
         return True
+
+    def first_is_posted(self) -> bool:
+        """Whether the oldest call is a posted one, whose replies nobody waits to read."""
+        return bool(self._calls) and self._calls[0].on_done is not None
 
     def wake_next_reader(self) -> None:
         """Wake the first caller still waiting: it reads next."""
@@ -133,9 +150,7 @@ class _InFlight:
         while self._calls:
             call = self._calls.popleft()
             call.error = StateUnavailable("reply", reason)
-            call.done = True
-            if call.wake is not None:
-                call.wake.set()
+            call.finish()
 
 
 class RedisConnection(trio.abc.AsyncResource):
@@ -217,6 +232,34 @@ class RedisConnection(trio.abc.AsyncResource):
                 raise
         return await self.execute("EVAL", script.source, *tail, deadline=deadline)
 
+    async def post(
+        self, commands: Sequence[Sequence[Arg]], *, deadline: float, on_replies: OnReplies
+    ) -> bool:
+        """Write the commands and return without waiting for their replies.
+
+        The replies are read by whichever call reads the socket next (a
+        later call first takes in what has already arrived, without a wait)
+        and handed to ``on_replies``, unchecked, from that task; a lost
+        connection hands it the ``StateUnavailable``. For what nobody needs
+        to wait for: a slot's release costs the request path a write, not a
+        round trip. Returns False, having written nothing, when the
+        connection is closed or ``deadline`` passed before the write.
+
+        Shielded from cancellation (a release in the ``finally`` of a
+        cancelled attempt still goes out), bounded by ``deadline``: a write
+        the kernel cannot take by then (a server that stopped reading) is
+        cut short, which loses the connection.
+        """
+        if self._closed_reason is not None:
+            return False
+        call = _Call(len(commands), on_done=on_replies)
+        with trio.CancelScope(deadline=deadline, shield=True):
+            try:
+                return await self._send(call, pack(commands), deadline, "post")
+            except StateUnavailable:
+                return False
+        return False
+
     async def aclose(self) -> None:
         """Close the connection; pending and later calls raise ``StateUnavailable``."""
         self._lose("closed")
@@ -285,6 +328,8 @@ class RedisConnection(trio.abc.AsyncResource):
     async def _wait(self, call: _Call) -> None:
         """Until ``call``'s replies are in: read them, or wait while another task reads."""
         try:
+            if not self._reading and self._pending.first_is_posted():
+                self._read_now()  # posted replies that came meanwhile, without a wait
             while not call.done:
                 if self._reading:
                     call.wake = trio.Event()
@@ -306,21 +351,41 @@ class RedisConnection(trio.abc.AsyncResource):
 
     async def _read_some(self) -> None:
         """One read from the socket; every whole reply in it goes to its call."""
-        link = self._link
         try:
             # socket_io waits before it reads: the reply is never there yet.
-            data = await socket_io.receive(link.stream, READ_SIZE)
-            if not data:
-                self._lose("the server closed the connection")
-                return
+            data = await socket_io.receive(self._link.stream, READ_SIZE)
+        except IO_ERRORS as exc:
+            self._lose(f"connection lost: {exc.__cause__ or exc}")
+            return
+        if not data:
+            self._lose("the server closed the connection")
+            return
+        self._deliver(data)
+
+    def _read_now(self) -> None:
+        """Take in what the kernel already holds (no wait, not a checkpoint)."""
+        try:
+            data = socket_io.read_now(self._link.stream, READ_SIZE)
+        except IO_ERRORS as exc:
+            self._lose(f"connection lost: {exc.__cause__ or exc}")
+            return
+        if data is None:
+            return
+        if not data:
+            self._lose("the server closed the connection")
+            return
+        self._deliver(data)
+
+    def _deliver(self, data: bytes) -> None:
+        """Feed ``data`` to the parser; every whole reply in it goes to its call."""
+        link = self._link
+        try:
             link.parser.feed(data)
             while (reply := link.parser.gets()) is not False:
                 if not self._pending.deliver(reply):
                     self._lose("a reply nobody asked for")
         except hiredis.ProtocolError as exc:
             self._lose(f"not Redis' protocol: {exc}")
-        except IO_ERRORS as exc:
-            self._lose(f"connection lost: {exc.__cause__ or exc}")
 
     def _lose(self, reason: str) -> None:
         """Mark the connection closed for ``reason`` and fail every pending call."""

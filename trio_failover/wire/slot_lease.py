@@ -1,26 +1,26 @@
 """The slot lease in the shared state: take, renew, release (SPEC 8).
 
 A thin shell over ``core/lease_script.py``'s Lua: one script, one round
-trip, per verb. Lease ids are the caller's (unique per attempt, e.g. the
-replica's id and a counter), so that a take retried after a lost reply, or
-a release after a take that timed out, finds the same lease.
-
-Not wired into the proxy yet: the node board (issue 29) will call these
-where the local ledger takes and releases slots today.
+trip, per verb; the release is posted, its answer read later. Lease ids
+are the caller's (unique per attempt, e.g. the replica's id and a
+counter), so that a take retried after a lost reply, or a release after a
+take that timed out, finds the same lease.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..core import lease_script
-from ..core.errors import StateReplyError
+from ..core.errors import StateError, StateReplyError
 from ..core.lease_script import LeaseTake
-from .redis import RedisConnection, Script
+from .redis import Arg, RedisConnection, Script
+from .redis_link import checked
 
 __all__ = ["LeaseTake", "SlotLeases"]
 
 _TAKE = Script(lease_script.TAKE)
 _RENEW = Script(lease_script.RENEW)
-_RELEASE = Script(lease_script.RELEASE)
 _IN_FLIGHT = Script(lease_script.IN_FLIGHT)
 
 
@@ -74,11 +74,43 @@ class SlotLeases:
         )
         return reply == 1
 
-    async def release(self, node: str, lease_id: str, *, deadline: float) -> bool:
-        """End the lease and announce the freed slot; False when it was already gone."""
+    async def release(
+        self,
+        node: str,
+        lease_id: str,
+        *,
+        capacity: int,
+        seen_full: bool,
+        origin: str,
+        deadline: float,
+        on_answer: Callable[[bool | StateError], None],
+    ) -> bool:
+        """End the lease without waiting for Redis' answer (``RedisConnection.post``).
+
+        The slot is announced freed (``NODE ORIGIN``) when a waiter may be
+        hoping for it: the node held ``capacity`` leases or more before, or
+        ``seen_full`` (the releasing replica saw it full, by an engine's
+        count too). Sent as ``EVAL`` with the source: a posted command has
+        nobody to retry it after a ``NOSCRIPT``. ``on_answer`` gets True
+        (released), False (already gone) or the error, from the task that
+        reads the answer. Returns
+        False when nothing was written (the connection is closed, or
+        ``deadline`` passed first).
+        """
         keys, args = self._args(node, lease_id)
-        reply = await self.connection.run_script(_RELEASE, keys, args, deadline=deadline)
-        return reply == 1
+        command: list[Arg] = ["EVAL", lease_script.RELEASE, len(keys), *keys, *args]
+        command += [capacity, int(seen_full), origin]
+
+        def answered(replies: list[object] | StateError) -> None:
+            if isinstance(replies, StateError):
+                on_answer(replies)
+                return
+            try:
+                on_answer(checked("release", replies[0]) == 1)
+            except StateReplyError as exc:
+                on_answer(exc)
+
+        return await self.connection.post([command], deadline=deadline, on_replies=answered)
 
     async def in_flight(self, node: str, *, deadline: float) -> int:
         """The leases held at ``node`` now, by every replica."""
