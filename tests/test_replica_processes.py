@@ -304,8 +304,9 @@ async def test_redis_stopped_for_ten_seconds_both_replicas_serve_alone_and_rejoi
     with trio.fail_after(LIMIT):
         async with Fleet(nodes) as fleet:
             node = await fleet.serve_tcp("gpu-1")
-            # A heartbeat each second; capacity 2 is a share of 1 each while away.
-            more = (f"--upstream=gpu-1={node.url}", "--capacity=2", "--lease-ttl=3s")
+            # A heartbeat each second; capacity 1 is a share of 1 each while away
+            # (at least 1), and full while a request runs: its release is announced.
+            more = (f"--upstream=gpu-1={node.url}", "--capacity=1", "--lease-ttl=3s")
             async with joined(*state_options(redis_server, *more)) as (a, b):
                 admins = [await admin_of(a), await admin_of(b)]
                 redis_server.stop()
@@ -348,7 +349,7 @@ async def test_redis_stopped_for_ten_seconds_both_replicas_serve_alone_and_rejoi
                         assert response.status == 200
                         with trio.fail_after(5):
                             message = await freed.__anext__()
-                        assert message.data == b"gpu-1"
+                        assert message.data.startswith(b"gpu-1 ")  # and the replica's id
                 # Each request reached the node once, and no replica's lease stayed behind.
                 assert len(nodes["gpu-1"].received) == served + 2
                 assert await leases_at(redis_server, "gpu-1") == 0

@@ -40,6 +40,7 @@ __all__ = [
     "read_freed",
     "read_take",
     "slots_key",
+    "wanted_channel",
 ]
 
 # KEYS[1] the node's lease set; ARGV[1] lease id, ARGV[2] node name (the
@@ -62,7 +63,9 @@ end
 TAKE = (
     _PROLOGUE
     + """
--- ARGV[4] capacity (0 = no limit), ARGV[5] ttl in ms.
+-- ARGV[4] capacity (0 = no limit), ARGV[5] ttl in ms, ARGV[6] the wanted
+-- channel, told the node's name when a take is refused (a replica that
+-- kept a spare lease there gives it back).
 -- Returns {1, in_flight, 0} taken (a lease already held is renewed, so a
 -- take retried after a lost reply does not count twice), or
 -- {0, in_flight, ms until the oldest lease ends} refused.
@@ -78,6 +81,7 @@ if held or capacity <= 0 or count < capacity then
 else
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   result = {0, count, tonumber(first[2]) - now}
+  if ARGV[6] then redis.call('PUBLISH', ARGV[6], node) end
 end
 announce()
 return result
@@ -156,6 +160,11 @@ def slots_key(prefix: str, node: str) -> str:
 def freed_channel(prefix: str) -> str:
     """The channel on which a freed slot is announced (``read_freed`` reads its messages)."""
     return f"{prefix}freed"
+
+
+def wanted_channel(prefix: str) -> str:
+    """The channel on which a refused take names its node: spare leases there are given back."""
+    return f"{prefix}wanted"
 
 
 def read_freed(message: str) -> tuple[str, str]:

@@ -47,6 +47,7 @@ from ..telemetry.logs import logger
 from .board import NodeBoard, shared_check
 from .queue import SlotQueue
 from .shared_state import SharedState
+from .spare_leases import SpareLease, SpareLeases
 
 __all__ = ["Fleet", "FleetBoard", "FleetSlots"]
 
@@ -180,20 +181,34 @@ class FleetSlots:
         self.state = state
         self.queue = queue
         self.ledger = queue.scheduler.ledger
-        self.held: dict[str, str] = {}  # lease id -> node, renewed by ``renew_all``
+        # lease id -> (node, the lease), renewed by ``renew_all``
+        self.held: dict[str, tuple[str, SpareLease]] = {}
         self._until: dict[str, float] = {}  # node -> when its "full elsewhere" mark ends
         self._marked = trio.Event()
         self._frees: dict[str, int] = {}  # node -> freed announcements heard
+        self.spares = SpareLeases(state)  # ended attempts' leases, kept for the next
 
     async def take(self, node: str) -> str | None:
         """The node's lease for an attempt holding its local slot; None: full across the fleet.
 
-        One round trip, bounded by ``--state-timeout``. Without an answer
-        (Redis away) the replica decides alone, within its share.
+        The node's spare when this replica kept one (``spare_leases.py``:
+        Redis is not asked), else one round trip, bounded by
+        ``--state-timeout``. Without an answer (Redis away) the replica
+        decides alone, within its share.
         """
         capacity = self.ledger.capacity(node)
         if capacity <= 0:  # no limit: nothing to share
             return ""
+        spare = self.spares.use(node)
+        if spare is None:
+            spare = await self._take(node, capacity)
+            if spare is None:
+                return None
+        self.held[spare.lease] = (node, spare)
+        return spare.lease
+
+    async def _take(self, node: str, capacity: int) -> SpareLease | None:
+        """The round trip; None: full across the fleet (or over this replica's share)."""
         lease = self.state.new_lease_id()
         frees = self._frees.get(node, 0)
         try:
@@ -201,32 +216,34 @@ class FleetSlots:
         except BaseException:  # cancelled: the take may have happened in Redis
             await self.state.release_slot(node, lease, capacity=capacity, seen_full=False)
             raise
+        now = trio.current_time()
         if taken is None:  # away, or no answer in time: this replica's share
             if self.ledger.in_flight(node) > self.state.share(capacity):
                 self._mark(node, ALONE_RETRY)
                 return None
-        elif not taken.taken:
+            return SpareLease(lease, capacity, now)  # never kept: its count is unknown
+        if not taken.taken:
             # A slot freed while the answer came (on the other connection):
             # no mark, the workload asks again at once.
             if self._frees.get(node, 0) == frees:
                 self._mark(node, min(REFUSED_RETRY_MOST, max(0.05, taken.retry_after)))
             return None
-        self.held[lease] = node
-        return lease
+        return SpareLease(lease, taken.in_flight, now)
 
     async def release(self, node: str, lease: str) -> None:
-        """End the attempt's lease: written at once, not waited for (shielded).
+        """End the attempt's lease: kept as the node's spare, or written and not waited for.
 
         Called before the local slot goes back, so ``is_full`` still counts
-        this attempt: a node full here (by an engine's count too) has its
-        freed slot announced to the other replicas.
+        this attempt: a node full here (by an engine's count too) keeps no
+        spare, and has its freed slot announced to the other replicas.
         """
         if not lease:
             return
-        self.held.pop(lease, None)
+        entry = self.held.pop(lease, None)
         full = self.ledger.is_full(node)
         capacity = self.ledger.capacity(node)
-        await self.state.release_slot(node, lease, capacity=capacity, seen_full=full)
+        if entry is None or not self.spares.keep(node, entry[1], capacity, full=full):
+            await self.state.release_slot(node, lease, capacity=capacity, seen_full=full)
         self.freed(node)  # this replica's waiters: no announcement comes back for them
 
     def announced(self, node: str, mine: bool) -> None:
@@ -278,7 +295,7 @@ class FleetSlots:
         """Renew every held lease each third of ``--lease-ttl`` (one task for all attempts)."""
         while True:
             await trio.sleep(self.state.lease_ttl / 3)
-            for lease, node in list(self.held.items()):
+            for lease, (node, _) in list(self.held.items()):
                 if lease in self.held:
                     await self.state.renew_slot(node, lease)
 
@@ -298,6 +315,7 @@ class Fleet:
             state_timeout=config.state_timeout,
             on_record=self._on_record,
             on_freed=self._on_freed,
+            on_wanted=self._on_wanted,
             on_snapshot=self._on_snapshot,
         )
         self.board_link = FleetBoard(board, self.state)
@@ -314,6 +332,9 @@ class Fleet:
     def _on_freed(self, node: str, mine: bool) -> None:
         self.slots.announced(node, mine)
 
+    def _on_wanted(self, node: str) -> None:
+        self.slots.spares.wanted(node)
+
     def status(self) -> dict[str, Any]:
         """``/status``'s ``state``."""
         return self.state.status()
@@ -328,4 +349,5 @@ class Fleet:
             nursery.start_soon(self.slots.watch_marks)
             nursery.start_soon(self.slots.watch_state)
             nursery.start_soon(self.slots.renew_all)
+            nursery.start_soon(self.slots.spares.give_back_unused)
             task_status.started()

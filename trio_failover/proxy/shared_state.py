@@ -13,7 +13,8 @@ records and the freed-slot announcements. What it offers:
 - callbacks, all synchronous and called from its own task:
   ``on_record(RemoteRecord)`` for each record of another replica,
   ``on_freed(node, mine)`` for each freed slot announced (``mine``: by this
-  replica's own release), ``on_snapshot(records)`` once per join;
+  replica's own release), ``on_wanted(node)`` for each take refused at a
+  node (any replica's), ``on_snapshot(records)`` once per join;
 - ``status()``, the ``/status`` document's ``state``; ``replicas``, the live
   count it last saw; ``share(capacity)``, its share while Redis is away.
 
@@ -42,7 +43,7 @@ import trio
 
 from ..core import state_layout
 from ..core.errors import StateError
-from ..core.lease_script import LeaseTake, freed_channel, read_freed
+from ..core.lease_script import LeaseTake, freed_channel, read_freed, wanted_channel
 from ..core.redis_url import RedisAddress
 from ..core.state_layout import RemoteRecord
 from ..telemetry.logs import logger
@@ -82,7 +83,7 @@ class SharedState:
         heartbeat_interval: seconds between heartbeats (default: a third of
             ``lease_ttl``, at most 5 s); a replica counts as live for three.
         ssl_context: for ``rediss://`` (default: the system's).
-        on_record, on_freed, on_snapshot: the callbacks (module docstring).
+        on_record, on_freed, on_wanted, on_snapshot: the callbacks (module docstring).
     """
 
     def __init__(
@@ -98,6 +99,7 @@ class SharedState:
         ssl_context: ssl.SSLContext | None = None,
         on_record: Callable[[RemoteRecord], None] = _ignore,
         on_freed: Callable[[str, bool], None] = _ignore,
+        on_wanted: Callable[[str], None] = _ignore,
         on_snapshot: Callable[[list[RemoteRecord]], None] = _ignore,
     ) -> None:
         self.address = address
@@ -109,11 +111,16 @@ class SharedState:
         self.heartbeat_interval = heartbeat_interval or min(lease_ttl / 3, 5.0)
         self.ssl_context = ssl_context
         self.on_record, self.on_freed, self.on_snapshot = on_record, on_freed, on_snapshot
+        self.on_wanted = on_wanted
         self.replicas = 1
         """Live replicas (this one included) as last seen; kept while Redis is away."""
         self.joins = 0
         """How many times this replica has joined (1 after the first)."""
-        self.channels = (state_layout.records_channel(prefix), freed_channel(prefix))
+        self.channels = (
+            state_layout.records_channel(prefix),
+            freed_channel(prefix),
+            wanted_channel(prefix),
+        )
         self._link: _Link | None = None
         self._probe = trio.Event()
         self._changed = trio.Event()
@@ -362,11 +369,13 @@ class _Membership:
     async def _listen(self, subscription: Subscription) -> None:
         """Hand each message to its callback; raises StateUnavailable when the connection goes."""
         state = self.state
-        records, freed = (channel.encode() for channel in state.channels)
+        records, freed, wanted = (channel.encode() for channel in state.channels)
         async for message in subscription:
             if message.channel == freed:
                 node, origin = read_freed(message.data.decode(errors="replace"))
                 state.on_freed(node, origin == state.replica_id)
+            elif message.channel == wanted:
+                state.on_wanted(message.data.decode(errors="replace"))
             elif message.channel == records:
                 record = state_layout.decode_envelope(message.data)
                 if record is not None and record.origin != state.replica_id:

@@ -30,19 +30,17 @@ from __future__ import annotations
 
 import hashlib
 import ssl
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
-import hiredis
 import trio
 
-from ..core.errors import StateError, StateReplyError, StateTimeout, StateUnavailable
+from ..core.errors import StateReplyError, StateTimeout, StateUnavailable
 from ..core.redis_url import RedisAddress
 from . import socket_io
+from .redis_calls import Call, OnReplies, Replies
 from .redis_link import (
     IO_ERRORS,
-    READ_SIZE,
     Arg,
     Link,
     Reply,
@@ -86,84 +84,13 @@ class Message:
     data: bytes
 
 
-# What a posted call's replies go to: the replies, or the error that ended it.
-OnReplies = Callable[[list[object] | StateError], None]
-
-
-@attrs.define(eq=False, slots=True)
-class _Call:
-    """One caller's commands in flight; the replies come in as they are read."""
-
-    expected: int
-    replies: list[object] = attrs.Factory(list)
-    error: StateError | None = None
-    done: bool = False
-    # Set while the caller waits for another task to read its replies:
-    # set() when they are in, or when it is this caller's turn to read.
-    wake: trio.Event | None = None
-    # A posted call (``RedisConnection.post``): nobody waits; called when it ends.
-    on_done: OnReplies | None = None
-
-    def finish(self) -> None:
-        """The replies are in, or the call failed: wake its caller, or tell its callback."""
-        self.done = True
-        if self.wake is not None:
-            self.wake.set()
-        if self.on_done is not None:
-            self.on_done(self.error if self.error is not None else self.replies)
-
-
-class _InFlight:
-    """The calls whose commands were written, oldest first: where each reply read goes."""
-
-    def __init__(self) -> None:
-        self._calls: deque[_Call] = deque()
-
-    def add(self, call: _Call) -> None:
-        """``call``'s commands are being written: its replies come after the others'."""
-        self._calls.append(call)
-
-    def deliver(self, reply: object) -> bool:
-        """Hand one reply to the oldest call (kept, if its caller left); False: no call waits."""
-        if not self._calls:
-            return False
-        call = self._calls[0]
-        call.replies.append(reply)
-        if len(call.replies) == call.expected:
-            self._calls.popleft()
-            call.finish()
-        return True
-
-    def first_is_posted(self) -> bool:
-        """Whether the oldest call is a posted one, whose replies nobody waits to read."""
-        return bool(self._calls) and self._calls[0].on_done is not None
-
-    def wake_next_reader(self) -> None:
-        """Wake the first caller still waiting: it reads next."""
-        for call in self._calls:
-            if call.wake is not None:
-                call.wake.set()
-                return
-
-    def fail_all(self, reason: str) -> None:
-        """End every call with ``StateUnavailable`` for ``reason``."""
-        while self._calls:
-            call = self._calls.popleft()
-            call.error = StateUnavailable("reply", reason)
-            call.finish()
-
-
 class RedisConnection(trio.abc.AsyncResource):
     """A connection for commands, shared by any number of tasks. Get one from ``open_redis``.
 
     No reader task: a caller whose replies are not in yet reads the socket
-    itself, unless another caller already does, and hands every reply it
-    reads to the call it belongs to. One command alone costs one scheduler
+    itself (``redis_calls.Replies``). One command alone costs one scheduler
     pass (the wait for its reply; ``socket_io`` writes without one); a
-    reader task would add two (docs/performance.md). When a reading caller leaves (its
-    replies are in, its deadline passed, it was cancelled) the next waiting
-    one takes over. Cancelling a read loses nothing: Trio's socket and
-    (after its handshake) TLS streams give up before taking any bytes.
+    reader task would add two (docs/performance.md).
 
     A lost connection is noticed by the next call (a closed socket answers
     at once); the ``Subscription`` of the same server, which always reads,
@@ -174,8 +101,8 @@ class RedisConnection(trio.abc.AsyncResource):
         self.address = address
         self._link = link
         self._send_lock = trio.StrictFIFOLock()
-        self._pending = _InFlight()
-        self._reading = False
+        self._replies = Replies(link, self._lose)
+        self._pending = self._replies.pending
         self._closed_reason: str | None = None
         self._closed = trio.Event()
 
@@ -252,7 +179,7 @@ class RedisConnection(trio.abc.AsyncResource):
         """
         if self._closed_reason is not None:
             return False
-        call = _Call(len(commands), on_done=on_replies)
+        call = Call(len(commands), on_done=on_replies)
         with trio.CancelScope(deadline=deadline, shield=True):
             try:
                 return await self._send(call, pack(commands), deadline, "post")
@@ -277,10 +204,10 @@ class RedisConnection(trio.abc.AsyncResource):
         if self._closed_reason is not None:
             await trio.lowlevel.checkpoint()
             raise StateUnavailable(operation, self._closed_reason)
-        call = _Call(len(commands))
+        call = Call(len(commands))
         with trio.move_on_at(deadline):
             if await self._send(call, pack(commands), deadline, operation):
-                await self._wait(call)
+                await self._replies.wait(call)
             else:
                 await trio.lowlevel.checkpoint()  # cancelled at once: the deadline passed
         if call.error is not None:
@@ -290,7 +217,7 @@ class RedisConnection(trio.abc.AsyncResource):
             raise StateTimeout(operation, deadline - start)
         return call.replies
 
-    async def _send(self, call: _Call, payload: bytes, deadline: float, operation: str) -> bool:
+    async def _send(self, call: Call, payload: bytes, deadline: float, operation: str) -> bool:
         """Queue ``call`` and write its commands, in the same order as the other callers'.
 
         Returns False, having written nothing, when ``deadline`` has passed.
@@ -324,68 +251,6 @@ class RedisConnection(trio.abc.AsyncResource):
             return True
         finally:
             self._send_lock.release()
-
-    async def _wait(self, call: _Call) -> None:
-        """Until ``call``'s replies are in: read them, or wait while another task reads."""
-        try:
-            if not self._reading and self._pending.first_is_posted():
-                self._read_now()  # posted replies that came meanwhile, without a wait
-            while not call.done:
-                if self._reading:
-                    call.wake = trio.Event()
-                    await call.wake.wait()
-                    continue
-                self._reading = True
-                try:
-                    await self._read_some()
-                finally:
-                    self._reading = False
-        finally:
-            call.wake = None
-            self._hand_on()
-
-    def _hand_on(self) -> None:
-        """Let the first caller still waiting read, when nobody does."""
-        if not self._reading:
-            self._pending.wake_next_reader()
-
-    async def _read_some(self) -> None:
-        """One read from the socket; every whole reply in it goes to its call."""
-        try:
-            # socket_io waits before it reads: the reply is never there yet.
-            data = await socket_io.receive(self._link.stream, READ_SIZE)
-        except IO_ERRORS as exc:
-            self._lose(f"connection lost: {exc.__cause__ or exc}")
-            return
-        if not data:
-            self._lose("the server closed the connection")
-            return
-        self._deliver(data)
-
-    def _read_now(self) -> None:
-        """Take in what the kernel already holds (no wait, not a checkpoint)."""
-        try:
-            data = socket_io.read_now(self._link.stream, READ_SIZE)
-        except IO_ERRORS as exc:
-            self._lose(f"connection lost: {exc.__cause__ or exc}")
-            return
-        if data is None:
-            return
-        if not data:
-            self._lose("the server closed the connection")
-            return
-        self._deliver(data)
-
-    def _deliver(self, data: bytes) -> None:
-        """Feed ``data`` to the parser; every whole reply in it goes to its call."""
-        link = self._link
-        try:
-            link.parser.feed(data)
-            while (reply := link.parser.gets()) is not False:
-                if not self._pending.deliver(reply):
-                    self._lose("a reply nobody asked for")
-        except hiredis.ProtocolError as exc:
-            self._lose(f"not Redis' protocol: {exc}")
 
     def _lose(self, reason: str) -> None:
         """Mark the connection closed for ``reason`` and fail every pending call."""

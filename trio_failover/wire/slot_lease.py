@@ -35,6 +35,7 @@ class SlotLeases:
         self.connection = connection
         self.prefix = prefix
         self.freed_channel = lease_script.freed_channel(prefix)
+        self.wanted_channel = lease_script.wanted_channel(prefix)
 
     def _args(self, node: str, lease_id: str) -> tuple[list[str], list[str]]:
         return [lease_script.slots_key(self.prefix, node)], [lease_id, node, self.freed_channel]
@@ -55,12 +56,12 @@ class SlotLeases:
         Returns:
             Taken or not, the in-flight count, and when refused, the seconds
             until the oldest lease ends (ask again then, or on a ``freed``
-            message, whichever is first).
+            message, whichever is first). A refusal is told on the
+            ``wanted`` channel.
         """
         keys, args = self._args(node, lease_id)
-        reply = await self.connection.run_script(
-            _TAKE, keys, [*args, capacity, lease_script.lease_ms(ttl)], deadline=deadline
-        )
+        tail: list[Arg] = [*args, capacity, lease_script.lease_ms(ttl), self.wanted_channel]
+        reply = await self.connection.run_script(_TAKE, keys, tail, deadline=deadline)
         try:
             return lease_script.read_take(reply)
         except ValueError as exc:

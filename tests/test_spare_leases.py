@@ -1,0 +1,233 @@
+"""Spare slot leases (proxy/spare_leases.py): an ended attempt's lease kept for the next.
+
+The keeping rule is table-tested under a MockClock; the rest runs two
+replicas (``Proxy`` objects) over one real redis-server, as
+``test_replicas.py`` does: real sockets, the real clock, every wait for
+an event and bounded.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from conftest import RedisServer
+from test_replicas import LIMIT, SLACK, STREAM, Gate, replicas
+
+from trio_failover.core.lease_script import slots_key
+from trio_failover.proxy.proxy import Proxy
+from trio_failover.proxy.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
+from trio_failover.testing import FakeNode, Fleet, healthy, request
+from trio_failover.wire.redis import open_redis
+
+
+@attrs.define
+class StubState:
+    lease_ttl: float = 30.0
+    released: list[str] = attrs.Factory(list)
+    changed: trio.Event = attrs.Factory(trio.Event)
+
+    async def release_slot(self, node: str, lease: str, **_: object) -> bool:
+        self.released.append(lease)
+        self.changed.set()
+        return True
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "capacity", "age", "full", "kept"),
+    [
+        (1, 3, 0.0, False, True),  # one more slot stays free besides it
+        (2, 3, 0.0, False, False),  # it took the last but one: the rest is others'
+        (1, 2, 0.0, False, False),  # capacity 2: never a spare
+        (1, 1, 0.0, False, False),
+        (1, 8, 0.0, True, False),  # this replica sees the node full (an engine's count)
+        (1, 8, 9.9, False, True),
+        (1, 8, RECYCLE_MOST, False, False),  # judged by too old a count: taken afresh
+    ],
+)
+def test_a_lease_is_kept_only_while_the_fleet_had_room(
+    in_flight: int, capacity: int, age: float, full: bool, kept: bool
+) -> None:
+    async def main() -> None:
+        spares = SpareLeases(StubState())  # type: ignore[arg-type]
+        spare = SpareLease("l1", in_flight, trio.current_time())
+        await trio.sleep(age)
+        assert spares.keep("gpu-1", spare, capacity, full=full) is kept
+        assert spares.use("gpu-1") == (spare if kept else None)
+        assert spares.use("gpu-1") is None  # used once
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_one_spare_per_node_and_a_short_ttl_shortens_the_window() -> None:
+    async def main() -> None:
+        spares = SpareLeases(StubState(lease_ttl=0.6))  # type: ignore[arg-type]
+        now = trio.current_time()
+        assert spares.keep("gpu-1", SpareLease("a", 1, now), 8, full=False)
+        assert not spares.keep("gpu-1", SpareLease("b", 1, now), 8, full=False)
+        await trio.sleep(0.2)  # a third of the TTL: a kept lease is not renewed
+        assert not spares.keep("gpu-2", SpareLease("c", 1, now), 8, full=False)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_unused_spares_go_back_within_two_holds_and_all_at_the_end() -> None:
+    async def main() -> None:
+        state = StubState()
+        spares = SpareLeases(state)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spares.give_back_unused)
+            await trio.testing.wait_all_tasks_blocked()
+            start = trio.current_time()
+            assert spares.keep("gpu-1", SpareLease("a", 1, start), 8, full=False)
+            await state.changed.wait()
+            assert spares.hold <= trio.current_time() - start <= 2 * spares.hold + 0.01
+            assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, full=False)
+            nursery.cancel_scope.cancel()
+        assert state.released == ["a", "b"]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def counted(calls: list[str], call: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1])  # the lease id
+        return await call(*args, **kwargs)
+
+    return wrapper
+
+
+async def test_the_next_attempt_at_a_node_with_room_asks_redis_nothing(
+    redis_server: RedisServer,
+) -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
+            async with (
+                replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,),
+                await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
+            ):
+                assert a.fleet is not None
+                state = a.fleet.state
+                takes: list[str] = []
+                releases: list[str] = []
+                given_back = trio.Event()
+                state.take_slot = counted(takes, state.take_slot)  # type: ignore[method-assign]
+                release = counted(releases, state.release_slot)
+
+                async def release_slot(*args: Any, **kwargs: Any) -> Any:
+                    answer = await release(*args, **kwargs)
+                    given_back.set()
+                    return answer
+
+                state.release_slot = release_slot  # type: ignore[method-assign]
+                for _ in range(3):
+                    response = await request(a, body=STREAM)
+                    assert response is not None
+                    assert response.status == 200
+                    assert releases == []  # kept, not released
+                assert len(takes) == 1  # one lease served all three
+                key = slots_key("trio-failover:", "gpu-1")
+                assert await redis.execute("ZCARD", key, deadline=trio.current_time() + 5) == 1
+                await given_back.wait()  # unused for a hold: given back
+                assert releases == takes
+                deadline = trio.current_time() + 5
+                assert await redis.execute("ZCARD", key, deadline=deadline) == 0
+
+
+async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
+    redis_server: RedisServer,
+) -> None:
+    """A keeps a spare at a node of capacity 3; B fills the rest, and B's third waits.
+
+    The refusal is told on the wanted channel: A gives its spare back at
+    once (its hold is made long here), and B's waiter runs; the node never
+    sees more than its capacity.
+    """
+    gate = Gate()
+    gate_node = FakeNode(gate.behaviour())
+    with trio.fail_after(LIMIT):
+        async with Fleet({"gpu-1": gate_node}) as fleet:
+            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
+            settings: dict[str, Any] = {"upstreams": upstreams, "queue_timeout": 20.0}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                assert a.fleet is not None
+                a.fleet.slots.spares.hold = 60.0
+                kept = on_kept(a)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(functools.partial(request, a, body=STREAM))
+                    await gate.wait_for(lambda: gate.now == 1)
+                    gate.let_go()
+                    await gate.wait_for(lambda: gate.now == 0)
+                    await kept.wait()
+                    for count in (1, 2):
+                        nursery.start_soon(functools.partial(request, b, body=STREAM))
+                        await gate.wait_for(lambda count=count: gate.now == count)  # type: ignore[misc]
+                    refused = trio.current_time()
+                    nursery.start_soon(functools.partial(request, b, body=STREAM))
+                    await gate.wait_for(lambda: gate.now == 3)
+                    assert trio.current_time() - refused < SLACK  # not the 60 s hold
+                    for _ in range(3):
+                        gate.let_go()
+                        await gate.wait_for(lambda: gate.now < 3)
+                    await gate.wait_for(lambda: gate.now == 0)
+                assert gate.most == 3
+
+
+def on_kept(proxy: Proxy) -> trio.Event:
+    """Set once the proxy keeps an ended attempt's lease (that runs after the reply)."""
+    assert proxy.fleet is not None
+    spares = proxy.fleet.slots.spares
+    keep, kept = spares.keep, trio.Event()
+
+    def keeping(*args: Any, **kwargs: Any) -> bool:
+        if keep(*args, **kwargs):
+            kept.set()
+            return True
+        return False
+
+    spares.keep = keeping  # type: ignore[method-assign]
+    return kept
+
+
+async def test_spares_never_let_the_fleet_pass_a_nodes_capacity(
+    redis_server: RedisServer,
+) -> None:
+    """Two replicas, capacity 3, many short requests through both at once."""
+    now = most = 0
+
+    async def brief(io: Any, received: Any) -> None:
+        nonlocal now, most
+        now += 1
+        most = max(most, now)
+        try:
+            for _ in range(20):
+                await trio.lowlevel.checkpoint()
+            await healthy(b"hi")(io, received)
+        finally:
+            now -= 1
+
+    with trio.fail_after(LIMIT):
+        async with Fleet({"gpu-1": FakeNode(brief)}) as fleet:
+            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
+            settings: dict[str, Any] = {"upstreams": upstreams, "queue_timeout": 20.0}
+            async with replicas(fleet, redis_server.address, **settings) as (a, b):
+                answers: list[int] = []
+
+                async def client(proxy: Proxy) -> None:
+                    for _ in range(6):
+                        response = await request(proxy, body=STREAM)
+                        assert response is not None
+                        answers.append(response.status)
+
+                async with trio.open_nursery() as nursery:
+                    for index in range(6):
+                        nursery.start_soon(client, a if index % 2 else b)
+    assert answers == [200] * 36
+    assert 1 <= most <= 3

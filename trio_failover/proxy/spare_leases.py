@@ -1,0 +1,138 @@
+"""Spare slot leases: an ended attempt's lease kept for the node's next attempt (SPEC 8).
+
+With ``--state redis://`` every attempt at a node with a capacity holds a
+lease in Redis: a take (a round trip the attempt waits for) and a release
+(a write). On a node with room and steady traffic that is two commands
+per request for nothing: the lease ends and the next attempt takes one
+again a moment later. So an attempt that ends while the fleet had room
+at its node keeps its lease as the node's *spare* (one per node and
+replica), and the next attempt there uses it, asking Redis nothing.
+
+The fleet's count stays exact: a spare is a lease like any other, so no
+replica can pass a node's capacity because of one, and while one is kept
+the fleet counts one more slot in use there. Bounds on that:
+
+- kept only while the fleet had room: at the lease's take, at least one
+  slot besides it was free, and this replica does not see the node full
+  (``SlotLedger.is_full``, an engine's own count included);
+- a spare no attempt used within ``SPARE_HOLD`` is given back (announced
+  freed when the node was full: ``lease_script.RELEASE``);
+- a take refused anywhere in the fleet is told on the ``wanted`` channel,
+  and every replica gives its spare at that node back at once: a waiter
+  elsewhere waits one round trip more, not the hold;
+- a lease is kept only within ``RECYCLE_MOST`` (and a third of
+  ``--lease-ttl``) of its take: the count it was judged by grows old, and
+  a kept lease is not renewed (``FleetSlots.renew_all`` renews the leases
+  of running attempts), so it never outlives its TTL; after that it is
+  released and a fresh one taken.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from .shared_state import SharedState
+
+__all__ = ["RECYCLE_MOST", "SPARE_HOLD", "SpareLease", "SpareLeases"]
+
+SPARE_HOLD = 0.05  # seconds a spare waits for the node's next attempt
+RECYCLE_MOST = 10.0  # seconds after its take a lease may still be kept
+
+
+@attrs.frozen
+class SpareLease:
+    """A lease held in Redis, with what its take said.
+
+    Attributes:
+        lease: the lease id.
+        in_flight: the fleet's count at the node when it was taken, it included.
+        taken: when it was taken (Trio time).
+    """
+
+    lease: str
+    in_flight: int
+    taken: float
+
+
+@attrs.define(eq=False)
+class _Kept:
+    spare: SpareLease
+    capacity: int
+    kept: float
+
+
+class SpareLeases:
+    """This replica's spare lease at each node (at most one each)."""
+
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+        self.hold = SPARE_HOLD  # seconds a spare waits (tests lengthen it)
+        self._kept: dict[str, _Kept] = {}
+        self._wanted: set[str] = set()
+        # The give-back task sleeps on this while no spare is kept; else it
+        # wakes every hold, so keeping one costs no wake-up of its own.
+        self._first = trio.Event()
+        self._idle = False
+        self._wanted_now = trio.Event()
+
+    def use(self, node: str) -> SpareLease | None:
+        """The node's spare, for the attempt about to run (it is no longer kept); None: none."""
+        kept = self._kept.pop(node, None)
+        return None if kept is None else kept.spare
+
+    def keep(self, node: str, spare: SpareLease, capacity: int, *, full: bool) -> bool:
+        """Keep an ended attempt's lease as the node's spare if the fleet had room; False: don't.
+
+        ``full``: this replica sees the node full now (its attempt still
+        counted).
+        """
+        now = trio.current_time()
+        if (
+            full
+            or node in self._kept
+            or spare.in_flight + 1 >= capacity
+            or now - spare.taken >= min(RECYCLE_MOST, self.state.lease_ttl / 3)
+        ):
+            return False
+        self._kept[node] = _Kept(spare, capacity, now)
+        if self._idle:
+            self._first.set()
+        return True
+
+    def wanted(self, node: str) -> None:
+        """A take was refused at ``node`` (the ``wanted`` channel): give its spare back now."""
+        if node in self._kept:
+            self._wanted.add(node)
+            self._wanted_now.set()
+
+    async def give_back_unused(self) -> None:
+        """Give back each spare unused for ``SPARE_HOLD``, or wanted elsewhere (its own task).
+
+        A spare goes back one to two holds after it was kept. At the task's
+        end (the proxy stops) every spare left is given back.
+        """
+        try:
+            while True:
+                if not self._kept:
+                    self._idle, self._first = True, trio.Event()
+                    await self._first.wait()
+                    self._idle = False
+                with trio.move_on_after(self.hold):
+                    await self._wanted_now.wait()
+                self._wanted_now = trio.Event()
+                now = trio.current_time()
+                for node, kept in list(self._kept.items()):
+                    if node in self._wanted or kept.kept + self.hold <= now:
+                        del self._kept[node]
+                        await self._give_back(node, kept)
+                self._wanted.clear()
+        finally:
+            with trio.CancelScope(shield=True):
+                for node, kept in list(self._kept.items()):
+                    await self._give_back(node, kept)
+                self._kept.clear()
+
+    async def _give_back(self, node: str, kept: _Kept) -> None:
+        lease, capacity = kept.spare.lease, kept.capacity
+        await self.state.release_slot(node, lease, capacity=capacity, seen_full=False)
