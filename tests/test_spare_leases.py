@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import RedisServer
-from test_replicas import LIMIT, SLACK, STREAM, Gate, replicas
+from test_replicas import LIMIT, SLACK, STREAM, Gate, replicas, until_connected
 
 from trio_failover.core.lease_script import slots_key
 from trio_failover.proxy.proxy import Proxy
@@ -58,8 +58,8 @@ def test_a_lease_is_kept_only_while_the_fleet_had_room(
         spare = SpareLease("l1", in_flight, trio.current_time())
         await trio.sleep(age)
         assert spares.keep("gpu-1", spare, capacity, full=full) is kept
-        assert spares.use("gpu-1") == (spare if kept else None)
-        assert spares.use("gpu-1") is None  # used once
+        assert await spares.use("gpu-1", capacity) == (spare if kept else None)
+        assert await spares.use("gpu-1", capacity) is None  # used once
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -72,6 +72,21 @@ def test_one_spare_per_node_and_a_short_ttl_shortens_the_window() -> None:
         assert not spares.keep("gpu-1", SpareLease("b", 1, now), 8, full=False)
         await trio.sleep(0.2)  # a third of the TTL: a kept lease is not renewed
         assert not spares.keep("gpu-2", SpareLease("c", 1, now), 8, full=False)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_spare_kept_under_another_capacity_is_given_back_not_used() -> None:
+    async def main() -> None:
+        state = StubState()
+        spares = SpareLeases(state)  # type: ignore[arg-type]
+        assert spares.keep("gpu-1", SpareLease("a", 1, trio.current_time()), 8, full=False)
+        assert await spares.use("gpu-1", 2) is None  # a reload lowered the capacity
+        assert state.released == ["a"]
+        assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, full=False)
+        await spares.give_back_all()  # Redis lost or joined again
+        assert state.released == ["a", "b"]
+        assert await spares.use("gpu-1", 8) is None
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -231,3 +246,30 @@ async def test_spares_never_let_the_fleet_pass_a_nodes_capacity(
                         nursery.start_soon(client, a if index % 2 else b)
     assert answers == [200] * 36
     assert 1 <= most <= 3
+
+
+async def test_a_spare_is_given_back_when_redis_goes_and_not_used_while_away(
+    redis_server: RedisServer,
+) -> None:
+    nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
+            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
+                assert a.fleet is not None
+                spares = a.fleet.slots.spares
+                spares.hold = 60.0
+                kept = on_kept(a)
+                response = await request(a, body=STREAM)
+                assert response is not None
+                assert response.status == 200
+                await kept.wait()
+                redis_server.stop()
+                await until_connected(a, False)
+                await trio.testing.wait_all_tasks_blocked()
+                assert await spares.use("gpu-1", 3) is None  # given back (or gone with Redis)
+                # Away: this replica decides alone, and keeps nothing for later.
+                response = await request(a, body=STREAM)
+                assert response is not None
+                assert response.status == 200
+                assert await spares.use("gpu-1", 3) is None

@@ -199,7 +199,8 @@ class FleetSlots:
         capacity = self.ledger.capacity(node)
         if capacity <= 0:  # no limit: nothing to share
             return ""
-        spare = self.spares.use(node)
+        # While Redis is away the replica decides alone, within its share.
+        spare = await self.spares.use(node, capacity) if self.state.connected else None
         if spare is None:
             spare = await self._take(node, capacity)
             if spare is None:
@@ -288,6 +289,8 @@ class FleetSlots:
         """A join or a loss of Redis changes who decides: every mark ends, waiters try again."""
         while True:
             await self.state.wait_changed()
+            # A kept lease may have gone with Redis (a restart saves nothing).
+            await self.spares.give_back_all()
             for node in list(self._until):
                 self.freed(node)
 

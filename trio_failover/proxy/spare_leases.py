@@ -76,10 +76,25 @@ class SpareLeases:
         self._idle = False
         self._wanted_now = trio.Event()
 
-    def use(self, node: str) -> SpareLease | None:
-        """The node's spare, for the attempt about to run (it is no longer kept); None: none."""
+    async def use(self, node: str, capacity: int) -> SpareLease | None:
+        """The node's spare, for the attempt about to run (it is no longer kept); None: none.
+
+        One kept under another capacity (a reload changed it since) is
+        given back instead: the room it was judged by is gone.
+        """
         kept = self._kept.pop(node, None)
-        return None if kept is None else kept.spare
+        if kept is None:
+            return None
+        if kept.capacity != capacity:
+            await self._give_back(node, kept)
+            return None
+        return kept.spare
+
+    async def give_back_all(self) -> None:
+        """Give back every spare (Redis was lost or joined again: a lease may be gone with it)."""
+        kept, self._kept = self._kept, {}
+        for node, spare in kept.items():
+            await self._give_back(node, spare)
 
     def keep(self, node: str, spare: SpareLease, capacity: int, *, full: bool) -> bool:
         """Keep an ended attempt's lease as the node's spare if the fleet had room; False: don't.
@@ -129,9 +144,7 @@ class SpareLeases:
                 self._wanted.clear()
         finally:
             with trio.CancelScope(shield=True):
-                for node, kept in list(self._kept.items()):
-                    await self._give_back(node, kept)
-                self._kept.clear()
+                await self.give_back_all()
 
     async def _give_back(self, node: str, kept: _Kept) -> None:
         lease, capacity = kept.spare.lease, kept.capacity
