@@ -213,9 +213,11 @@ def run_cpu(args: argparse.Namespace, workdir: Path, redis: str) -> None:
         json_port, _ = stack.enter_context(bench.child("upstream"))[0]
         upstream = f"json=http://127.0.0.1:{json_port}"
         proxies = {
-            # A capacity (never reached: one request at a time) puts the
-            # slot's lease, a take and a release in Redis, on the path.
-            name: stack.enter_context(fleet(workdir, upstream, 1, state, capacity=8))
+            # A capacity puts the slot's lease on the path. Never reached (one
+            # request at a time), from 3 up an ended attempt's lease is kept
+            # for the next (docs/replicas.md, "Spare leases"); with 1 or 2
+            # every attempt takes one and releases it.
+            name: stack.enter_context(fleet(workdir, upstream, 1, state, capacity=args.capacity))
             for name, state in (("memory", "memory"), ("redis", redis))
         }
         for port, _ in proxies.values():
@@ -231,7 +233,7 @@ def run_cpu(args: argparse.Namespace, workdir: Path, redis: str) -> None:
     print(
         f"\nrequest-path CPU, median of {len(figures['memory'])} blocks of {args.requests}: "
         f"memory {memory:.1f} us, redis {redis_cpu:.1f} us, "
-        f"difference {redis_cpu - memory:+.1f} us (bound: +100 us); "
+        f"difference {redis_cpu - memory:+.1f} us (bound: +100 us; --capacity {args.capacity}); "
         f"load average {load_average()}"
     )
 
@@ -253,6 +255,12 @@ def main() -> int:
         "--retries", type=int, default=1, help="times a step over the bound is tried again"
     )
     parser.add_argument("--requests", type=int, default=3000, help="JSON requests per cpu row")
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=8,
+        help="the node's --capacity in the cpu part (default 8; 1 or 2: no spare lease)",
+    )
     args = parser.parse_args()
     bench.raise_fd_limit()
     parts = set(args.only.split(","))

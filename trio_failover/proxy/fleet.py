@@ -286,11 +286,23 @@ class FleetSlots:
                 await self._marked.wait()
 
     async def watch_state(self) -> None:
-        """A join or a loss of Redis changes who decides: every mark ends, waiters try again."""
+        """A join or a loss of Redis changes who decides: every mark ends, waiters try again.
+
+        At a join, every running attempt's lease is taken again, with no
+        limit: one taken while Redis was away never was, and a restarted
+        Redis kept none; taking a held lease again only renews it. So the
+        other replicas count those attempts from the join on.
+        """
+        joins = self.state.joins
         while True:
             await self.state.wait_changed()
             # A kept lease may have gone with Redis (a restart saves nothing).
             await self.spares.give_back_all()
+            if self.state.connected and self.state.joins != joins:
+                joins = self.state.joins
+                for lease, (node, _) in list(self.held.items()):
+                    if lease in self.held:
+                        await self.state.take_slot(node, lease, 0)
             for node in list(self._until):
                 self.freed(node)
 
