@@ -24,8 +24,10 @@ alike:
   0.1 ms more with Redis.
 
 The load generators share the machine's cores with the proxy: they are
-plain ``selectors`` loops (a few microseconds per event), and the
-``direct`` rows say where they run out themselves; a fleet that reaches
+bench_stream.c's epoll loops (``--generators``: compiled with ``cc``, or
+bench_stream.py's ``selectors`` loops where there is none; the first line
+says which), about 7 to 13 us of CPU per chunk, and the ``direct`` rows
+say where they run out themselves; a fleet that reaches
 that ceiling is reported as ``>=``. The CPU per chunk, beside the streams,
 does not depend on how many cores were free: a 2-worker fleet whose CPU
 per chunk is the single worker's scales with the cores it is given.

@@ -49,7 +49,7 @@ def readline(process: subprocess.Popen[bytes], timeout: float = 15.0) -> str:
     """The process's next line of stdout, or a failure after ``timeout`` seconds."""
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], timeout)
-    assert ready, f"no line from {process.args} within {timeout} s"
+    assert ready, f"no line from {process.args!r} within {timeout} s"
     return process.stdout.readline().decode()
 
 
