@@ -316,10 +316,10 @@ static void accept_all(struct upstream *u) {
     for (;;) {
         int fd = accept4(u->listener, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
-                && errno != ECONNABORTED)
-                perror("accept4"); /* e.g. EMFILE: the next wakeup tries again */
-            return;
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR
+                || errno == ECONNABORTED)
+                return;
+            die("accept4"); /* e.g. EMFILE: as bench_stream.py, which raises */
         }
         struct conn *c = calloc(1, sizeof *c);
         if (!c || set_nodelay(fd) != 0 || await_request(c) != 0) {
