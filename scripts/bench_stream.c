@@ -44,6 +44,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +57,7 @@
 #define TAIL 40              /* bytes kept between reads: a split stamp is whole next time */
 #define BATCH 100            /* streams connected before waiting for their first events */
 #define CONNECT_TIMEOUT_MS 10000
+#define NAP_NS 1000000LL     /* the clients wake at most once a millisecond */
 
 static const char EVENT_HEAD[] =
     "data: {\"object\":\"chat.completion.chunk\","
@@ -436,6 +438,8 @@ struct clients {
     char line[256];    /* stdin, up to its next newline */
     size_t line_used;
     int stdin_eof;
+    int64_t woke;        /* CLOCK_MONOTONIC at the last epoll_wait's return */
+    int64_t real_offset; /* CLOCK_REALTIME - CLOCK_MONOTONIC, then */
 };
 
 #define STDIN_TAG 1 /* epoll data of stdin; a stream carries its index + 2 */
@@ -475,6 +479,21 @@ static size_t stamps(struct clients *cl, const char *data, size_t length, int64_
     return end;
 }
 
+/* When the kernel took in the last segment a recvmsg read (SO_TIMESTAMPNS,
+ * in CLOCK_REALTIME), on the monotonic clock; the clock now if there is no
+ * such stamp. That is when a client reading at once would have read it. */
+static int64_t arrival(const struct clients *cl, struct msghdr *message) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(message); c; c = CMSG_NXTHDR(message, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+            struct timespec at;
+            memcpy(&at, CMSG_DATA(c), sizeof at);
+            int64_t real = (int64_t)at.tv_sec * 1000000000LL + at.tv_nsec;
+            if (real > 0) return real - cl->real_offset;
+        }
+    }
+    return monotonic_ns();
+}
+
 static void stream_close(struct clients *cl, struct stream *s) {
     if (close(s->fd) != 0) perror("close");
     s->fd = -1;
@@ -486,9 +505,17 @@ static void stream_close(struct clients *cl, struct stream *s) {
 static void stream_read(struct clients *cl, struct stream *s) {
     static char buffer[TAIL + READ_SIZE];
     memcpy(buffer, s->tail, s->tail_length);
-    ssize_t n = recv(s->fd, buffer + s->tail_length, READ_SIZE, 0);
+    struct iovec into = {.iov_base = buffer + s->tail_length, .iov_len = READ_SIZE};
+    union { /* aligned for the control message */
+        char bytes[CMSG_SPACE(sizeof(struct timespec))];
+        struct cmsghdr header;
+    } control;
+    struct msghdr message = {.msg_iov = &into, .msg_iovlen = 1};
+    message.msg_control = control.bytes;
+    message.msg_controllen = sizeof control.bytes;
+    ssize_t n = recvmsg(s->fd, &message, 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    int64_t received = monotonic_ns(); /* before parsing: only transit counts */
+    int64_t received = arrival(cl, &message); /* before parsing: only transit counts */
     if (n <= 0) {
         cl->broken += 1;
         stream_close(cl, s);
@@ -506,7 +533,13 @@ static void stream_read(struct clients *cl, struct stream *s) {
     memcpy(s->tail, buffer + keep_from, s->tail_length);
 }
 
-/* Read what has arrived within timeout_ms; 1 if stdin has something. */
+/* Read what has arrived within timeout_ms; 1 if stdin has something.
+ *
+ * After each wakeup the clients nap out the rest of NAP_NS: woken for every
+ * chunk (a proxy writes them one by one) they spent half their CPU, and the
+ * proxy a few microseconds a chunk, on the sleeps and wake-ups alone. The nap
+ * does not add to the delays: those are timed from the kernel's arrival
+ * time (see arrival()). */
 static int poll_streams(struct clients *cl, int timeout_ms) {
     static struct epoll_event events[MAX_EVENTS];
     int n = epoll_wait(cl->epoll, events, MAX_EVENTS, timeout_ms);
@@ -514,6 +547,12 @@ static int poll_streams(struct clients *cl, int timeout_ms) {
         if (errno == EINTR) return 0;
         die("epoll_wait");
     }
+    cl->woke = monotonic_ns();
+    /* CLOCK_REALTIME (the kernel's receive stamps) minus CLOCK_MONOTONIC
+     * (the events' stamps), read anew each wakeup: NTP may slew the first. */
+    struct timespec real;
+    if (clock_gettime(CLOCK_REALTIME, &real) != 0) die("clock_gettime");
+    cl->real_offset = (int64_t)real.tv_sec * 1000000000LL + real.tv_nsec - cl->woke;
     int command = 0;
     for (int i = 0; i < n; i++) {
         if (events[i].data.u64 == STDIN_TAG) {
@@ -522,6 +561,11 @@ static int poll_streams(struct clients *cl, int timeout_ms) {
         }
         struct stream *s = &cl->streams[events[i].data.u64 - 2];
         if (s->fd >= 0) stream_read(cl, s);
+    }
+    int64_t left = cl->woke + NAP_NS - monotonic_ns();
+    if (!command && left > 0) {
+        struct timespec nap = {.tv_sec = 0, .tv_nsec = (long)left};
+        if (nanosleep(&nap, NULL) != 0 && errno != EINTR) die("nanosleep");
     }
     return command;
 }
@@ -550,6 +594,8 @@ static int connect_one(int port) {
         }
     }
     if (set_nodelay(fd) != 0) die("setsockopt");
+    int one = 1; /* the kernel's receive time of each read; see arrival() */
+    if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one) != 0) die("setsockopt");
     return fd;
 }
 
