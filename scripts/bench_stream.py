@@ -25,7 +25,9 @@ minus its stamp) as p50/p99/max in ms, its own CPU seconds, and the streams
 that broke. Then it exits.
 
 ``bench_stream.c`` is the same two generators in C, for a fraction of the
-CPU (see docs/performance.md). The benchmarks start whichever ``choose()``
+CPU (see docs/performance.md). Its clients wake at most once a millisecond
+and take a read's time from the kernel's receive stamp, not the clock after
+``recv``: the nap stays out of the delays. The benchmarks start whichever ``choose()``
 picked (their ``--generators``): the C ones, compiled on first use with the
 system's ``cc`` into a cache outside the checkout and rebuilt when the
 source changes, or these, where there is no ``cc``.
