@@ -108,7 +108,7 @@ def test_clients_count_the_upstreams_chunks(binary: Path, upstream_port: int) ->
     assert abs(chunks - 5 * 10 * elapsed) <= 2 * 5  # 10 a second per stream
     assert 0 <= p50 <= p99 <= top < 1000  # delays in ms from a sane stamp
     assert 0 <= cpu < elapsed
-    assert 0.5 <= elapsed < 5
+    assert 0.45 <= elapsed < 5, fields  # go and stop are read up to a nap late
     assert broken == 0
 
 
