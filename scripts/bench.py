@@ -75,6 +75,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_churn  # noqa: E402  (beside this script, not a package)
+import bench_stream  # noqa: E402
 
 JSON_REQUEST_BODY = (
     b'{"model":"bench","messages":[{"role":"user","content":"Say ok."}],'
@@ -837,7 +838,7 @@ def instructions_per_chunk(
         child_stream_upstream() as (upstream_port, _),
         under_callgrind(command(upstream_port), port, workdir) as (_, port, count),
         started(
-            [sys.executable, str(STREAM_SCRIPT), "clients", str(port), str(CALLGRIND_STREAMS)],
+            bench_stream.command("clients", str(port), str(CALLGRIND_STREAMS)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         ) as clients,
@@ -925,7 +926,6 @@ def run_instructions(s: Setup) -> None:
 
 # -- streaming: how many streams one process relays ----------------------------------
 
-STREAM_SCRIPT = Path(__file__).resolve().parent / "bench_stream.py"
 STREAM_LADDER = (100, 250, 500, 1000, 2000, 4000)
 TOKENS_PER_SECOND = 10  # per stream: bench_stream.PERIOD_NS
 TARGET_STREAM_P99_MS = 25.0
@@ -996,7 +996,7 @@ def stream_step(
     duration: float,
 ) -> StreamStep:
     """Open ``streams`` streams through ``port``, let them settle, measure a window."""
-    command = [sys.executable, str(STREAM_SCRIPT), "clients", str(port), str(streams)]
+    command = bench_stream.command("clients", str(port), str(streams))
     with started(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as clients:
         assert clients.stdin is not None
         assert clients.stdout is not None
@@ -1224,8 +1224,8 @@ def litellm_process(s: Setup, upstream_port: int) -> Iterator[tuple[int, int]]:
 
 @contextlib.contextmanager
 def child_stream_upstream() -> Iterator[tuple[int, int]]:
-    """bench_stream.py's upstream; yields (port, pid)."""
-    command = [sys.executable, str(STREAM_SCRIPT), "upstream"]
+    """The streaming upstream of bench_stream.choose's generators; yields (port, pid)."""
+    command = bench_stream.command("upstream")
     with started(command, stdout=subprocess.PIPE) as process:
         assert process.stdout is not None
         yield int(process.stdout.readline()), process.pid
@@ -1523,6 +1523,7 @@ def run(args: argparse.Namespace) -> int:
         f"h11 {getattr(h11, '__version__', '?')}; load: {loadgen}; nginx: {nginx_text}"
     )
     report.out(f"trio-failover flags: {' '.join(args.proxy_arg) or '(defaults)'}")
+    report.out(bench_stream.choose(args.generators))
     if os.cpu_count() and load > 0.5 * os.cpu_count():  # type: ignore[operator]
         report.out("WARNING: the machine is busy; figures will be low and noisy")
     report.out()

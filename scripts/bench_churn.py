@@ -49,6 +49,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent
+if str(SCRIPTS) not in sys.path:  # also when loaded by path (the tests)
+    sys.path.insert(0, str(SCRIPTS))
+import bench_stream  # noqa: E402  (beside this script, not a package)
+
 CHURN_LADDER = (250, 500, 1000, 2000)
 GOAL_NS = (500, 1000)
 GOAL_FIRST_BYTE_RATIO = 1.5
@@ -90,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="also run the trio_failover package found in DIR (another checkout), "
         "alternated with the others, as 'baseline' (repeat: each as its directory's name)",
+    )
+    parser.add_argument(
+        "--generators",
+        choices=bench_stream.GENERATORS,
+        default="auto",
+        help="the streaming load generators: c (bench_stream.c, built with cc), python "
+        "(bench_stream.py), or auto: c where cc builds it (default auto)",
     )
     parser.add_argument(
         "--churn-scenarios",
@@ -388,7 +399,7 @@ def run_churn(
     )
     out(HEADER)
     rows: list[Row] = []
-    upstream_command = [sys.executable, str(SCRIPTS / "bench_stream.py"), "upstream"]
+    upstream_command = bench_stream.command("upstream")
     with (
         tempfile.TemporaryDirectory(prefix="trio-failover-churn-") as tmp,
         started(upstream_command, stdout=subprocess.PIPE) as upstream,
@@ -429,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.2f} at start, {os.cpu_count()} CPUs",
         flush=True,
     )
+    print(bench_stream.choose(args.generators), flush=True)
     results = run_churn(args, lambda line: print(line, flush=True), args.proxy_arg)
     print(f"Goals of issue 33 (load average {os.getloadavg()[0]:.2f} at the end)")
     for name, measured, met in results:

@@ -23,16 +23,29 @@ The client process opens N streams, then on ``go`` starts counting, and on
 ``stop`` prints what it saw since: chunks, the delay of each (its read time
 minus its stamp) as p50/p99/max in ms, its own CPU seconds, and the streams
 that broke. Then it exits.
+
+``bench_stream.c`` is the same two generators in C, for a fraction of the
+CPU (see docs/performance.md). Its clients wake at most once a millisecond
+and take a read's time from the kernel's receive stamp, not the clock after
+``recv``: the nap stays out of the delays. The benchmarks start whichever ``choose()``
+picked (their ``--generators``): the C ones, compiled on first use with the
+system's ``cc`` into a cache outside the checkout and rebuilt when the
+source changes, or these, where there is no ``cc``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import resource
 import selectors
+import shutil
 import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 PERIOD_NS = 100_000_000  # a token every 100 ms per stream
 SLOTS = 100
@@ -293,6 +306,80 @@ def run_clients(port: int, count: int) -> None:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6 if ordered else -1.0
 
     print(len(ordered), ms(0.5), ms(0.99), ms(1.0), cpu, elapsed, clients.broken, flush=True)
+
+
+# -- which generators the benchmarks start ---------------------------------------------
+
+C_SOURCE = Path(__file__).resolve().with_suffix(".c")
+GENERATORS = ("auto", "c", "python")
+_command = [sys.executable, str(Path(__file__).resolve())]  # what command() starts
+
+
+def cache_dir() -> Path:
+    """Where the compiled generators live: outside any checkout, shared by all of them."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trio-failover-bench"
+
+
+def compile_c(source: Path = C_SOURCE, cache: Path | None = None) -> Path:
+    """The C generators' binary, compiled with ``cc`` unless this source's is cached.
+
+    The binary's name carries the source's hash, so an edited source is
+    built again and two benchmarks compiling at once each rename a whole
+    file into place.
+
+    Raises:
+        FileNotFoundError: no ``cc`` on PATH.
+        RuntimeError: ``cc`` failed (its output in the message).
+    """
+    cc = shutil.which("cc")
+    if cc is None:
+        raise FileNotFoundError("no cc on PATH")
+    cache = cache or cache_dir()
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    binary = cache / f"bench_stream-{digest}"
+    if binary.exists():
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    building = cache / f".bench_stream-{digest}.{os.getpid()}"
+    command = [cc, "-O2", "-Wall", "-Wextra", "-o", str(building), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        building.unlink(missing_ok=True)
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
+    building.replace(binary)
+    for old in cache.glob("bench_stream-*"):  # earlier sources' builds
+        if old != binary:
+            old.unlink(missing_ok=True)
+    return binary
+
+
+def choose(choice: str) -> str:
+    """Make ``command()`` start the C generators or these; a line saying which.
+
+    ``auto``: the C ones if they compile, else these. ``c``: the C ones or
+    SystemExit. ``python``: these.
+    """
+    global _command
+    python = [sys.executable, str(Path(__file__).resolve())]
+    if choice == "python":
+        _command = python
+        return "load generators: Python (bench_stream.py), as asked"
+    try:
+        binary = compile_c()
+    except (OSError, RuntimeError) as exc:
+        if choice == "c":
+            sys.exit(f"--generators c: {exc}")
+        _command = python
+        return f"load generators: Python (bench_stream.py); the C ones did not build: {exc}"
+    _command = [str(binary)]
+    return f"load generators: C (bench_stream.c, built as {binary})"
+
+
+def command(*args: str) -> list[str]:
+    """The command line of one generator: ``command("upstream")``,
+    ``command("clients", port, n)``."""
+    return [*_command, *args]
 
 
 def main() -> int:

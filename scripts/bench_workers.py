@@ -24,8 +24,10 @@ alike:
   0.1 ms more with Redis.
 
 The load generators share the machine's cores with the proxy: they are
-plain ``selectors`` loops (a few microseconds per event), and the
-``direct`` rows say where they run out themselves; a fleet that reaches
+bench_stream.c's epoll loops (``--generators``: compiled with ``cc``, or
+bench_stream.py's ``selectors`` loops where there is none; the first line
+says which), about 7 to 13 us of CPU per chunk, and the ``direct`` rows
+say where they run out themselves; a fleet that reaches
 that ceiling is reported as ``>=``. The CPU per chunk, beside the streams,
 does not depend on how many cores were free: a 2-worker fleet whose CPU
 per chunk is the single worker's scales with the cores it is given.
@@ -49,6 +51,7 @@ from pathlib import Path
 
 import bench
 import bench_redis
+import bench_stream
 
 P99_MS = bench.TARGET_STREAM_P99_MS
 LADDER = (200, 300, 400, 500, 600, 800, 1000, 1200, 1400, 1700, 2000, 2500, 3000)
@@ -144,13 +147,13 @@ def split(before: dict[int, float], after: dict[int, float]) -> str:
 
 
 def run_streams(args: argparse.Namespace, workdir: Path, state: str) -> dict[str, list[Ladder]]:
-    results: dict[str, list[Ladder]] = {name: [] for name in SYSTEMS}
+    results: dict[str, list[Ladder]] = {name: [] for name in SYSTEMS if name in args.systems}
     with bench.child_stream_upstream() as (upstream_port, upstream_pid):
         upstream = f"stream=http://127.0.0.1:{upstream_port}"
         for round_ in range(1, args.rounds + 1):
             print(f"streams, round {round_}: load average {load_average()}", flush=True)
             print("  streams chunks/s p50 ms p99 ms max ms CPU us/chunk ... upstream clients")
-            for name in SYSTEMS:
+            for name in results:
                 print(f" {name}", flush=True)
                 if name == "direct":
                     results[name].append(climb(args, upstream_port, None, upstream_pid))
@@ -162,18 +165,21 @@ def run_streams(args: argparse.Namespace, workdir: Path, state: str) -> dict[str
 
 def streams_summary(results: dict[str, list[Ladder]]) -> None:
     print(f"\nstreams within p99 <= {P99_MS:g} ms, by round (CPU us per chunk at that N):")
-    ceiling = [ladder.best.streams if ladder.best else 0 for ladder in results["direct"]]
-    for name in SYSTEMS:
+    direct = results.get("direct", [])
+    ceiling = [ladder.best.streams if ladder.best else 0 for ladder in direct]
+    for name in results:
         cells = []
         for index, ladder in enumerate(results[name]):
             best = ladder.best
             if best is None:
                 cells.append("none")
                 continue
-            capped = name != "direct" and best.streams >= ceiling[index]
+            capped = name != "direct" and bool(ceiling) and best.streams >= ceiling[index]
             cpu = f" ({best.cpu_us:.0f} us)" if best.cpu_us else ""
             cells.append(f"{'>=' if capped else ''}{best.streams}{cpu}")
         print(f"  {name:10s} " + ", ".join(cells))
+    if "1 worker" not in results or "2 workers" not in results:
+        return
     ratios = []
     for one, two in zip(results["1 worker"], results["2 workers"], strict=True):
         if one.best and two.best:
@@ -261,8 +267,27 @@ def main() -> int:
         default=8,
         help="the node's --capacity in the cpu part (default 8; 1 or 2: no spare lease)",
     )
+    parser.add_argument(
+        "--systems",
+        type=lambda text: tuple(text.split(",")),
+        default=SYSTEMS,
+        metavar="NAME,...",
+        help=f"the streams part's systems, of {','.join(SYSTEMS)} (default all)",
+    )
+    parser.add_argument(
+        "--generators",
+        choices=bench_stream.GENERATORS,
+        default="auto",
+        help="the streaming load generators: c (bench_stream.c, built with cc), python "
+        "(bench_stream.py), or auto: c where cc builds it (default auto)",
+    )
     args = parser.parse_args()
+    unknown = set(args.systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"--systems: {', '.join(sorted(unknown))} is not one of {', '.join(SYSTEMS)}")
     bench.raise_fd_limit()
+    if "streams" in args.only.split(","):
+        print(bench_stream.choose(args.generators), flush=True)
     parts = set(args.only.split(","))
     with tempfile.TemporaryDirectory() as directory:
         server, redis_port = bench_redis.start_server(directory)
