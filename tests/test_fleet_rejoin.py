@@ -15,8 +15,10 @@ import attrs
 import trio
 from conftest import RedisServer
 from test_replicas import LIMIT, STREAM, Gate, leases_at, replicas, until_connected
+from test_shared_state import Seen, joined, replica, wait_connected
 
 from trio_failover.testing import FakeNode, Fleet, request
+from trio_failover.wire.redis import open_redis
 
 
 async def test_an_attempt_begun_while_redis_was_away_is_counted_from_the_rejoin(
@@ -57,3 +59,33 @@ async def test_an_attempt_begun_while_redis_was_away_is_counted_from_the_rejoin(
                     gate.let_go()
                 await released.wait()
                 assert await leases_at(redis_server.address, "gpu-1") == 0
+
+
+async def test_a_release_redis_could_not_hear_goes_out_at_the_next_join(
+    redis_server: RedisServer,
+) -> None:
+    """The lease is in Redis, the replica's connections are cut, its release is owed.
+
+    Cut by ``CLIENT KILL`` (Redis keeps its data): the release made while
+    the replica is away cannot be written; at the rejoin it goes out
+    before the next take on the new connection, which then finds the
+    node's one slot free.
+    """
+    a = replica(redis_server.address, Seen(), "a", heartbeat_interval=0.2)
+    with trio.fail_after(LIMIT):
+        async with (
+            joined(a),
+            await open_redis(redis_server.address, deadline=trio.current_time() + 5) as admin,
+        ):
+            lease = a.new_lease_id()
+            taken = await a.take_slot("gpu-1", lease, 1)
+            assert taken is not None
+            assert taken.taken
+            await admin.execute("CLIENT", "KILL", "SKIPME", "yes", deadline=trio.current_time() + 5)
+            await wait_connected(a, False)
+            assert not await a.release_slot("gpu-1", lease, capacity=1, seen_full=True)
+            assert await leases_at(redis_server.address, "gpu-1") == 1  # not heard
+            await wait_connected(a, True)
+            again = await a.take_slot("gpu-1", a.new_lease_id(), 1)
+            assert again is not None
+            assert again.taken

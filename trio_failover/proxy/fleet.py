@@ -23,7 +23,9 @@ the proxy's parts:
   A freed slot of another replica also comes off the engine's last
   reading of the node (``SlotLedger.ended_elsewhere``): that reading
   counted the other replica's attempt, and the next one is a load
-  interval away.
+  interval away. An attempt that ends while the fleet had room keeps its
+  lease for the node's next one (``spare_leases.py``), so steady traffic
+  at a node with room asks Redis nothing per request.
 
 Its own tasks run in the proxy's nursery (``Fleet.run``): the shared
 state's membership, the publisher (the board's listeners are synchronous;

@@ -55,6 +55,8 @@ __all__ = ["RemoteRecord", "SharedState"]
 
 T = TypeVar("T")
 
+OWED_MOST = 10_000  # releases kept for the next join; past that they end by their TTL
+
 
 def _ignore(*_: object) -> None:
     return None
@@ -125,6 +127,8 @@ class SharedState:
         self._probe = trio.Event()
         self._changed = trio.Event()
         self._lease_ids = itertools.count(1)
+        # lease id -> (node, capacity): releases Redis may not have heard.
+        self._owed: dict[str, tuple[str, int]] = {}
 
     # -- what the proxy reads ------------------------------------------------------------
 
@@ -202,27 +206,43 @@ class SharedState:
 
         Announced as freed when a waiter may be hoping for the slot
         (``SlotLeases.release``). False while Redis is away, or when the
-        write did not go out within ``--state-timeout``: a lease Redis never
-        heard released ends by itself within one TTL. Shielded (see
-        ``RedisConnection.post``).
+        write did not go out within ``--state-timeout``; such a release,
+        and one whose answer never came (the connection went), is owed:
+        sent again at the next join (a lease whose take timed out may
+        still have been taken), else the lease ends by itself within one
+        TTL. Shielded (see ``RedisConnection.post``).
         """
         link = self._link
-        if link is None:
-            return False
-        return await link.leases.release(
+
+        def answered(answer: bool | StateError) -> None:
+            if isinstance(answer, StateError):
+                logger.debug(
+                    "shared state: a release failed", extra={"fields": {"error": str(answer)}}
+                )
+                self._owe(node, lease_id, capacity)
+
+        if link is not None and await link.leases.release(
             node,
             lease_id,
             capacity=capacity,
             seen_full=seen_full,
             origin=self.replica_id,
             deadline=trio.current_time() + self.state_timeout,
-            on_answer=self._released,
-        )
+            on_answer=answered,
+        ):
+            return True
+        self._owe(node, lease_id, capacity)
+        return False
 
-    def _released(self, answer: bool | StateError) -> None:
-        """A posted release's answer (read by a later call): only a failure says anything."""
-        if isinstance(answer, StateError):
-            logger.debug("shared state: a release failed", extra={"fields": {"error": str(answer)}})
+    def _owe(self, node: str, lease_id: str, capacity: int) -> None:
+        if len(self._owed) < OWED_MOST:
+            self._owed[lease_id] = (node, capacity)
+
+    async def _settle(self) -> None:
+        """At a join: send the releases Redis may not have heard (``release_slot``)."""
+        owed, self._owed = self._owed, {}
+        for lease_id, (node, capacity) in owed.items():
+            await self.release_slot(node, lease_id, capacity=capacity, seen_full=False)
 
     async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
         """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
@@ -330,6 +350,7 @@ class _Membership:
         records = SharedRecords(connection, state.prefix)
         state.joins += 1
         state._joined(_Link(connection, SlotLeases(connection, state.prefix), records))
+        await state._settle()
         self.outage = None
         message = "shared state: rejoined" if state.joins > 1 else "shared state: joined"
         logger.log(
