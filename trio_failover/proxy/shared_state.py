@@ -127,8 +127,7 @@ class SharedState:
         self._probe = trio.Event()
         self._changed = trio.Event()
         self._lease_ids = itertools.count(1)
-        # lease id -> (node, capacity): releases Redis may not have heard.
-        self._owed: dict[str, tuple[str, int]] = {}
+        self._releases = _Releases(self)
 
     # -- what the proxy reads ------------------------------------------------------------
 
@@ -204,45 +203,13 @@ class SharedState:
     ) -> bool:
         """End the lease, without waiting for Redis' answer: True once it is written.
 
-        Announced as freed when a waiter may be hoping for the slot
-        (``SlotLeases.release``). False while Redis is away, or when the
-        write did not go out within ``--state-timeout``; such a release,
-        and one whose answer never came (the connection went), is owed:
-        sent again at the next join (a lease whose take timed out may
-        still have been taken), else the lease ends by itself within one
-        TTL. Shielded (see ``RedisConnection.post``).
+        Announced when a waiter may hope for the slot (``SlotLeases.release``).
+        False while Redis is away or the write did not go out within
+        ``--state-timeout``: then, and when its answer never came, it is
+        owed to the next join (a take that timed out may have happened).
+        Shielded (see ``RedisConnection.post``).
         """
-        link = self._link
-
-        def answered(answer: bool | StateError) -> None:
-            if isinstance(answer, StateError):
-                logger.debug(
-                    "shared state: a release failed", extra={"fields": {"error": str(answer)}}
-                )
-                self._owe(node, lease_id, capacity)
-
-        if link is not None and await link.leases.release(
-            node,
-            lease_id,
-            capacity=capacity,
-            seen_full=seen_full,
-            origin=self.replica_id,
-            deadline=trio.current_time() + self.state_timeout,
-            on_answer=answered,
-        ):
-            return True
-        self._owe(node, lease_id, capacity)
-        return False
-
-    def _owe(self, node: str, lease_id: str, capacity: int) -> None:
-        if len(self._owed) < OWED_MOST:
-            self._owed[lease_id] = (node, capacity)
-
-    async def _settle(self) -> None:
-        """At a join: send the releases Redis may not have heard (``release_slot``)."""
-        owed, self._owed = self._owed, {}
-        for lease_id, (node, capacity) in owed.items():
-            await self.release_slot(node, lease_id, capacity=capacity, seen_full=False)
+        return await self._releases.post(node, lease_id, capacity, seen_full)
 
     async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
         """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
@@ -287,6 +254,49 @@ class SharedState:
         """The event a failed call sets, fresh for the next one."""
         probe, self._probe = self._probe, trio.Event()
         return probe
+
+
+class _Releases:
+    """The posted releases of one replica, and those owed to its next join."""
+
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+        # lease id -> (node, capacity): releases Redis may not have heard.
+        self.owed: dict[str, tuple[str, int]] = {}
+
+    async def post(self, node: str, lease_id: str, capacity: int, seen_full: bool) -> bool:
+        """``SharedState.release_slot``: posted, or owed when it cannot be."""
+        state, link = self.state, self.state._link
+
+        def answered(answer: bool | StateError) -> None:
+            if isinstance(answer, StateError):
+                logger.debug(
+                    "shared state: a release failed", extra={"fields": {"error": str(answer)}}
+                )
+                self.owe(node, lease_id, capacity)
+
+        if link is not None and await link.leases.release(
+            node,
+            lease_id,
+            capacity=capacity,
+            seen_full=seen_full,
+            origin=state.replica_id,
+            deadline=trio.current_time() + state.state_timeout,
+            on_answer=answered,
+        ):
+            return True
+        self.owe(node, lease_id, capacity)
+        return False
+
+    def owe(self, node: str, lease_id: str, capacity: int) -> None:
+        if len(self.owed) < OWED_MOST:
+            self.owed[lease_id] = (node, capacity)
+
+    async def settle(self) -> None:
+        """At a join: send the releases Redis may not have heard."""
+        owed, self.owed = self.owed, {}
+        for lease_id, (node, capacity) in owed.items():
+            await self.post(node, lease_id, capacity, seen_full=False)
 
 
 class _Membership:
@@ -350,7 +360,7 @@ class _Membership:
         records = SharedRecords(connection, state.prefix)
         state.joins += 1
         state._joined(_Link(connection, SlotLeases(connection, state.prefix), records))
-        await state._settle()
+        await state._releases.settle()
         self.outage = None
         message = "shared state: rejoined" if state.joins > 1 else "shared state: joined"
         logger.log(
