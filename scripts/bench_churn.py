@@ -95,13 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also run the trio_failover package found in DIR (another checkout), "
         "alternated with the others, as 'baseline' (repeat: each as its directory's name)",
     )
-    parser.add_argument(
-        "--generators",
-        choices=bench_stream.GENERATORS,
-        default="auto",
-        help="the streaming load generators: c (bench_stream.c, built with cc), python "
-        "(bench_stream.py), or auto: c where cc builds it (default auto)",
-    )
+    bench_stream.add_generators_argument(parser)
     parser.add_argument(
         "--churn-scenarios",
         default="churn,burst",

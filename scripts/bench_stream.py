@@ -35,6 +35,7 @@ source changes, or these, where there is no ``cc``.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import re
@@ -352,6 +353,17 @@ def compile_c(source: Path = C_SOURCE, cache: Path | None = None) -> Path:
         if old != binary:
             old.unlink(missing_ok=True)
     return binary
+
+
+def add_generators_argument(parser: argparse.ArgumentParser) -> None:
+    """The benchmarks' ``--generators``: which load generators ``choose`` picks."""
+    parser.add_argument(
+        "--generators",
+        choices=GENERATORS,
+        default="auto",
+        help="the streaming load generators: c (bench_stream.c, built with cc), python "
+        "(bench_stream.py), or auto: c where cc builds it (default auto)",
+    )
 
 
 def choose(choice: str) -> str:

@@ -274,13 +274,7 @@ def main() -> int:
         metavar="NAME,...",
         help=f"the streams part's systems, of {','.join(SYSTEMS)} (default all)",
     )
-    parser.add_argument(
-        "--generators",
-        choices=bench_stream.GENERATORS,
-        default="auto",
-        help="the streaming load generators: c (bench_stream.c, built with cc), python "
-        "(bench_stream.py), or auto: c where cc builds it (default auto)",
-    )
+    bench_stream.add_generators_argument(parser)
     args = parser.parse_args()
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import attrs
 import trio
 from conftest import RedisServer
-from test_replicas import LIMIT, STREAM, Gate, leases_at, replicas, until_connected
+from test_replicas import LIMIT, STREAM, Gate, leases_at, one_replica, until_connected
 from test_shared_state import Seen, joined, replica, wait_connected
 
-from trio_failover.testing import FakeNode, Fleet, request
+from trio_failover.testing import FakeNode, request
 from trio_failover.wire.redis import open_redis
 
 
@@ -26,39 +25,37 @@ async def test_an_attempt_begun_while_redis_was_away_is_counted_from_the_rejoin(
 ) -> None:
     gate = Gate()
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
-            upstreams = [attrs.evolve(up, capacity=2) for up in fleet.upstreams()]
-            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
-                assert a.fleet is not None
-                state = a.fleet.state
-                retaken, released = trio.Event(), trio.Event()
-                take, release = state.take_slot, state.release_slot
+        async with one_replica(redis_server.address, FakeNode(gate.behaviour()), 2) as a:
+            assert a.fleet is not None
+            state = a.fleet.state
+            retaken, released = trio.Event(), trio.Event()
+            take, release = state.take_slot, state.release_slot
 
-                async def take_slot(node: str, lease: str, capacity: int) -> Any:
-                    answer = await take(node, lease, capacity)
-                    if capacity == 0:  # the rejoin's, with no limit
-                        retaken.set()
-                    return answer
+            async def take_slot(node: str, lease: str, capacity: int) -> Any:
+                answer = await take(node, lease, capacity)
+                if capacity == 0:  # the rejoin's, with no limit
+                    retaken.set()
+                return answer
 
-                async def release_slot(*args: Any, **kwargs: Any) -> bool:
-                    answer = await release(*args, **kwargs)
-                    released.set()
-                    return answer
+            async def release_slot(*args: Any, **kwargs: Any) -> bool:
+                answer = await release(*args, **kwargs)
+                released.set()
+                return answer
 
-                state.take_slot = take_slot  # type: ignore[method-assign]
-                state.release_slot = release_slot  # type: ignore[method-assign]
-                redis_server.stop()
-                await until_connected(a, False)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(functools.partial(request, a, body=STREAM))
-                    await gate.wait_for(lambda: gate.now == 1)  # alone: no lease in Redis
-                    redis_server.start()  # empty: nothing was saved
-                    await until_connected(a, True)
-                    await retaken.wait()
-                    assert await leases_at(redis_server.address, "gpu-1") == 1
-                    gate.let_go()
-                await released.wait()
-                assert await leases_at(redis_server.address, "gpu-1") == 0
+            state.take_slot = take_slot  # type: ignore[method-assign]
+            state.release_slot = release_slot  # type: ignore[method-assign]
+            redis_server.stop()
+            await until_connected(a, False)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)  # alone: no lease in Redis
+                redis_server.start()  # empty: nothing was saved
+                await until_connected(a, True)
+                await retaken.wait()
+                assert await leases_at(redis_server.address, "gpu-1") == 1
+                gate.let_go()
+            await released.wait()
+            assert await leases_at(redis_server.address, "gpu-1") == 0
 
 
 async def test_a_release_redis_could_not_hear_goes_out_at_the_next_join(

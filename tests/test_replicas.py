@@ -116,6 +116,17 @@ async def replicas(
     yield proxies
 
 
+@asynccontextmanager
+async def one_replica(
+    address: RedisAddress, node: FakeNode, capacity: int, **settings: Any
+) -> AsyncIterator[Proxy]:
+    """One replica over ``address`` in front of one node, ``gpu-1``, of ``capacity``."""
+    async with Fleet({"gpu-1": node}) as fleet:
+        upstreams = [attrs.evolve(up, capacity=capacity) for up in fleet.upstreams()]
+        async with replicas(fleet, address, 1, upstreams=upstreams, **settings) as (proxy,):
+            yield proxy
+
+
 async def until_told(proxy: Proxy, condition: Callable[[NodeChange], bool]) -> None:
     """Return once ``proxy``'s board applied a change for which ``condition`` holds."""
     told = trio.Event()
@@ -440,26 +451,24 @@ async def test_a_replicas_own_freed_slot_is_not_taken_off_the_engines_reading_ag
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
-        async with Fleet(nodes) as fleet:
-            upstreams = [attrs.evolve(up, capacity=2) for up in fleet.upstreams()]
-            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
-                assert a.fleet is not None
-                ledger = a.queue.scheduler.ledger
-                a.engines.signals["gpu-1"] = Signals(busy=1)  # another client's, not a replica's
-                ledger.note_reading("gpu-1")
-                heard = trio.Event()
-                on_freed = a.fleet.state.on_freed
+        async with one_replica(redis_server.address, nodes["gpu-1"], 2) as a:
+            assert a.fleet is not None
+            ledger = a.queue.scheduler.ledger
+            a.engines.signals["gpu-1"] = Signals(busy=1)  # another client's, not a replica's
+            ledger.note_reading("gpu-1")
+            heard = trio.Event()
+            on_freed = a.fleet.state.on_freed
 
-                def heard_freed(node: str, mine: bool) -> None:
-                    on_freed(node, mine)
-                    heard.set()
+            def heard_freed(node: str, mine: bool) -> None:
+                on_freed(node, mine)
+                heard.set()
 
-                a.fleet.state.on_freed = heard_freed
-                response = await request(a, body=STREAM)
-                assert response is not None
-                assert response.status == 200
-                # A's release, announced (A saw the node full: the other client's
-                # work and its own), to A too, as its own.
-                await heard.wait()
-                # Its own slot came off its count once; the other client's work stays.
-                assert ledger.engine_busy("gpu-1") == 1
+            a.fleet.state.on_freed = heard_freed
+            response = await request(a, body=STREAM)
+            assert response is not None
+            assert response.status == 200
+            # A's release, announced (A saw the node full: the other client's
+            # work and its own), to A too, as its own.
+            await heard.wait()
+            # Its own slot came off its count once; the other client's work stays.
+            assert ledger.engine_busy("gpu-1") == 1

@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import RedisServer
-from test_replicas import LIMIT, SLACK, STREAM, Gate, replicas, until_connected
+from test_replicas import LIMIT, SLACK, STREAM, Gate, one_replica, replicas, until_connected
 
 from trio_failover.core.lease_script import slots_key
 from trio_failover.proxy.proxy import Proxy
@@ -122,38 +122,36 @@ async def test_the_next_attempt_at_a_node_with_room_asks_redis_nothing(
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
-        async with Fleet(nodes) as fleet:
-            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
-            async with (
-                replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,),
-                await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
-            ):
-                assert a.fleet is not None
-                state = a.fleet.state
-                takes: list[str] = []
-                releases: list[str] = []
-                given_back = trio.Event()
-                state.take_slot = counted(takes, state.take_slot)  # type: ignore[method-assign]
-                release = counted(releases, state.release_slot)
+        async with (
+            one_replica(redis_server.address, nodes["gpu-1"], 3) as a,
+            await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
+        ):
+            assert a.fleet is not None
+            state = a.fleet.state
+            takes: list[str] = []
+            releases: list[str] = []
+            given_back = trio.Event()
+            state.take_slot = counted(takes, state.take_slot)  # type: ignore[method-assign]
+            release = counted(releases, state.release_slot)
 
-                async def release_slot(*args: Any, **kwargs: Any) -> Any:
-                    answer = await release(*args, **kwargs)
-                    given_back.set()
-                    return answer
+            async def release_slot(*args: Any, **kwargs: Any) -> Any:
+                answer = await release(*args, **kwargs)
+                given_back.set()
+                return answer
 
-                state.release_slot = release_slot  # type: ignore[method-assign]
-                for _ in range(3):
-                    response = await request(a, body=STREAM)
-                    assert response is not None
-                    assert response.status == 200
-                    assert releases == []  # kept, not released
-                assert len(takes) == 1  # one lease served all three
-                key = slots_key("trio-failover:", "gpu-1")
-                assert await redis.execute("ZCARD", key, deadline=trio.current_time() + 5) == 1
-                await given_back.wait()  # unused for a hold: given back
-                assert releases == takes
-                deadline = trio.current_time() + 5
-                assert await redis.execute("ZCARD", key, deadline=deadline) == 0
+            state.release_slot = release_slot  # type: ignore[method-assign]
+            for _ in range(3):
+                response = await request(a, body=STREAM)
+                assert response is not None
+                assert response.status == 200
+                assert releases == []  # kept, not released
+            assert len(takes) == 1  # one lease served all three
+            key = slots_key("trio-failover:", "gpu-1")
+            assert await redis.execute("ZCARD", key, deadline=trio.current_time() + 5) == 1
+            await given_back.wait()  # unused for a hold: given back
+            assert releases == takes
+            deadline = trio.current_time() + 5
+            assert await redis.execute("ZCARD", key, deadline=deadline) == 0
 
 
 async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
@@ -253,23 +251,21 @@ async def test_a_spare_is_given_back_when_redis_goes_and_not_used_while_away(
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
-        async with Fleet(nodes) as fleet:
-            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
-            async with replicas(fleet, redis_server.address, 1, upstreams=upstreams) as (a,):
-                assert a.fleet is not None
-                spares = a.fleet.slots.spares
-                spares.hold = 60.0
-                kept = on_kept(a)
-                response = await request(a, body=STREAM)
-                assert response is not None
-                assert response.status == 200
-                await kept.wait()
-                redis_server.stop()
-                await until_connected(a, False)
-                await trio.testing.wait_all_tasks_blocked()
-                assert await spares.use("gpu-1", 3) is None  # given back (or gone with Redis)
-                # Away: this replica decides alone, and keeps nothing for later.
-                response = await request(a, body=STREAM)
-                assert response is not None
-                assert response.status == 200
-                assert await spares.use("gpu-1", 3) is None
+        async with one_replica(redis_server.address, nodes["gpu-1"], 3) as a:
+            assert a.fleet is not None
+            spares = a.fleet.slots.spares
+            spares.hold = 60.0
+            kept = on_kept(a)
+            response = await request(a, body=STREAM)
+            assert response is not None
+            assert response.status == 200
+            await kept.wait()
+            redis_server.stop()
+            await until_connected(a, False)
+            await trio.testing.wait_all_tasks_blocked()
+            assert await spares.use("gpu-1", 3) is None  # given back (or gone with Redis)
+            # Away: this replica decides alone, and keeps nothing for later.
+            response = await request(a, body=STREAM)
+            assert response is not None
+            assert response.status == 200
+            assert await spares.use("gpu-1", 3) is None
