@@ -13,17 +13,17 @@ from typing import Any
 
 import trio
 from conftest import RedisServer
-from test_replicas import LIMIT, STREAM, Gate, leases_at, one_replica, until_connected
+from test_replicas import LIMIT, STREAM, leases_at, one_replica, until_connected
 from test_shared_state import Seen, joined, replica, wait_connected
 
-from trio_failover.testing import FakeNode, request
+from trio_failover.testing import FakeNode, HeldRequests, request
 from trio_failover.wire.redis import open_redis
 
 
 async def test_an_attempt_begun_while_redis_was_away_is_counted_from_the_rejoin(
     redis_server: RedisServer,
 ) -> None:
-    gate = Gate()
+    gate = HeldRequests()
     with trio.fail_after(LIMIT):
         async with one_replica(redis_server.address, FakeNode(gate.behaviour()), 2) as a:
             assert a.fleet is not None

@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
-import h11
 import trio
 import trio_websocket
 from conftest import RedisServer
@@ -25,8 +23,7 @@ from trio_failover.core.lease_script import freed_channel, slots_key
 from trio_failover.testing import (
     FakeNode,
     Fleet,
-    NodeIO,
-    ReceivedRequest,
+    HeldRequests,
     frozen,
     healthy,
     request_tcp,
@@ -39,57 +36,10 @@ TTL = 2.0
 STREAM = b'{"model": "m", "stream": true}'
 
 
-@attrs.define
-class HeldNode:
-    """Holds each request until its client leaves or the test lets it go; counts them."""
-
-    now: int = 0
-    most: int = 0
-    started: list[float] = attrs.Factory(list)
-    ended: list[float] = attrs.Factory(list)
-    release: trio.Event = attrs.Factory(trio.Event)
-    changed: trio.Event = attrs.Factory(trio.Event)
-
-    async def wait_for(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            await self.changed.wait()
-
-    def _told(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
-
-    def behaviour(self) -> Callable[[NodeIO, ReceivedRequest], Any]:
-        async def behave(io: NodeIO, request: ReceivedRequest) -> None:
-            self.now += 1
-            self.most = max(self.most, self.now)
-            self.started.append(trio.current_time())
-            self._told()
-            try:
-                async with trio.open_nursery() as nursery:
-
-                    async def left() -> None:
-                        await io.wait_closed()
-                        nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(left)
-                    await self.release.wait()
-                    body = b'{"ok": true}'
-                    head = [(b"content-length", b"%d" % len(body))]
-                    await io.send(h11.Response(status_code=200, headers=head))
-                    await io.send(h11.Data(data=body), h11.EndOfMessage())
-                    nursery.cancel_scope.cancel()
-            finally:
-                self.now -= 1
-                self.ended.append(trio.current_time())
-                self._told()
-
-        return behave
-
-
 async def test_kill_9_of_a_replica_holding_a_slot_frees_it_within_one_lease_ttl(
     redis_server: RedisServer,
 ) -> None:
-    held = HeldNode()
+    held = HeldRequests(leave_with_client=True)
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": FakeNode(held.behaviour())}) as fleet:
             node = await fleet.serve_tcp("gpu-1")
@@ -125,7 +75,7 @@ async def test_kill_9_of_a_replica_holding_a_slot_frees_it_within_one_lease_ttl(
                     nursery.start_soon(through_b)
                     await held.wait_for(lambda: len(held.started) == 2)
                     took = held.started[1] - killed
-                    held.release.set()
+                    held.let_all_go()
                 assert answers == [200]
                 assert held.most == 1  # never two at once: B waited for the lease
                 # B waited for A's lease to lapse, and no longer than one TTL.
@@ -228,7 +178,7 @@ async def first_queued(*admins: tuple[str, int], task_status: Any) -> tuple[str,
 async def test_capacity_one_across_two_replica_processes_one_waits_and_runs_at_once(
     redis_server: RedisServer,
 ) -> None:
-    held = HeldNode()
+    held = HeldRequests(leave_with_client=True)
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": FakeNode(held.behaviour())}) as fleet:
             node = await fleet.serve_tcp("gpu-1")
@@ -268,7 +218,7 @@ async def test_capacity_one_across_two_replica_processes_one_waits_and_runs_at_o
                     waiting = await status_of(queued[0])
                     assert waiting["queued"] == 1
                     assert len(held.started) == 1
-                    held.release.set()  # both answer as soon as they run
+                    held.let_all_go()  # both answer as soon as they run
                     await held.wait_for(lambda: len(held.ended) == 2)
                 assert sorted(answers) == [("1", 200), ("1", 200)]
                 assert held.most == 1  # never two at once at the node

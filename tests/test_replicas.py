@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import h11
 import trio
 from conftest import RedisServer
 from test_redis_wire import SilentServer
@@ -34,8 +33,7 @@ from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import (
     FakeNode,
     Fleet,
-    NodeIO,
-    ReceivedRequest,
+    HeldRequests,
     frozen,
     healthy,
     request,
@@ -46,50 +44,6 @@ from trio_failover.wire.redis import open_redis
 LIMIT = 30.0
 SLACK = 1.0  # how late a deadline may fire on a busy two-core machine
 STREAM = b'{"model": "m", "stream": true}'
-
-
-@attrs.define
-class Gate:
-    """A node that holds each request until the test lets it go, and counts them."""
-
-    now: int = 0
-    most: int = 0
-    started: list[float] = attrs.Factory(list)
-    ended: list[float] = attrs.Factory(list)
-    release: trio.Event = attrs.Factory(trio.Event)
-    changed: trio.Event = attrs.Factory(trio.Event)
-
-    def _told(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            await self.changed.wait()
-
-    def let_go(self) -> None:
-        self.release.set()
-        self.release = trio.Event()
-
-    def behaviour(self) -> Callable[[NodeIO, ReceivedRequest], Any]:
-        async def behave(io: NodeIO, request: ReceivedRequest) -> None:
-            release = self.release
-            self.now += 1
-            self.most = max(self.most, self.now)
-            self.started.append(trio.current_time())
-            self._told()
-            try:
-                await release.wait()
-                body = b'{"ok": true}'
-                head = [(b"content-length", b"%d" % len(body))]
-                await io.send(h11.Response(status_code=200, headers=head), h11.Data(data=body))
-                await io.send(h11.EndOfMessage())
-            finally:
-                self.now -= 1
-                self.ended.append(trio.current_time())
-                self._told()
-
-        return behave
 
 
 def replica_config(fleet: Fleet, address: RedisAddress, **settings: Any) -> Config:
@@ -197,7 +151,7 @@ async def first_queued(*proxies: Proxy) -> Proxy:
 async def test_capacity_one_holds_across_two_replicas_and_the_waiter_runs_at_once(
     redis_server: RedisServer,
 ) -> None:
-    gate = Gate()
+    gate = HeldRequests()
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
             upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
@@ -394,7 +348,7 @@ async def test_checks_and_inventories_are_shared_a_joiner_loads_them_and_nothing
 async def test_a_held_slot_is_renewed_past_its_ttl_while_its_attempt_runs(
     redis_server: RedisServer,
 ) -> None:
-    gate, ttl = Gate(), 1.2
+    gate, ttl = HeldRequests(), 1.2
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
             upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
@@ -419,7 +373,7 @@ async def test_a_slot_freed_by_another_replica_comes_off_this_ones_engine_readin
     # A's last reading of the engine counted B's attempt (busy 1 of 1); the
     # next one would come a load interval later. B's freed slot is announced
     # at once, and A's waiter runs then.
-    gate = Gate()
+    gate = HeldRequests()
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
             upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]

@@ -17,12 +17,12 @@ import pytest
 import trio
 import trio.testing
 from conftest import RedisServer
-from test_replicas import LIMIT, SLACK, STREAM, Gate, one_replica, replicas, until_connected
+from test_replicas import LIMIT, SLACK, STREAM, one_replica, replicas, until_connected
 
 from trio_failover.core.lease_script import slots_key
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.proxy.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
-from trio_failover.testing import FakeNode, Fleet, healthy, request
+from trio_failover.testing import FakeNode, Fleet, HeldRequests, healthy, request
 from trio_failover.wire.redis import open_redis
 
 
@@ -163,7 +163,7 @@ async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
     once (its hold is made long here), and B's waiter runs; the node never
     sees more than its capacity.
     """
-    gate = Gate()
+    gate = HeldRequests()
     gate_node = FakeNode(gate.behaviour())
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": gate_node}) as fleet:

@@ -60,6 +60,7 @@ from .fakes import (
     stream_then_silence,
     with_health,
 )
+from .held_requests import HeldRequests
 from .proxy.proxy import Proxy
 from .wire.http1 import send_events
 
@@ -74,6 +75,7 @@ __all__ = [
     "FakeOllama",
     "FakeVllm",
     "Fleet",
+    "HeldRequests",
     "MemoryConnector",
     "NodeIO",
     "ReceivedRequest",
