@@ -70,8 +70,10 @@ def test_one_spare_per_node_and_a_short_ttl_shortens_the_window() -> None:
         now = trio.current_time()
         assert spares.keep("gpu-1", SpareLease("a", 1, now), 8, full=False)
         assert not spares.keep("gpu-1", SpareLease("b", 1, now), 8, full=False)
-        await trio.sleep(0.2)  # a third of the TTL: a kept lease is not renewed
+        await trio.sleep(0.15)  # a third of the TTL less a hold: a kept lease is not renewed
         assert not spares.keep("gpu-2", SpareLease("c", 1, now), 8, full=False)
+        tiny = SpareLeases(StubState(lease_ttl=0.15))  # type: ignore[arg-type]
+        assert not tiny.keep("gpu-1", SpareLease("d", 1, trio.current_time()), 8, full=False)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -168,7 +170,12 @@ async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
     with trio.fail_after(LIMIT):
         async with Fleet({"gpu-1": gate_node}) as fleet:
             upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
-            settings: dict[str, Any] = {"upstreams": upstreams, "queue_timeout": 20.0}
+            # A hold of 60 s needs a TTL over three of them (a kept lease is not renewed).
+            settings: dict[str, Any] = {
+                "upstreams": upstreams,
+                "queue_timeout": 20.0,
+                "lease_ttl": 600.0,
+            }
             async with replicas(fleet, redis_server.address, **settings) as (a, b):
                 assert a.fleet is not None
                 a.fleet.slots.spares.hold = 60.0
@@ -251,7 +258,7 @@ async def test_a_spare_is_given_back_when_redis_goes_and_not_used_while_away(
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
-        async with one_replica(redis_server.address, nodes["gpu-1"], 3) as a:
+        async with one_replica(redis_server.address, nodes["gpu-1"], 3, lease_ttl=600.0) as a:
             assert a.fleet is not None
             spares = a.fleet.slots.spares
             spares.hold = 60.0

@@ -21,10 +21,11 @@ the fleet counts one more slot in use there. Bounds on that:
   and every replica gives its spare at that node back at once: a waiter
   elsewhere waits one round trip more, not the hold;
 - a lease is kept only within ``RECYCLE_MOST`` (and a third of
-  ``--lease-ttl``) of its take: the count it was judged by grows old, and
-  a kept lease is not renewed (``FleetSlots.renew_all`` renews the leases
-  of running attempts), so it never outlives its TTL; after that it is
-  released and a fresh one taken.
+  ``--lease-ttl`` less a hold) of its take: the count it was judged by
+  grows old, and a kept lease is not renewed (``FleetSlots.renew_all``
+  renews the leases of running attempts every third of the TTL), so it
+  never outlives its TTL; after that it is released and a fresh one
+  taken. With a TTL of three holds or less nothing is kept.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class SpareLeases:
             full
             or node in self._kept
             or spare.in_flight + 1 >= capacity
-            or now - spare.taken >= min(RECYCLE_MOST, self.state.lease_ttl / 3)
+            or now - spare.taken >= min(RECYCLE_MOST, self.state.lease_ttl / 3 - self.hold)
         ):
             return False
         self._kept[node] = _Kept(spare, capacity, now)
