@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import RedisServer
-from test_replicas import LIMIT, SLACK, STREAM, one_replica, replicas, until_connected
+from test_replicas import LIMIT, SLACK, STREAM, replicas, replicas_at, until_connected
 
 from trio_failover.core.lease_script import slots_key
 from trio_failover.proxy.proxy import Proxy
@@ -48,10 +48,11 @@ class StubState:
         (1, 8, 0.0, True, False),  # this replica sees the node full (an engine's count)
         (1, 8, 9.9, False, True),
         (1, 8, RECYCLE_MOST, False, False),  # judged by too old a count: taken afresh
+        (None, 8, 0.0, False, False),  # taken alone while Redis was away: count unknown
     ],
 )
 def test_a_lease_is_kept_only_while_the_fleet_had_room(
-    in_flight: int, capacity: int, age: float, full: bool, kept: bool
+    in_flight: int | None, capacity: int, age: float, full: bool, kept: bool
 ) -> None:
     async def main() -> None:
         spares = SpareLeases(StubState())  # type: ignore[arg-type]
@@ -125,7 +126,7 @@ async def test_the_next_attempt_at_a_node_with_room_asks_redis_nothing(
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
         async with (
-            one_replica(redis_server.address, nodes["gpu-1"], 3) as a,
+            replicas_at(redis_server.address, nodes["gpu-1"], 3) as (a,),
             await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
         ):
             assert a.fleet is not None
@@ -167,37 +168,32 @@ async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
     """
     gate = HeldRequests()
     gate_node = FakeNode(gate.behaviour())
+    # A hold of 60 s needs a TTL over three of them (a kept lease is not renewed).
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": gate_node}) as fleet:
-            upstreams = [attrs.evolve(up, capacity=3) for up in fleet.upstreams()]
-            # A hold of 60 s needs a TTL over three of them (a kept lease is not renewed).
-            settings: dict[str, Any] = {
-                "upstreams": upstreams,
-                "queue_timeout": 20.0,
-                "lease_ttl": 600.0,
-            }
-            async with replicas(fleet, redis_server.address, **settings) as (a, b):
-                assert a.fleet is not None
-                a.fleet.slots.spares.hold = 60.0
-                kept = on_kept(a)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(functools.partial(request, a, body=STREAM))
-                    await gate.wait_for(lambda: gate.now == 1)
-                    gate.let_go()
-                    await gate.wait_for(lambda: gate.now == 0)
-                    await kept.wait()
-                    for count in (1, 2):
-                        nursery.start_soon(functools.partial(request, b, body=STREAM))
-                        await gate.wait_for(lambda count=count: gate.now == count)  # type: ignore[misc]
-                    refused = trio.current_time()
+        async with replicas_at(
+            redis_server.address, gate_node, 3, 2, queue_timeout=20.0, lease_ttl=600.0
+        ) as (a, b):
+            assert a.fleet is not None
+            a.fleet.slots.spares.hold = 60.0
+            kept = on_kept(a)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                gate.let_go()
+                await gate.wait_for(lambda: gate.now == 0)
+                await kept.wait()
+                for count in (1, 2):
                     nursery.start_soon(functools.partial(request, b, body=STREAM))
-                    await gate.wait_for(lambda: gate.now == 3)
-                    assert trio.current_time() - refused < SLACK  # not the 60 s hold
-                    for _ in range(3):
-                        gate.let_go()
-                        await gate.wait_for(lambda: gate.now < 3)
-                    await gate.wait_for(lambda: gate.now == 0)
-                assert gate.most == 3
+                    await gate.wait_for(lambda count=count: gate.now == count)  # type: ignore[misc]
+                refused = trio.current_time()
+                nursery.start_soon(functools.partial(request, b, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 3)
+                assert trio.current_time() - refused < SLACK  # not the 60 s hold
+                for _ in range(3):
+                    gate.let_go()
+                    await gate.wait_for(lambda: gate.now < 3)
+                await gate.wait_for(lambda: gate.now == 0)
+            assert gate.most == 3
 
 
 def on_kept(proxy: Proxy) -> trio.Event:
@@ -258,7 +254,7 @@ async def test_a_spare_is_given_back_when_redis_goes_and_not_used_while_away(
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
-        async with one_replica(redis_server.address, nodes["gpu-1"], 3, lease_ttl=600.0) as a:
+        async with replicas_at(redis_server.address, nodes["gpu-1"], 3, lease_ttl=600.0) as (a,):
             assert a.fleet is not None
             spares = a.fleet.slots.spares
             spares.hold = 60.0

@@ -224,7 +224,7 @@ class FleetSlots:
             if self.ledger.in_flight(node) > self.state.share(capacity):
                 self._mark(node, ALONE_RETRY)
                 return None
-            return SpareLease(lease, capacity, now)  # never kept: its count is unknown
+            return SpareLease(lease, None, now)  # its count unknown: never kept
         if not taken.taken:
             # A slot freed while the answer came (on the other connection):
             # no mark, the workload asks again at once.

@@ -47,12 +47,14 @@ class SpareLease:
 
     Attributes:
         lease: the lease id.
-        in_flight: the fleet's count at the node when it was taken, it included.
+        in_flight: the fleet's count at the node when it was taken, it
+            included; None when unknown (taken alone while Redis was away:
+            never kept).
         taken: when it was taken (Trio time).
     """
 
     lease: str
-    in_flight: int
+    in_flight: int | None
     taken: float
 
 
@@ -107,6 +109,7 @@ class SpareLeases:
         if (
             full
             or node in self._kept
+            or spare.in_flight is None
             or spare.in_flight + 1 >= capacity
             or now - spare.taken >= min(RECYCLE_MOST, self.state.lease_ttl / 3 - self.hold)
         ):
