@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 from conftest import RedisServer
-from test_replicas import LIMIT, STREAM, leases_at, one_replica, until_connected
+from test_replicas import LIMIT, STREAM, leases_at, replicas_at, until_connected
 from test_shared_state import Seen, joined, replica, wait_connected
 
 from trio_failover.testing import FakeNode, HeldRequests, request
@@ -25,7 +25,7 @@ async def test_an_attempt_begun_while_redis_was_away_is_counted_from_the_rejoin(
 ) -> None:
     gate = HeldRequests()
     with trio.fail_after(LIMIT):
-        async with one_replica(redis_server.address, FakeNode(gate.behaviour()), 2) as a:
+        async with replicas_at(redis_server.address, FakeNode(gate.behaviour()), 2) as (a,):
             assert a.fleet is not None
             state = a.fleet.state
             retaken, released = trio.Event(), trio.Event()

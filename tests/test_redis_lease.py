@@ -8,6 +8,7 @@ take's ``retry_after``, never guessed).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -60,6 +61,16 @@ async def release(
     return answer
 
 
+@contextlib.asynccontextmanager
+async def watching_freed(server: RedisServer) -> AsyncIterator[tuple[Subscription, SlotLeases]]:
+    """A subscription to the freed announcements, and the lease verbs on another connection."""
+    async with (
+        await open_subscription(server.address, ["trio-failover:freed"], deadline=soon()) as freed,
+        await open_redis(server.address, deadline=soon()) as redis,
+    ):
+        yield freed, SlotLeases(redis)
+
+
 FREED_BY_A = Message(b"trio-failover:freed", b"gpu-1 replica-a")
 
 
@@ -67,13 +78,7 @@ async def test_capacity_one_refuses_a_second_take_and_release_frees_it(
     redis_server: RedisServer,
 ) -> None:
     with trio.fail_after(LIMIT):
-        async with (
-            await open_subscription(
-                redis_server.address, ["trio-failover:freed"], deadline=soon()
-            ) as subscription,
-            await open_redis(redis_server.address, deadline=soon()) as redis,
-        ):
-            leases = SlotLeases(redis)
+        async with watching_freed(redis_server) as (subscription, leases):
             take = await leases.take("gpu-1", "a", capacity=1, ttl=TTL, deadline=soon())
             assert take == LeaseTake(taken=True, in_flight=1)
             refused = await leases.take("gpu-1", "b", capacity=1, ttl=TTL, deadline=soon())
@@ -99,13 +104,7 @@ async def test_a_release_is_announced_only_when_a_waiter_may_hope_for_it(
 ) -> None:
     """Announced when the node was full before the release, or the replica saw it full."""
     with trio.fail_after(LIMIT):
-        async with (
-            await open_subscription(
-                redis_server.address, ["trio-failover:freed"], deadline=soon()
-            ) as subscription,
-            await open_redis(redis_server.address, deadline=soon()) as redis,
-        ):
-            leases = SlotLeases(redis)
+        async with watching_freed(redis_server) as (subscription, leases):
 
             async def take(node: str, lease: str) -> None:
                 assert (await leases.take(node, lease, capacity=3, ttl=TTL, deadline=soon())).taken
@@ -153,13 +152,7 @@ async def test_a_lease_past_its_ttl_frees_itself_and_is_announced(
 ) -> None:
     ttl = 0.3
     with trio.fail_after(LIMIT):
-        async with (
-            await open_subscription(
-                redis_server.address, ["trio-failover:freed"], deadline=soon()
-            ) as subscription,
-            await open_redis(redis_server.address, deadline=soon()) as redis,
-        ):
-            leases = SlotLeases(redis)
+        async with watching_freed(redis_server) as (subscription, leases):
             # The holder takes and then dies: nobody releases.
             assert (await leases.take("gpu-1", "dead", capacity=1, ttl=ttl, deadline=soon())).taken
             refused = await leases.take("gpu-1", "waiter", capacity=1, ttl=ttl, deadline=soon())

@@ -71,14 +71,14 @@ async def replicas(
 
 
 @asynccontextmanager
-async def one_replica(
-    address: RedisAddress, node: FakeNode, capacity: int, **settings: Any
-) -> AsyncIterator[Proxy]:
-    """One replica over ``address`` in front of one node, ``gpu-1``, of ``capacity``."""
+async def replicas_at(
+    address: RedisAddress, node: FakeNode, capacity: int, count: int = 1, **settings: Any
+) -> AsyncIterator[list[Proxy]]:
+    """``count`` replicas over ``address`` in front of one node, ``gpu-1``, of ``capacity``."""
     async with Fleet({"gpu-1": node}) as fleet:
         upstreams = [attrs.evolve(up, capacity=capacity) for up in fleet.upstreams()]
-        async with replicas(fleet, address, 1, upstreams=upstreams, **settings) as (proxy,):
-            yield proxy
+        async with replicas(fleet, address, count, upstreams=upstreams, **settings) as proxies:
+            yield proxies
 
 
 async def until_told(proxy: Proxy, condition: Callable[[NodeChange], bool]) -> None:
@@ -153,42 +153,41 @@ async def test_capacity_one_holds_across_two_replicas_and_the_waiter_runs_at_onc
 ) -> None:
     gate = HeldRequests()
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
-            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
-            settings = {"upstreams": upstreams, "queue_timeout": 20.0}
-            async with replicas(fleet, redis_server.address, **settings) as (a, b):
-                answers: list[int] = []
+        async with replicas_at(
+            redis_server.address, FakeNode(gate.behaviour()), 1, 2, queue_timeout=20.0
+        ) as (a, b):
+            answers: list[int] = []
 
-                async def send(proxy: Proxy) -> None:
-                    response = await request(proxy, body=STREAM)
-                    assert response is not None
-                    answers.append(response.status)
+            async def send(proxy: Proxy) -> None:
+                response = await request(proxy, body=STREAM)
+                assert response is not None
+                answers.append(response.status)
 
-                async with trio.open_nursery() as nursery:
-                    waiting = nursery.start_soon  # both at once, one through each replica
-                    queued: list[Proxy] = []
+            async with trio.open_nursery() as nursery:
+                waiting = nursery.start_soon  # both at once, one through each replica
+                queued: list[Proxy] = []
 
-                    async def watch() -> None:
-                        queued.append(await first_queued(a, b))
+                async def watch() -> None:
+                    queued.append(await first_queued(a, b))
 
-                    async with trio.open_nursery() as watching:
-                        watching.start_soon(watch)
-                        await trio.lowlevel.checkpoint()
-                        waiting(send, a)
-                        waiting(send, b)
-                    await gate.wait_for(lambda: gate.now == 1)
-                    # One runs at the node, the other waits in its replica's queue.
-                    assert len(queued[0].queue) == 1
-                    assert len(gate.started) == 1
-                    gate.let_go()
-                    await gate.wait_for(lambda: len(gate.started) == 2)
-                    gate.let_go()
-                assert answers == [200, 200]
-                assert gate.most == 1
-                # Woken by the announcement, not by a retry timer (5 s).
-                assert gate.started[1] - gate.ended[0] < SLACK
-                state = b.status()["state"]  # a learns of b at its next heartbeat
-                assert state == {"backend": "redis", "connected": True, "replicas": 2}
+                async with trio.open_nursery() as watching:
+                    watching.start_soon(watch)
+                    await trio.lowlevel.checkpoint()
+                    waiting(send, a)
+                    waiting(send, b)
+                await gate.wait_for(lambda: gate.now == 1)
+                # One runs at the node, the other waits in its replica's queue.
+                assert len(queued[0].queue) == 1
+                assert len(gate.started) == 1
+                gate.let_go()
+                await gate.wait_for(lambda: len(gate.started) == 2)
+                gate.let_go()
+            assert answers == [200, 200]
+            assert gate.most == 1
+            # Woken by the announcement, not by a retry timer (5 s).
+            assert gate.started[1] - gate.ended[0] < SLACK
+            state = b.status()["state"]  # a learns of b at its next heartbeat
+            assert state == {"backend": "redis", "connected": True, "replicas": 2}
 
 
 async def test_status_state_with_memory_is_the_backend_alone() -> None:
@@ -350,21 +349,25 @@ async def test_a_held_slot_is_renewed_past_its_ttl_while_its_attempt_runs(
 ) -> None:
     gate, ttl = HeldRequests(), 1.2
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
-            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
-            settings = {"upstreams": upstreams, "lease_ttl": ttl, "queue_timeout": 20.0}
-            async with replicas(fleet, redis_server.address, **settings) as (a, b):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(functools.partial(request, a, body=STREAM))
-                    await gate.wait_for(lambda: gate.now == 1)
-                    nursery.start_soon(functools.partial(request, b, body=STREAM))
-                    # Three TTLs: unrenewed, the lease would have lapsed twice over.
-                    await trio.sleep(3 * ttl)
-                    assert len(gate.started) == 1
-                    gate.let_go()
-                    await gate.wait_for(lambda: len(gate.started) == 2)
-                    gate.let_go()
-                assert gate.most == 1
+        async with replicas_at(
+            redis_server.address,
+            FakeNode(gate.behaviour()),
+            1,
+            2,
+            lease_ttl=ttl,
+            queue_timeout=20.0,
+        ) as (a, b):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                nursery.start_soon(functools.partial(request, b, body=STREAM))
+                # Three TTLs: unrenewed, the lease would have lapsed twice over.
+                await trio.sleep(3 * ttl)
+                assert len(gate.started) == 1
+                gate.let_go()
+                await gate.wait_for(lambda: len(gate.started) == 2)
+                gate.let_go()
+            assert gate.most == 1
 
 
 async def test_a_slot_freed_by_another_replica_comes_off_this_ones_engine_reading(
@@ -375,29 +378,28 @@ async def test_a_slot_freed_by_another_replica_comes_off_this_ones_engine_readin
     # at once, and A's waiter runs then.
     gate = HeldRequests()
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": FakeNode(gate.behaviour())}) as fleet:
-            upstreams = [attrs.evolve(up, capacity=1) for up in fleet.upstreams()]
-            settings = {"upstreams": upstreams, "queue_timeout": 20.0}
-            async with replicas(fleet, redis_server.address, **settings) as (a, b):
-                ledger = a.queue.scheduler.ledger
-                signals = a.engines.signals
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(functools.partial(request, b, body=STREAM))
-                    await gate.wait_for(lambda: gate.now == 1)
-                    signals["gpu-1"] = Signals(busy=1)  # what A's engine reader saw now
-                    ledger.note_reading("gpu-1")
-                    with a.events.subscribe() as events:
-                        nursery.start_soon(functools.partial(request, a, body=STREAM))
-                        async for event in events:  # A's request waits: the reading says full
-                            if event.get("state") == "queued" and "position" in event:
-                                break
-                    gate.let_go()
-                    await gate.wait_for(lambda: len(gate.started) == 2)
-                    gate.let_go()
-                assert gate.most == 1
-                assert gate.started[1] - gate.ended[0] < SLACK
-                # A's own release is not taken off the reading a second time.
-                assert ledger.engine_busy("gpu-1") == 0
+        async with replicas_at(
+            redis_server.address, FakeNode(gate.behaviour()), 1, 2, queue_timeout=20.0
+        ) as (a, b):
+            ledger = a.queue.scheduler.ledger
+            signals = a.engines.signals
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, b, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                signals["gpu-1"] = Signals(busy=1)  # what A's engine reader saw now
+                ledger.note_reading("gpu-1")
+                with a.events.subscribe() as events:
+                    nursery.start_soon(functools.partial(request, a, body=STREAM))
+                    async for event in events:  # A's request waits: the reading says full
+                        if event.get("state") == "queued" and "position" in event:
+                            break
+                gate.let_go()
+                await gate.wait_for(lambda: len(gate.started) == 2)
+                gate.let_go()
+            assert gate.most == 1
+            assert gate.started[1] - gate.ended[0] < SLACK
+            # A's own release is not taken off the reading a second time.
+            assert ledger.engine_busy("gpu-1") == 0
 
 
 async def test_a_replicas_own_freed_slot_is_not_taken_off_the_engines_reading_again(
@@ -405,7 +407,7 @@ async def test_a_replicas_own_freed_slot_is_not_taken_off_the_engines_reading_ag
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
-        async with one_replica(redis_server.address, nodes["gpu-1"], 2) as a:
+        async with replicas_at(redis_server.address, nodes["gpu-1"], 2) as (a,):
             assert a.fleet is not None
             ledger = a.queue.scheduler.ledger
             a.engines.signals["gpu-1"] = Signals(busy=1)  # another client's, not a replica's
