@@ -207,7 +207,7 @@ def cpu_per_request(port: int, pid: int, count: int) -> float:
     return ((bench.tree_cpu(pid) or 0.0) - before) / count * 1e6
 
 
-def run_cpu(args: argparse.Namespace, workdir: Path, redis: str) -> None:
+def run_cpu(args: argparse.Namespace, workdir: Path, redis: str, capacity: int) -> None:
     """Both proxies run at once; blocks of requests go to each in turn, the first one alternating.
 
     /proc counts CPU in ticks of 10 ms: a block of 3,000 requests reads to
@@ -219,11 +219,11 @@ def run_cpu(args: argparse.Namespace, workdir: Path, redis: str) -> None:
         json_port, _ = stack.enter_context(bench.child("upstream"))[0]
         upstream = f"json=http://127.0.0.1:{json_port}"
         proxies = {
-            # A capacity puts the slot's lease on the path. Never reached (one
-            # request at a time), from 3 up an ended attempt's lease is kept
-            # for the next (docs/replicas.md, "Spare leases"); with 1 or 2
-            # every attempt takes one and releases it.
-            name: stack.enter_context(fleet(workdir, upstream, 1, state, capacity=args.capacity))
+            # A capacity puts the slot's lease on the path: with one request
+            # at a time and one replica nobody else wants the slot, so an
+            # ended attempt's lease is kept for the next, at any capacity
+            # (docs/replicas.md, "Spare leases").
+            name: stack.enter_context(fleet(workdir, upstream, 1, state, capacity=capacity))
             for name, state in (("memory", "memory"), ("redis", redis))
         }
         for port, _ in proxies.values():
@@ -239,7 +239,7 @@ def run_cpu(args: argparse.Namespace, workdir: Path, redis: str) -> None:
     print(
         f"\nrequest-path CPU, median of {len(figures['memory'])} blocks of {args.requests}: "
         f"memory {memory:.1f} us, redis {redis_cpu:.1f} us, "
-        f"difference {redis_cpu - memory:+.1f} us (bound: +100 us; --capacity {args.capacity}); "
+        f"difference {redis_cpu - memory:+.1f} us (bound: +100 us; --capacity {capacity}); "
         f"load average {load_average()}"
     )
 
@@ -263,9 +263,10 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000, help="JSON requests per cpu row")
     parser.add_argument(
         "--capacity",
-        type=int,
-        default=8,
-        help="the node's --capacity in the cpu part (default 8; 1 or 2: no spare lease)",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(1, 8),
+        metavar="N,N,...",
+        help="the node's --capacity in the cpu part, one run each (default 1,8)",
     )
     parser.add_argument(
         "--systems",
@@ -291,7 +292,8 @@ def main() -> int:
             if "streams" in parts:
                 streams_summary(run_streams(args, Path(directory), redis))
             if "cpu" in parts:
-                run_cpu(args, Path(directory), redis)
+                for capacity in args.capacity:
+                    run_cpu(args, Path(directory), redis, capacity)
         finally:
             server.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):

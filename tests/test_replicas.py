@@ -252,6 +252,9 @@ async def test_redis_away_both_go_on_alone_and_rejoin_with_nothing_lost_or_doubl
                     assert proxy.fleet is not None
                     assert proxy.fleet.slots.held == {}
                 assert len(nodes["gpu-1"].received) == served + 2  # each request once
+                for proxy in (a, b):  # each kept its last lease as a spare: given back now
+                    assert proxy.fleet is not None
+                    await proxy.fleet.slots.spares.give_back_all()
                 assert await leases_at(redis_server.address, "gpu-1") == 0
 
 

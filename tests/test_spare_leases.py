@@ -39,26 +39,39 @@ class StubState:
 
 
 @pytest.mark.parametrize(
-    ("in_flight", "capacity", "age", "full", "kept"),
+    ("in_flight", "capacity", "age", "crowded", "wanted", "kept"),
     [
-        (1, 3, 0.0, False, True),  # one more slot stays free besides it
-        (2, 3, 0.0, False, False),  # it took the last but one: the rest is others'
-        (1, 2, 0.0, False, False),  # capacity 2: never a spare
-        (1, 1, 0.0, False, False),
-        (1, 8, 0.0, True, False),  # this replica sees the node full (an engine's count)
-        (1, 8, 9.9, False, True),
-        (1, 8, RECYCLE_MOST, False, False),  # judged by too old a count: taken afresh
-        (None, 8, 0.0, False, False),  # taken alone while Redis was away: count unknown
+        (1, 3, 0.0, False, None, True),
+        (3, 3, 0.0, False, None, True),  # it took the last slot: nobody asked for it since
+        (1, 1, 0.0, False, None, True),  # capacity 1 too
+        (1, 8, 0.0, True, None, False),  # the engine's count fills the node with others' work
+        (1, 1, 0.0, False, 0.5, False),  # wanted while it ran: released, announced
+        (1, 1, 0.0, False, 0.0, False),  # wanted in the instant it was taken: the same
+        (1, 1, 0.0, False, -0.5, True),  # wanted before its take: that waiter's news is old
+        (1, 8, 9.9, False, None, True),
+        (1, 8, RECYCLE_MOST, False, None, False),  # judged by too old a count: taken afresh
+        (None, 8, 0.0, False, None, False),  # taken alone while Redis was away: count unknown
     ],
 )
-def test_a_lease_is_kept_only_while_the_fleet_had_room(
-    in_flight: int | None, capacity: int, age: float, full: bool, kept: bool
+def test_a_lease_is_kept_only_while_nobody_else_wants_its_slot(
+    in_flight: int | None,
+    capacity: int,
+    age: float,
+    crowded: bool,
+    wanted: float | None,
+    kept: bool,
 ) -> None:
     async def main() -> None:
         spares = SpareLeases(StubState())  # type: ignore[arg-type]
+        if wanted is not None and wanted < 0:  # told before the take
+            spares.wanted("gpu-1")
+            await trio.sleep(-wanted)
         spare = SpareLease("l1", in_flight, trio.current_time())
+        if wanted is not None and wanted >= 0:  # told while the attempt ran
+            await trio.sleep(wanted)
+            spares.wanted("gpu-1")
         await trio.sleep(age)
-        assert spares.keep("gpu-1", spare, capacity, full=full) is kept
+        assert spares.keep("gpu-1", spare, capacity, crowded=crowded) is kept
         assert await spares.use("gpu-1", capacity) == (spare if kept else None)
         assert await spares.use("gpu-1", capacity) is None  # used once
 
@@ -69,12 +82,12 @@ def test_one_spare_per_node_and_a_short_ttl_shortens_the_window() -> None:
     async def main() -> None:
         spares = SpareLeases(StubState(lease_ttl=0.6))  # type: ignore[arg-type]
         now = trio.current_time()
-        assert spares.keep("gpu-1", SpareLease("a", 1, now), 8, full=False)
-        assert not spares.keep("gpu-1", SpareLease("b", 1, now), 8, full=False)
+        assert spares.keep("gpu-1", SpareLease("a", 1, now), 8, crowded=False)
+        assert not spares.keep("gpu-1", SpareLease("b", 1, now), 8, crowded=False)
         await trio.sleep(0.15)  # a third of the TTL less a hold: a kept lease is not renewed
-        assert not spares.keep("gpu-2", SpareLease("c", 1, now), 8, full=False)
+        assert not spares.keep("gpu-2", SpareLease("c", 1, now), 8, crowded=False)
         tiny = SpareLeases(StubState(lease_ttl=0.15))  # type: ignore[arg-type]
-        assert not tiny.keep("gpu-1", SpareLease("d", 1, trio.current_time()), 8, full=False)
+        assert not tiny.keep("gpu-1", SpareLease("d", 1, trio.current_time()), 8, crowded=False)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -83,10 +96,10 @@ def test_a_spare_kept_under_another_capacity_is_given_back_not_used() -> None:
     async def main() -> None:
         state = StubState()
         spares = SpareLeases(state)  # type: ignore[arg-type]
-        assert spares.keep("gpu-1", SpareLease("a", 1, trio.current_time()), 8, full=False)
+        assert spares.keep("gpu-1", SpareLease("a", 1, trio.current_time()), 8, crowded=False)
         assert await spares.use("gpu-1", 2) is None  # a reload lowered the capacity
         assert state.released == ["a"]
-        assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, full=False)
+        assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, crowded=False)
         await spares.give_back_all()  # Redis lost or joined again
         assert state.released == ["a", "b"]
         assert await spares.use("gpu-1", 8) is None
@@ -102,10 +115,10 @@ def test_unused_spares_go_back_within_two_holds_and_all_at_the_end() -> None:
             nursery.start_soon(spares.give_back_unused)
             await trio.testing.wait_all_tasks_blocked()
             start = trio.current_time()
-            assert spares.keep("gpu-1", SpareLease("a", 1, start), 8, full=False)
+            assert spares.keep("gpu-1", SpareLease("a", 1, start), 8, crowded=False)
             await state.changed.wait()
             assert spares.hold <= trio.current_time() - start <= 2 * spares.hold + 0.01
-            assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, full=False)
+            assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, crowded=False)
             nursery.cancel_scope.cancel()
         assert state.released == ["a", "b"]
 
@@ -120,13 +133,14 @@ def counted(calls: list[str], call: Callable[..., Awaitable[Any]]) -> Callable[.
     return wrapper
 
 
-async def test_the_next_attempt_at_a_node_with_room_asks_redis_nothing(
-    redis_server: RedisServer,
+@pytest.mark.parametrize("capacity", [1, 3])
+async def test_the_next_attempt_at_a_node_nobody_else_wants_asks_redis_nothing(
+    redis_server: RedisServer, capacity: int
 ) -> None:
     nodes = {"gpu-1": FakeNode(healthy(b"hi"))}
     with trio.fail_after(LIMIT):
         async with (
-            replicas_at(redis_server.address, nodes["gpu-1"], 3) as (a,),
+            replicas_at(redis_server.address, nodes["gpu-1"], capacity) as (a,),
             await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
         ):
             assert a.fleet is not None
@@ -157,10 +171,11 @@ async def test_the_next_attempt_at_a_node_with_room_asks_redis_nothing(
             assert await redis.execute("ZCARD", key, deadline=deadline) == 0
 
 
+@pytest.mark.parametrize("capacity", [1, 3])
 async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
-    redis_server: RedisServer,
+    redis_server: RedisServer, capacity: int
 ) -> None:
-    """A keeps a spare at a node of capacity 3; B fills the rest, and B's third waits.
+    """A keeps a spare at a node; B fills the rest, and B's next waits.
 
     The refusal is told on the wanted channel: A gives its spare back at
     once (its hold is made long here), and B's waiter runs; the node never
@@ -171,7 +186,7 @@ async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
     # A hold of 60 s needs a TTL over three of them (a kept lease is not renewed).
     with trio.fail_after(LIMIT):
         async with replicas_at(
-            redis_server.address, gate_node, 3, 2, queue_timeout=20.0, lease_ttl=600.0
+            redis_server.address, gate_node, capacity, 2, queue_timeout=20.0, lease_ttl=600.0
         ) as (a, b):
             assert a.fleet is not None
             a.fleet.slots.spares.hold = 60.0
@@ -182,18 +197,18 @@ async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
                 gate.let_go()
                 await gate.wait_for(lambda: gate.now == 0)
                 await kept.wait()
-                for count in (1, 2):
+                for count in range(1, capacity):
                     nursery.start_soon(functools.partial(request, b, body=STREAM))
                     await gate.wait_for(lambda count=count: gate.now == count)  # type: ignore[misc]
                 refused = trio.current_time()
                 nursery.start_soon(functools.partial(request, b, body=STREAM))
-                await gate.wait_for(lambda: gate.now == 3)
+                await gate.wait_for(lambda: gate.now == capacity)
                 assert trio.current_time() - refused < SLACK  # not the 60 s hold
-                for _ in range(3):
+                for _ in range(capacity):
                     gate.let_go()
-                    await gate.wait_for(lambda: gate.now < 3)
+                    await gate.wait_for(lambda: gate.now < capacity)
                 await gate.wait_for(lambda: gate.now == 0)
-            assert gate.most == 3
+            assert gate.most == capacity
 
 
 def on_kept(proxy: Proxy) -> trio.Event:
@@ -272,3 +287,102 @@ async def test_a_spare_is_given_back_when_redis_goes_and_not_used_while_away(
             assert response is not None
             assert response.status == 200
             assert await spares.use("gpu-1", 3) is None
+
+
+@attrs.frozen
+class Reading:
+    """An engine's reading, as ``SlotLedger`` reads one (``EngineLoad``)."""
+
+    busy: int | None
+    waiting: int | None = 0
+
+
+async def test_a_waiter_held_back_by_the_engines_count_asks_for_the_slot(
+    redis_server: RedisServer,
+) -> None:
+    """Capacity 1: A runs an attempt that B's engine reading counts, and B's request waits.
+
+    B's ledger sees the node full by that count, so B asks Redis nothing:
+    its queued workload tells the wanted channel instead. A then keeps no
+    spare (its hold is made long here) and the release is announced, so
+    B's waiter runs at once, not at the engine's next reading.
+    """
+    gate = HeldRequests()
+    with trio.fail_after(LIMIT):
+        async with replicas_at(
+            redis_server.address,
+            FakeNode(gate.behaviour()),
+            1,
+            2,
+            queue_timeout=20.0,
+            lease_ttl=600.0,
+        ) as (a, b):
+            assert a.fleet is not None
+            a.fleet.slots.spares.hold = 60.0
+            b.queue.scheduler.ledger.signals = {"gpu-1": Reading(busy=1)}  # A's attempt
+            heard = on_wanted(a)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                assert b.queue.scheduler.ledger.full_by_others("gpu-1")
+                nursery.start_soon(functools.partial(request, b, body=STREAM))
+                await heard.wait()  # B's waiter asked, and A heard it
+                gate.let_go()
+                ended = trio.current_time()
+                await gate.wait_for(lambda: len(gate.started) == 2)
+                assert trio.current_time() - ended < SLACK  # not the 60 s hold
+                gate.let_go()
+            assert gate.most == 1
+            assert await a.fleet.slots.spares.use("gpu-1", 1) is None  # nothing was kept
+
+
+def on_wanted(proxy: Proxy) -> trio.Event:
+    """Set once the proxy hears that a workload somewhere waits for a node."""
+    assert proxy.fleet is not None
+    slots = proxy.fleet.slots
+    wanted, heard = slots.wanted, trio.Event()
+
+    def hearing(node: str) -> None:
+        wanted(node)
+        heard.set()
+
+    slots.wanted = hearing  # type: ignore[method-assign]
+    return heard
+
+
+async def test_a_replica_with_its_own_waiter_still_lets_a_refused_one_elsewhere_in(
+    redis_server: RedisServer,
+) -> None:
+    """Capacity 1: A runs one attempt and queues a second; B's request is refused meanwhile.
+
+    Were A to keep the lease for its own waiter, B's would wait for good
+    (A keeps it busy; nothing is announced). Told on the wanted channel,
+    A releases it at the attempt's end, announced: each request runs one
+    after the other, none waits past the end of the one before.
+    """
+    gate = HeldRequests()
+    with trio.fail_after(LIMIT):
+        async with replicas_at(
+            redis_server.address,
+            FakeNode(gate.behaviour()),
+            1,
+            2,
+            queue_timeout=20.0,
+            lease_ttl=600.0,
+        ) as (a, b):
+            assert a.fleet is not None
+            a.fleet.slots.spares.hold = 60.0
+            heard = on_wanted(a)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                nursery.start_soon(functools.partial(request, a, body=STREAM))  # A's waiter
+                nursery.start_soon(functools.partial(request, b, body=STREAM))
+                await heard.wait()  # B's take was refused, and A heard it
+                for started in (2, 3):
+                    gate.let_go()
+                    ended = trio.current_time()
+                    await gate.wait_for(lambda started=started: len(gate.started) == started)  # type: ignore[misc]
+                    assert trio.current_time() - ended < SLACK
+                gate.let_go()
+            assert gate.most == 1

@@ -156,6 +156,20 @@ class SlotLedger:
         others = reading.busy - self._at_reading.get(node, in_flight)
         return in_flight + others if others > 0 else in_flight
 
+    def full_by_others(self, node: str) -> bool:
+        """Whether the engine's count fills ``node`` with work besides this proxy's (SPEC 8).
+
+        Another replica whose waiters wait for such a node asks Redis
+        nothing (its ledger sees the node full): it hears of a slot only
+        when one is announced freed, or at the engine's next reading.
+        False without a capacity or a busy count.
+        """
+        capacity = self._capacity[node]
+        if capacity <= 0:
+            return False
+        busy = self.engine_busy(node)
+        return busy is not None and busy >= capacity and busy > self._in_flight[node]
+
     def set_capacity(self, node: str, capacity: int) -> bool:
         """Change one node's capacity (capacity ``auto`` resolved anew); True if it changed.
 

@@ -12,7 +12,7 @@ candidates comes from ``core/ranking.py``, the request a node gets from
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -61,6 +61,8 @@ class FleetSlots(Protocol):
     async def take(self, node: str) -> str | None: ...  # None: full across the fleet
 
     async def release(self, node: str, lease: str) -> None: ...
+
+    async def queued(self, nodes: Iterable[str]) -> None: ...  # a workload waits for them
 
 
 # Commit a response and stream it to the client; True: relayed to its end.
@@ -157,7 +159,7 @@ class Attempts:
             now = work.started if first else trio.current_time()
             first = False
             slot = await take_slot(
-                self.queue, self.report, work, order, tried, preferred, now, loaded
+                self.queue, self.report, work, order, tried, preferred, now, loaded, self.fleet
             )
             if slot == MOVED:  # taken out of the queue by a reload: resolved again above
                 continue
@@ -263,6 +265,7 @@ async def take_slot(
     preferred: str | None,
     now: float | None = None,
     loaded: frozenset[str] = frozenset(),
+    fleet: FleetSlots | None = None,
 ) -> Slot | str | None:
     """A slot for the workload's next attempt, at once or after waiting in the queue.
 
@@ -271,6 +274,7 @@ async def take_slot(
 
     ``now``: the Trio clock, if read since the caller's last checkpoint.
     ``loaded``: the nodes holding the request's model loaded (SPEC 5c).
+    ``fleet``: the replicas' slots (SPEC 8), told when the workload waits.
 
     Returns:
         The slot; None when every candidate was tried; ``MOVED`` when a
@@ -294,6 +298,12 @@ async def take_slot(
     started = trio.current_time()
     work.node, work.queued_since = None, started
     report.publish_workload(work, position=waiter.position)
+    if fleet is not None:
+        try:
+            await fleet.queued(node for node in order if node not in tried)
+        except BaseException:
+            queue.leave(waiter)  # cancelled before its wait: out of the queue all the same
+            raise
     # One budget for all of a workload's waits; no node deadline runs.
     budget = QueueBudget(report.config.queue_timeout, work.waited)
     try:

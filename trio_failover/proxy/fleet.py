@@ -35,6 +35,7 @@ records go out through a channel), and the slots' renewer and marks.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -243,11 +244,30 @@ class FleetSlots:
         if not lease:
             return
         entry = self.held.pop(lease, None)
-        full = self.ledger.is_full(node)
         capacity = self.ledger.capacity(node)
-        if entry is None or not self.spares.keep(node, entry[1], capacity, full=full):
+        crowded = self.ledger.full_by_others(node)
+        if entry is None or not self.spares.keep(node, entry[1], capacity, crowded=crowded):
+            full = self.ledger.is_full(node)
             await self.state.release_slot(node, lease, capacity=capacity, seen_full=full)
         self.freed(node)  # this replica's waiters: no announcement comes back for them
+
+    async def queued(self, nodes: Iterable[str]) -> None:
+        """A workload waits here for ``nodes``: ask for those the engine's count fills.
+
+        A waiter for a node this replica sees full by the engine's count
+        asks Redis nothing (it runs when a freed slot is announced, or at
+        the engine's next reading), so a spare kept elsewhere would stand
+        in its way unheard: it is asked for on the ``wanted`` channel.
+        A node full by a refused take was told there by the take itself.
+        """
+        for node in nodes:
+            if self.ledger.full_by_others(node):
+                await self.state.want_slot(node)
+
+    def wanted(self, node: str) -> None:
+        """A workload somewhere waits for ``node`` (the ``wanted`` channel)."""
+        if node in self.ledger.nodes:
+            self.spares.wanted(node)
 
     def announced(self, node: str, mine: bool) -> None:
         """A freed slot at ``node`` was announced (``on_freed``).
@@ -350,7 +370,7 @@ class Fleet:
         self.slots.announced(node, mine)
 
     def _on_wanted(self, node: str) -> None:
-        self.slots.spares.wanted(node)
+        self.slots.wanted(node)
 
     def status(self) -> dict[str, Any]:
         """``/status``'s ``state``."""

@@ -50,12 +50,11 @@ from ..telemetry.logs import logger
 from ..wire.redis import RedisConnection, Subscription, open_redis, open_subscription
 from ..wire.shared_records import SharedRecords
 from ..wire.slot_lease import SlotLeases
+from .owed_releases import OwedReleases
 
 __all__ = ["RemoteRecord", "SharedState"]
 
 T = TypeVar("T")
-
-OWED_MOST = 10_000  # releases kept for the next join; past that they end by their TTL
 
 
 def _ignore(*_: object) -> None:
@@ -127,7 +126,7 @@ class SharedState:
         self._probe = trio.Event()
         self._changed = trio.Event()
         self._lease_ids = itertools.count(1)
-        self._releases = _Releases(self)
+        self._releases = OwedReleases(lambda: self._link, self.replica_id, state_timeout)
 
     # -- what the proxy reads ------------------------------------------------------------
 
@@ -211,6 +210,17 @@ class SharedState:
         """
         return await self._releases.post(node, lease_id, capacity, seen_full)
 
+    async def want_slot(self, node: str) -> bool:
+        """Tell the other replicas that a workload here waits for ``node`` (``SlotLeases.want``).
+
+        Posted, not waited for; False while Redis is away (a spare is then
+        nobody's: nothing to ask for).
+        """
+        link = self._link
+        if link is None:
+            return False
+        return await link.leases.want(node, deadline=trio.current_time() + self.state_timeout)
+
     async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
         """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
         link = self._link
@@ -254,49 +264,6 @@ class SharedState:
         """The event a failed call sets, fresh for the next one."""
         probe, self._probe = self._probe, trio.Event()
         return probe
-
-
-class _Releases:
-    """The posted releases of one replica, and those owed to its next join."""
-
-    def __init__(self, state: SharedState) -> None:
-        self.state = state
-        # lease id -> (node, capacity): releases Redis may not have heard.
-        self.owed: dict[str, tuple[str, int]] = {}
-
-    async def post(self, node: str, lease_id: str, capacity: int, seen_full: bool) -> bool:
-        """``SharedState.release_slot``: posted, or owed when it cannot be."""
-        state, link = self.state, self.state._link
-
-        def answered(answer: bool | StateError) -> None:
-            if isinstance(answer, StateError):
-                logger.debug(
-                    "shared state: a release failed", extra={"fields": {"error": str(answer)}}
-                )
-                self.owe(node, lease_id, capacity)
-
-        if link is not None and await link.leases.release(
-            node,
-            lease_id,
-            capacity=capacity,
-            seen_full=seen_full,
-            origin=state.replica_id,
-            deadline=trio.current_time() + state.state_timeout,
-            on_answer=answered,
-        ):
-            return True
-        self.owe(node, lease_id, capacity)
-        return False
-
-    def owe(self, node: str, lease_id: str, capacity: int) -> None:
-        if len(self.owed) < OWED_MOST:
-            self.owed[lease_id] = (node, capacity)
-
-    async def settle(self) -> None:
-        """At a join: send the releases Redis may not have heard."""
-        owed, self.owed = self.owed, {}
-        for lease_id, (node, capacity) in owed.items():
-            await self.post(node, lease_id, capacity, seen_full=False)
 
 
 class _Membership:

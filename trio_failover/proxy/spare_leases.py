@@ -2,33 +2,40 @@
 
 With ``--state redis://`` every attempt at a node with a capacity holds a
 lease in Redis: a take (a round trip the attempt waits for) and a release
-(a write). On a node with room and steady traffic that is two commands
-per request for nothing: the lease ends and the next attempt takes one
-again a moment later. So an attempt that ends while the fleet had room
-at its node keeps its lease as the node's *spare* (one per node and
-replica), and the next attempt there uses it, asking Redis nothing.
+(a write). With steady traffic that is two commands per request for
+nothing: the lease ends and the next attempt takes one again a moment
+later. So an attempt that ends while nobody else wants its slot keeps its
+lease as the node's *spare* (one per node and replica), and the next
+attempt there uses it, asking Redis nothing: at any capacity, 1 included.
 
 The fleet's count stays exact: a spare is a lease like any other, so no
 replica can pass a node's capacity because of one, and while one is kept
-the fleet counts one more slot in use there. Bounds on that:
+the fleet counts one more slot in use there. What keeps it from standing
+in anyone's way:
 
-- kept only while the fleet had room: at the lease's take, at least one
-  slot besides it was free, and this replica does not see the node full
-  (``SlotLedger.is_full``, an engine's own count included);
+- a take refused anywhere in the fleet is told on the ``wanted`` channel,
+  and so is a workload that waits for a node without asking Redis (its
+  replica sees the node full by the engine's count,
+  ``FleetSlots.queued``). Every replica then gives its spare at that node
+  back at once (a waiter elsewhere waits one round trip more, not the
+  hold), and keeps no lease there that was taken before that news: the
+  next attempt's end releases it, announced, and the waiters race for it;
+- not kept while this replica sees the engine's count fill the node with
+  work besides its own (``SlotLedger.full_by_others``): a replica waiting
+  on that count needs the announcement to run now;
 - a spare no attempt used within ``SPARE_HOLD`` is given back (announced
   freed when the node was full: ``lease_script.RELEASE``);
-- a take refused anywhere in the fleet is told on the ``wanted`` channel,
-  and every replica gives its spare at that node back at once: a waiter
-  elsewhere waits one round trip more, not the hold;
 - a lease is kept only within ``RECYCLE_MOST`` (and a third of
-  ``--lease-ttl`` less a hold) of its take: the count it was judged by
-  grows old, and a kept lease is not renewed (``FleetSlots.renew_all``
-  renews the leases of running attempts every third of the TTL), so it
-  never outlives its TTL; after that it is released and a fresh one
-  taken. With a TTL of three holds or less nothing is kept.
+  ``--lease-ttl`` less a hold) of its take: a kept lease is not renewed
+  (``FleetSlots.renew_all`` renews the leases of running attempts every
+  third of the TTL), so it never outlives its TTL; after that it is
+  released and a fresh one taken. With a TTL of three holds or less
+  nothing is kept.
 """
 
 from __future__ import annotations
+
+import math
 
 import attrs
 import trio
@@ -49,7 +56,7 @@ class SpareLease:
         lease: the lease id.
         in_flight: the fleet's count at the node when it was taken, it
             included; None when unknown (taken alone while Redis was away:
-            never kept).
+            never kept, Redis may not hold it).
         taken: when it was taken (Trio time).
     """
 
@@ -72,7 +79,8 @@ class SpareLeases:
         self.state = state
         self.hold = SPARE_HOLD  # seconds a spare waits (tests lengthen it)
         self._kept: dict[str, _Kept] = {}
-        self._wanted: set[str] = set()
+        self._wanted: set[str] = set()  # nodes whose spare goes back at once
+        self._wanted_at: dict[str, float] = {}  # node -> when it was last wanted
         # The give-back task sleeps on this while no spare is kept; else it
         # wakes every hold, so keeping one costs no wake-up of its own.
         self._first = trio.Event()
@@ -99,18 +107,18 @@ class SpareLeases:
         for node, spare in kept.items():
             await self._give_back(node, spare)
 
-    def keep(self, node: str, spare: SpareLease, capacity: int, *, full: bool) -> bool:
-        """Keep an ended attempt's lease as the node's spare if the fleet had room; False: don't.
+    def keep(self, node: str, spare: SpareLease, capacity: int, *, crowded: bool) -> bool:
+        """Keep an ended attempt's lease as the node's spare if nobody else wants it; False: don't.
 
-        ``full``: this replica sees the node full now (its attempt still
-        counted).
+        ``crowded``: this replica sees the engine's count fill the node with
+        work besides its own (``SlotLedger.full_by_others``).
         """
         now = trio.current_time()
         if (
-            full
+            crowded
             or node in self._kept
             or spare.in_flight is None
-            or spare.in_flight + 1 >= capacity
+            or self._wanted_at.get(node, -math.inf) >= spare.taken
             or now - spare.taken >= min(RECYCLE_MOST, self.state.lease_ttl / 3 - self.hold)
         ):
             return False
@@ -120,7 +128,12 @@ class SpareLeases:
         return True
 
     def wanted(self, node: str) -> None:
-        """A take was refused at ``node`` (the ``wanted`` channel): give its spare back now."""
+        """A workload waits for ``node`` (the ``wanted`` channel): its spare goes back now.
+
+        A lease held there now, taken before this, is not kept at its end.
+        Only the configured nodes' news is kept (``FleetSlots.wanted``).
+        """
+        self._wanted_at[node] = trio.current_time()
         if node in self._kept:
             self._wanted.add(node)
             self._wanted_now.set()

@@ -113,6 +113,17 @@ class SlotLeases:
 
         return await self.connection.post([command], deadline=deadline, on_replies=answered)
 
+    async def want(self, node: str, *, deadline: float) -> bool:
+        """Tell the ``wanted`` channel that a workload here waits for ``node``; not waited for.
+
+        A replica keeping a spare lease there gives it back. For a waiter
+        that asked Redis nothing (its replica saw the node full by the
+        engine's count); a refused take tells the channel by itself.
+        Returns False when nothing was written (``RedisConnection.post``).
+        """
+        command: list[Arg] = ["PUBLISH", self.wanted_channel, node]
+        return await self.connection.post([command], deadline=deadline, on_replies=_ignore)
+
     async def in_flight(self, node: str, *, deadline: float) -> int:
         """The leases held at ``node`` now, by every replica."""
         keys, args = self._args(node, "")
@@ -120,3 +131,7 @@ class SlotLeases:
         if not isinstance(reply, int):
             raise StateReplyError("in_flight", f"unexpected reply {reply!r}")
         return reply
+
+
+def _ignore(replies: list[object] | StateError) -> None:
+    """A told ``wanted`` needs no answer: a lost one only costs a waiter its hurry."""
