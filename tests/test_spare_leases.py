@@ -8,8 +8,9 @@ an event and bounded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -20,6 +21,7 @@ from conftest import RedisServer
 from test_replicas import LIMIT, SLACK, STREAM, replicas, replicas_at, until_connected
 
 from trio_failover.core.lease_script import slots_key
+from trio_failover.core.redis_url import RedisAddress
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.proxy.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
 from trio_failover.testing import FakeNode, Fleet, HeldRequests, healthy, request
@@ -171,6 +173,23 @@ async def test_the_next_attempt_at_a_node_nobody_else_wants_asks_redis_nothing(
             assert await redis.execute("ZCARD", key, deadline=deadline) == 0
 
 
+@contextlib.asynccontextmanager
+async def two_holding(
+    address: RedisAddress, gate: HeldRequests, capacity: int
+) -> AsyncIterator[list[Proxy]]:
+    """Replicas A and B in front of ``gate``'s node; A's spares wait 60 s for their next use.
+
+    A hold of 60 s needs a TTL over three of them (a kept lease is not
+    renewed), and a queue timeout past the tests' waits.
+    """
+    async with replicas_at(
+        address, FakeNode(gate.behaviour()), capacity, 2, queue_timeout=20.0, lease_ttl=600.0
+    ) as proxies:
+        assert proxies[0].fleet is not None
+        proxies[0].fleet.slots.spares.hold = 60.0
+        yield proxies
+
+
 @pytest.mark.parametrize("capacity", [1, 3])
 async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
     redis_server: RedisServer, capacity: int
@@ -182,14 +201,8 @@ async def test_a_take_refused_elsewhere_gets_the_spare_given_back_at_once(
     sees more than its capacity.
     """
     gate = HeldRequests()
-    gate_node = FakeNode(gate.behaviour())
-    # A hold of 60 s needs a TTL over three of them (a kept lease is not renewed).
     with trio.fail_after(LIMIT):
-        async with replicas_at(
-            redis_server.address, gate_node, capacity, 2, queue_timeout=20.0, lease_ttl=600.0
-        ) as (a, b):
-            assert a.fleet is not None
-            a.fleet.slots.spares.hold = 60.0
+        async with two_holding(redis_server.address, gate, capacity) as (a, b):
             kept = on_kept(a)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(functools.partial(request, a, body=STREAM))
@@ -309,16 +322,8 @@ async def test_a_waiter_held_back_by_the_engines_count_asks_for_the_slot(
     """
     gate = HeldRequests()
     with trio.fail_after(LIMIT):
-        async with replicas_at(
-            redis_server.address,
-            FakeNode(gate.behaviour()),
-            1,
-            2,
-            queue_timeout=20.0,
-            lease_ttl=600.0,
-        ) as (a, b):
+        async with two_holding(redis_server.address, gate, 1) as (a, b):
             assert a.fleet is not None
-            a.fleet.slots.spares.hold = 60.0
             b.queue.scheduler.ledger.signals = {"gpu-1": Reading(busy=1)}  # A's attempt
             heard = on_wanted(a)
             async with trio.open_nursery() as nursery:
@@ -362,16 +367,8 @@ async def test_a_replica_with_its_own_waiter_still_lets_a_refused_one_elsewhere_
     """
     gate = HeldRequests()
     with trio.fail_after(LIMIT):
-        async with replicas_at(
-            redis_server.address,
-            FakeNode(gate.behaviour()),
-            1,
-            2,
-            queue_timeout=20.0,
-            lease_ttl=600.0,
-        ) as (a, b):
+        async with two_holding(redis_server.address, gate, 1) as (a, b):
             assert a.fleet is not None
-            a.fleet.slots.spares.hold = 60.0
             heard = on_wanted(a)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(functools.partial(request, a, body=STREAM))
