@@ -198,6 +198,23 @@ class LlamaServer(Engine):
     def busy(self) -> bool:
         return any(slot["is_processing"] for slot in self.slots())
 
+    def busy_slots(self) -> int:
+        """Its slots at work now (``/slots``)."""
+        return sum(1 for slot in self.slots() if slot["is_processing"])
+
+    def deferred(self) -> float:
+        """Requests waiting inside it for a slot (``/metrics``' ``requests_deferred``)."""
+        status, _, body = http_get(self.port, "/metrics", timeout=30)
+        if status != 200:
+            raise HarnessError(f"{self.name} /metrics: {status} {body[:200]!r}")
+        found = _DEFERRED.search(body)
+        if found is None:
+            raise HarnessError(f"{self.name} /metrics has no requests_deferred: {body[:400]!r}")
+        return float(found[1])
+
+
+_DEFERRED = re.compile(rb"^llamacpp:requests_deferred\s+(\S+)", re.MULTILINE)
+
 
 class LlamaCppPython(Engine):
     """llama-cpp-python's server (FastAPI, uvicorn, sse-starlette)."""

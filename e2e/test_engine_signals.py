@@ -17,7 +17,6 @@ and waits on what the engines and the proxy say (``/slots``, ``/status``).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,12 +24,10 @@ from typing import Any
 
 from conftest import Fleet
 from harness import (
-    Engine,
     Exchange,
     HarnessError,
     Proxy,
     chat_body,
-    http_get,
     request_id,
     token_times,
     wait_for,
@@ -45,20 +42,6 @@ STREAM_TOKENS = 160
 # Far below the 8.3 s of a stream deferred inside an engine (issue 30), far
 # above a first token on this machine under load (under 2 s).
 FIRST_TOKEN_BOUND_S = 6.0
-_DEFERRED = re.compile(rb"^llamacpp:requests_deferred\s+(\S+)", re.MULTILINE)
-
-
-def busy_slots(engine: Engine) -> int:
-    return sum(1 for slot in engine.slots() if slot["is_processing"])  # type: ignore[attr-defined]
-
-
-def deferred(engine: Engine) -> float:
-    """Requests waiting inside the engine for a slot (its ``--metrics``)."""
-    status, _, body = http_get(engine.port, "/metrics", timeout=30)
-    assert status == 200, body[:200]
-    found = _DEFERRED.search(body)
-    assert found, body[:400]
-    return float(found[1])
 
 
 def wait_auto_capacity(proxy: Proxy, names: tuple[str, ...], slots: int) -> int:
@@ -132,8 +115,8 @@ def test_four_streams_two_on_each_engine_none_waiting_inside(fleet: Fleet, repor
     seen: dict[str, Any] = {}
 
     def both_full() -> bool:
-        seen.update(busy_a=busy_slots(a), busy_b=busy_slots(b))
-        seen.update(deferred_a=deferred(a), deferred_b=deferred(b))
+        seen.update(busy_a=a.busy_slots(), busy_b=b.busy_slots())
+        seen.update(deferred_a=a.deferred(), deferred_b=b.deferred())
         seen["queued"] = proxy.status()["queued"]
         return seen["busy_a"] == 2 and seen["busy_b"] == 2
 
@@ -172,7 +155,7 @@ def test_engine_kept_busy_directly_sends_proxied_streams_to_the_other(
     for stream in direct:
         assert stream.read_head() == 200
         stream.read_events(1)
-    wait_for(lambda: busy_slots(a) == 2, 30, interval=0.1, what="a's two slots busy")
+    wait_for(lambda: a.busy_slots() == 2, 30, interval=0.1, what="a's two slots busy")
 
     def proxy_sees_a_busy() -> bool:
         signals = proxy.node("a")["engine_signals"] or {}
@@ -193,7 +176,7 @@ def test_engine_kept_busy_directly_sends_proxied_streams_to_the_other(
     attempts = [stream.response_headers["x-failover-attempts"] for stream in streams]
     assert nodes == ["b", "b"], nodes
     assert attempts == ["1", "1"], attempts
-    assert busy_slots(a) == 2, "the direct streams ended early: lengthen them"
+    assert a.busy_slots() == 2, "the direct streams ended early: lengthen them"
     ttft = [first_token_ms(stream) for stream in streams]
     assert max(ttft) < FIRST_TOKEN_BOUND_S * 1000, ttft
     for stream in direct:

@@ -17,7 +17,6 @@ never more than one busy, nothing deferred. The Redis is Debian's
 
 from __future__ import annotations
 
-import re
 import shutil
 import socket
 import time
@@ -29,14 +28,12 @@ import pytest
 from conftest import Fleet
 from harness import (
     LOOPBACK,
-    Engine,
     Exchange,
     HarnessError,
     Process,
     Proxy,
     chat_body,
     free_port,
-    http_get,
     request_id,
     token_times,
     wait_for,
@@ -50,7 +47,6 @@ STREAM_TOKENS = 64
 # and a prefill (70 ms measured, client to client); woken at the engines'
 # next reading instead it was 0.4 to 1.4 s (up to the 2 s load interval).
 AFTER_FREE_BOUND_MS = 500
-_DEFERRED = re.compile(rb"^llamacpp:requests_deferred\s+(\S+)", re.MULTILINE)
 
 
 class Redis(Process):
@@ -86,19 +82,6 @@ def redis(fleet: Fleet, log_dir: Path) -> Redis:
     return server
 
 
-def busy_slots(engine: Engine) -> int:
-    return sum(1 for slot in engine.slots() if slot["is_processing"])  # type: ignore[attr-defined]
-
-
-def deferred(engine: Engine) -> float:
-    """Requests waiting inside the engine for a slot (its ``--metrics``)."""
-    status, _, body = http_get(engine.port, "/metrics", timeout=30)
-    assert status == 200, body[:200]
-    found = _DEFERRED.search(body)
-    assert found, body[:400]
-    return float(found[1])
-
-
 def joined(replica: Proxy) -> None:
     wait_for(
         lambda: "shared state: joined" in replica.log_text(),
@@ -130,9 +113,9 @@ def test_four_streams_through_two_replicas_never_two_at_one_engine(
     seen: dict[str, Any] = {"busy_a": 0, "busy_b": 0, "deferred": 0.0, "queued": 0, "reads": 0}
     started = time.monotonic()
     while not all(future.done() for future in futures):  # bounded: each stream's 120 s
-        seen["busy_a"] = max(seen["busy_a"], busy_slots(a))
-        seen["busy_b"] = max(seen["busy_b"], busy_slots(b))
-        seen["deferred"] = max(seen["deferred"], deferred(a), deferred(b))
+        seen["busy_a"] = max(seen["busy_a"], a.busy_slots())
+        seen["busy_b"] = max(seen["busy_b"], b.busy_slots())
+        seen["deferred"] = max(seen["deferred"], a.deferred(), b.deferred())
         queued = sum(replica.status()["queued"] for replica in replicas)
         seen["queued"] = max(seen["queued"], queued)
         seen["reads"] += 1
