@@ -23,9 +23,11 @@ the proxy's parts:
   A freed slot of another replica also comes off the engine's last
   reading of the node (``SlotLedger.ended_elsewhere``): that reading
   counted the other replica's attempt, and the next one is a load
-  interval away. An attempt that ends while the fleet had room keeps its
-  lease for the node's next one (``spare_leases.py``), so steady traffic
-  at a node with room asks Redis nothing per request.
+  interval away. An attempt that ends while nobody else wants its slot
+  keeps its lease for the node's next one (``spare_leases.py``), so steady
+  traffic through one replica asks Redis nothing per request; a workload
+  that waits here for a node full by the engine's count asks for it on
+  the ``wanted`` channel (``FleetSlots.queued``), as a refused take does.
 
 Its own tasks run in the proxy's nursery (``Fleet.run``): the shared
 state's membership, the publisher (the board's listeners are synchronous;
