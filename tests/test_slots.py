@@ -675,3 +675,27 @@ def test_an_attempt_ended_elsewhere_counts_until_the_next_reading_only() -> None
     assert not ledger.is_full("a")
     ledger.note_reading("a")  # a fresh reading that still says busy 1: full again
     assert ledger.is_full("a")
+
+
+@pytest.mark.parametrize(
+    ("capacity", "ours", "busy", "crowded"),
+    [
+        (1, 1, 1, False),  # the engine's one busy slot is ours
+        (1, 0, 1, True),  # another's: a waiter here asks Redis nothing
+        (2, 1, 2, True),  # ours and one of another's fill it
+        (2, 0, 1, False),  # room by the engine's count
+        (2, 2, 2, False),  # full, but by our own count only
+        (1, 0, None, False),  # the engine says nothing
+        (0, 0, 5, False),  # no capacity: never full
+    ],
+)
+def test_a_node_full_by_others_work_is_told_from_one_full_by_ours(
+    capacity: int, ours: int, busy: int | None, crowded: bool
+) -> None:
+    signals: dict[str, _Reading] = {}
+    ledger = SlotLedger({"a": capacity}, signals)
+    for _ in range(ours):
+        ledger.take("a")
+    signals["a"] = _Reading(busy)
+    ledger.note_reading("a")  # read while our attempts ran: they are among its busy
+    assert ledger.full_by_others("a") is crowded
