@@ -41,22 +41,21 @@ class StubState:
 
 
 @pytest.mark.parametrize(
-    ("in_flight", "capacity", "age", "crowded", "wanted", "kept"),
+    ("in_redis", "capacity", "age", "crowded", "wanted", "kept"),
     [
-        (1, 3, 0.0, False, None, True),
-        (3, 3, 0.0, False, None, True),  # it took the last slot: nobody asked for it since
-        (1, 1, 0.0, False, None, True),  # capacity 1 too
-        (1, 8, 0.0, True, None, False),  # the engine's count fills the node with others' work
-        (1, 1, 0.0, False, 0.5, False),  # wanted while it ran: released, announced
-        (1, 1, 0.0, False, 0.0, False),  # wanted in the instant it was taken: the same
-        (1, 1, 0.0, False, -0.5, True),  # wanted before its take: that waiter's news is old
-        (1, 8, 9.9, False, None, True),
-        (1, 8, RECYCLE_MOST, False, None, False),  # judged by too old a count: taken afresh
-        (None, 8, 0.0, False, None, False),  # taken alone while Redis was away: count unknown
+        (True, 3, 0.0, False, None, True),
+        (True, 1, 0.0, False, None, True),  # capacity 1 too: nobody asked for it since
+        (True, 8, 0.0, True, None, False),  # the engine's count fills the node with others' work
+        (True, 1, 0.0, False, 0.5, False),  # wanted while it ran: released, announced
+        (True, 1, 0.0, False, 0.0, False),  # wanted in the instant it was taken: the same
+        (True, 1, 0.0, False, -0.5, True),  # wanted before its take: that waiter's news is old
+        (True, 8, 9.9, False, None, True),
+        (True, 8, RECYCLE_MOST, False, None, False),  # judged too long ago: taken afresh
+        (False, 8, 0.0, False, None, False),  # taken alone while Redis was away
     ],
 )
 def test_a_lease_is_kept_only_while_nobody_else_wants_its_slot(
-    in_flight: int | None,
+    in_redis: bool,
     capacity: int,
     age: float,
     crowded: bool,
@@ -68,7 +67,7 @@ def test_a_lease_is_kept_only_while_nobody_else_wants_its_slot(
         if wanted is not None and wanted < 0:  # told before the take
             spares.wanted("gpu-1")
             await trio.sleep(-wanted)
-        spare = SpareLease("l1", in_flight, trio.current_time())
+        spare = SpareLease("l1", in_redis, trio.current_time())
         if wanted is not None and wanted >= 0:  # told while the attempt ran
             await trio.sleep(wanted)
             spares.wanted("gpu-1")
@@ -84,12 +83,12 @@ def test_one_spare_per_node_and_a_short_ttl_shortens_the_window() -> None:
     async def main() -> None:
         spares = SpareLeases(StubState(lease_ttl=0.6))  # type: ignore[arg-type]
         now = trio.current_time()
-        assert spares.keep("gpu-1", SpareLease("a", 1, now), 8, crowded=False)
-        assert not spares.keep("gpu-1", SpareLease("b", 1, now), 8, crowded=False)
+        assert spares.keep("gpu-1", SpareLease("a", True, now), 8, crowded=False)
+        assert not spares.keep("gpu-1", SpareLease("b", True, now), 8, crowded=False)
         await trio.sleep(0.15)  # a third of the TTL less a hold: a kept lease is not renewed
-        assert not spares.keep("gpu-2", SpareLease("c", 1, now), 8, crowded=False)
+        assert not spares.keep("gpu-2", SpareLease("c", True, now), 8, crowded=False)
         tiny = SpareLeases(StubState(lease_ttl=0.15))  # type: ignore[arg-type]
-        assert not tiny.keep("gpu-1", SpareLease("d", 1, trio.current_time()), 8, crowded=False)
+        assert not tiny.keep("gpu-1", SpareLease("d", True, trio.current_time()), 8, crowded=False)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -98,10 +97,10 @@ def test_a_spare_kept_under_another_capacity_is_given_back_not_used() -> None:
     async def main() -> None:
         state = StubState()
         spares = SpareLeases(state)  # type: ignore[arg-type]
-        assert spares.keep("gpu-1", SpareLease("a", 1, trio.current_time()), 8, crowded=False)
+        assert spares.keep("gpu-1", SpareLease("a", True, trio.current_time()), 8, crowded=False)
         assert await spares.use("gpu-1", 2) is None  # a reload lowered the capacity
         assert state.released == ["a"]
-        assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, crowded=False)
+        assert spares.keep("gpu-1", SpareLease("b", True, trio.current_time()), 8, crowded=False)
         await spares.give_back_all()  # Redis lost or joined again
         assert state.released == ["a", "b"]
         assert await spares.use("gpu-1", 8) is None
@@ -117,10 +116,12 @@ def test_unused_spares_go_back_within_two_holds_and_all_at_the_end() -> None:
             nursery.start_soon(spares.give_back_unused)
             await trio.testing.wait_all_tasks_blocked()
             start = trio.current_time()
-            assert spares.keep("gpu-1", SpareLease("a", 1, start), 8, crowded=False)
+            assert spares.keep("gpu-1", SpareLease("a", True, start), 8, crowded=False)
             await state.changed.wait()
             assert spares.hold <= trio.current_time() - start <= 2 * spares.hold + 0.01
-            assert spares.keep("gpu-1", SpareLease("b", 1, trio.current_time()), 8, crowded=False)
+            assert spares.keep(
+                "gpu-1", SpareLease("b", True, trio.current_time()), 8, crowded=False
+            )
             nursery.cancel_scope.cancel()
         assert state.released == ["a", "b"]
 

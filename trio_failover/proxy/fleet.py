@@ -227,14 +227,14 @@ class FleetSlots:
             if self.ledger.in_flight(node) > self.state.share(capacity):
                 self._mark(node, ALONE_RETRY)
                 return None
-            return SpareLease(lease, None, now)  # its count unknown: never kept
+            return SpareLease(lease, False, now)  # Redis may not hold it: never kept
         if not taken.taken:
             # A slot freed while the answer came (on the other connection):
             # no mark, the workload asks again at once.
             if self._frees.get(node, 0) == frees:
                 self._mark(node, min(REFUSED_RETRY_MOST, max(0.05, taken.retry_after)))
             return None
-        return SpareLease(lease, taken.in_flight, now)
+        return SpareLease(lease, True, now)
 
     async def release(self, node: str, lease: str) -> None:
         """End the attempt's lease: kept as the node's spare, or written and not waited for.

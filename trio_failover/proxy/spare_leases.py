@@ -54,14 +54,13 @@ class SpareLease:
 
     Attributes:
         lease: the lease id.
-        in_flight: the fleet's count at the node when it was taken, it
-            included; None when unknown (taken alone while Redis was away:
-            never kept, Redis may not hold it).
+        in_redis: Redis said it was taken; False when it was taken alone
+            while Redis was away (never kept: Redis may not hold it).
         taken: when it was taken (Trio time).
     """
 
     lease: str
-    in_flight: int | None
+    in_redis: bool
     taken: float
 
 
@@ -79,7 +78,6 @@ class SpareLeases:
         self.state = state
         self.hold = SPARE_HOLD  # seconds a spare waits (tests lengthen it)
         self._kept: dict[str, _Kept] = {}
-        self._wanted: set[str] = set()  # nodes whose spare goes back at once
         self._wanted_at: dict[str, float] = {}  # node -> when it was last wanted
         # The give-back task sleeps on this while no spare is kept; else it
         # wakes every hold, so keeping one costs no wake-up of its own.
@@ -117,7 +115,7 @@ class SpareLeases:
         if (
             crowded
             or node in self._kept
-            or spare.in_flight is None
+            or not spare.in_redis
             or self._wanted_at.get(node, -math.inf) >= spare.taken
             or now - spare.taken >= min(RECYCLE_MOST, self.state.lease_ttl / 3 - self.hold)
         ):
@@ -135,7 +133,6 @@ class SpareLeases:
         """
         self._wanted_at[node] = trio.current_time()
         if node in self._kept:
-            self._wanted.add(node)
             self._wanted_now.set()
 
     async def give_back_unused(self) -> None:
@@ -155,10 +152,10 @@ class SpareLeases:
                 self._wanted_now = trio.Event()
                 now = trio.current_time()
                 for node, kept in list(self._kept.items()):
-                    if node in self._wanted or kept.kept + self.hold <= now:
+                    wanted = self._wanted_at.get(node, -math.inf) >= kept.kept
+                    if wanted or kept.kept + self.hold <= now:
                         del self._kept[node]
                         await self._give_back(node, kept)
-                self._wanted.clear()
         finally:
             with trio.CancelScope(shield=True):
                 await self.give_back_all()
