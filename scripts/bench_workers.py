@@ -244,13 +244,18 @@ def run_cpu(args: argparse.Namespace, workdir: Path, redis: str, capacity: int) 
     )
 
 
+def numbers(text: str) -> tuple[int, ...]:
+    """An option's ``N,N,...``."""
+    return tuple(int(n) for n in text.split(","))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each part (default 2)")
     parser.add_argument("--only", default="streams,cpu", help="parts: streams,cpu (default both)")
     parser.add_argument(
         "--ladder",
-        type=lambda text: tuple(int(n) for n in text.split(",")),
+        type=numbers,
         default=LADDER,
         metavar="N,N,...",
         help=f"stream counts to climb (default {','.join(map(str, LADDER))})",
@@ -263,7 +268,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000, help="JSON requests per cpu row")
     parser.add_argument(
         "--capacity",
-        type=lambda text: tuple(int(n) for n in text.split(",")),
+        type=numbers,
         default=(1, 8),
         metavar="N,N,...",
         help="the node's --capacity in the cpu part, one run each (default 1,8)",
