@@ -30,6 +30,9 @@ BODY = json.dumps(
 
 
 def make_proxy(fleet: Fleet, **settings: object) -> Proxy:
+    # These tests time the deadlines themselves: no liveness questions between
+    # them (--liveness-interval 0; tests/test_frozen_node.py has the questions).
+    settings.setdefault("liveness_interval", 0)
     config = Config(upstreams=fleet.upstreams(), admin_listen=None, **settings)  # type: ignore[arg-type]
     return Proxy(config, connector=fleet.connector)
 

@@ -26,6 +26,7 @@ COOLING, READY, DOWN, UP, COOLED = (
 )
 REFUSED = judge_check(failure=CheckFailure.CONNECT_FAILED, detail="refused")
 LISTED = judge_check(status=200, body=b'{"object": "list", "data": [{"id": "m"}]}')
+SICK = judge_check(status=503, body=b"")
 
 
 def board_heard(*names: str) -> tuple[NodeBoard, list[NodeChange]]:
@@ -196,14 +197,37 @@ def test_attempt_ended_keeps_outcome_error_and_counts_failures() -> None:
     assert heard == []
 
 
-def test_tags_and_liveness_checks_are_kept_without_news() -> None:
+def test_tags_are_kept_without_news() -> None:
     board, heard = board_heard()
     board.keep_tags("a", [{"name": "m"}])
-    record = CheckRecord("liveness", ok=False, status=None, error="refused", at=1.0)
-    board.liveness_checked("a", record)
     assert board.known_tags("a") == [{"name": "m"}]
-    assert board.nodes["a"].last_check is record
     assert heard == []
+
+
+def test_a_failed_liveness_check_marks_the_node_down_and_a_passed_one_brings_it_back() -> None:
+    board, heard = board_heard()
+    failed = CheckRecord("liveness", ok=False, status=None, error="refused", at=1.0)
+    board.liveness_checked("a", failed, 1.0)
+    assert board.nodes["a"].last_check is failed
+    assert (board.is_down("a"), board.nodes["a"].down_reason) == (True, "unresponsive")
+    assert board.nodes["a"].recheck.is_set()  # discovery re-checks it with its backoff
+    board.liveness_checked("a", failed, 2.0)  # already down: no news twice
+    passed = CheckRecord("liveness", ok=True, status=503, error=None, at=3.0)
+    board.liveness_checked("a", passed, 3.0)
+    assert not board.is_down("a")
+    assert [(c.kind.value, c.reason) for c in heard] == [
+        ("down", "unresponsive"),
+        ("ready", "health_check"),
+    ]
+
+
+def test_a_passed_liveness_check_leaves_a_health_check_down_mark_alone() -> None:
+    """Any status passes a liveness check, a 503 too: the health check's verdict is its own."""
+    board, _ = board_heard()
+    board.check_finished("a", SICK, 0.0)
+    passed = CheckRecord("liveness", ok=True, status=503, error=None, at=1.0)
+    board.liveness_checked("a", passed, 1.0)
+    assert board.is_down("a")
 
 
 def test_reconcile_keeps_drops_and_adds() -> None:

@@ -1,28 +1,25 @@
-"""Table tests of the pure liveness decisions (trio_failover.core.liveness), SPEC 5.5."""
+"""Table tests of the pure liveness decisions (trio_failover.core.liveness)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 
 from trio_failover.core.liveness import (
     CheckRecord,
-    Decision,
-    Step,
-    after_check,
-    at_window_end,
     check_timeout,
+    moving,
+    next_question,
     passes,
+    proof_window,
+    question_period,
     reuses_pass,
-    window_end,
+    revive_delay,
 )
-from trio_failover.core.outcome import Outcome
 
-CHECK = Decision(Step.CHECK)
-WAIT = Decision(Step.WAIT)
-TIMED_OUT = Decision(Step.GIVE_UP, Outcome.HEADER_TIMEOUT)
-UNRESPONSIVE = Decision(Step.GIVE_UP, Outcome.UNRESPONSIVE)
+INF = math.inf
 
 
 @pytest.mark.parametrize(
@@ -36,42 +33,76 @@ def test_check_timeout_is_the_header_timeout_capped_at_ten_seconds(
 
 
 @pytest.mark.parametrize(
-    ("now", "header_timeout", "final", "expected"),
+    ("interval", "header_timeout", "watched", "expected"),
     [
-        (2.0, 2.0, 600.0, 4.0),
-        (599.0, 2.0, 600.0, 600.0),  # the last window ends at the final deadline
-        (7.0, 2.0, math.inf, 9.0),  # a first body byte: no final deadline
+        (10.0, 120.0, False, 10.0),  # the default: every interval
+        (10.0, 120.0, True, 10.0),
+        (10.0, 2.0, True, 2.0),  # a watched wait also asks at each header timeout
+        (10.0, 2.0, False, 10.0),  # a streamed head: its deadline is a verdict, not a question
+        (0.0, 120.0, True, 120.0),  # 0: only at the deadlines
+        (0.0, 120.0, False, INF),
+        (30.0, 20.0, True, 20.0),
     ],
 )
-def test_window_end(now: float, header_timeout: float, final: float, expected: float) -> None:
-    assert window_end(now, header_timeout, final) == expected
+def test_question_period(
+    interval: float, header_timeout: float, watched: bool, expected: float
+) -> None:
+    assert question_period(interval, header_timeout, watched=watched) == expected
 
 
 @pytest.mark.parametrize(
-    ("now", "final", "expected"),
+    ("since", "last", "period", "expected"),
     [
-        (2.0, 600.0, CHECK),
-        (600.0, 600.0, TIMED_OUT),
-        (601.0, 600.0, TIMED_OUT),
-        (9.0, math.inf, CHECK),
+        (0.0, -INF, 10.0, 10.0),  # the first question: one period of silence
+        (0.0, 10.0, 10.0, 20.0),  # then at whole periods
+        (0.0, 20.0, 10.0, 30.0),
+        (5.0, 10.0, 10.0, 15.0),  # a byte at 5 began a new silence
+        (0.0, 30.000000001, 10.0, 40.0),
+        (0.1, 30.1, 10.0, 40.1),  # since + k * period, without rounding drift
+        (0.0, -INF, INF, INF),  # a wait that never asks
     ],
 )
-def test_at_window_end(now: float, final: float, expected: Decision) -> None:
-    assert at_window_end(now, final) == expected
+def test_next_question(since: float, last: float, period: float, expected: float) -> None:
+    assert next_question(since, last, period) == pytest.approx(expected)
+    assert next_question(since, last, period) > last
+
+
+def test_next_question_never_repeats_a_question_over_many_periods() -> None:
+    last, since = -INF, 0.1
+    asked = []
+    for _ in range(1000):
+        last = next_question(since, last, 0.3)
+        asked.append(last)
+    assert all(b > a for a, b in itertools.pairwise(asked))
+    assert asked[-1] == pytest.approx(0.1 + 1000 * 0.3)
+
+
+@pytest.mark.parametrize(("interval", "expected"), [(10.0, 10.0), (3.0, 3.0), (0.0, 10.0)])
+def test_proof_window_is_the_interval_or_ten_seconds(interval: float, expected: float) -> None:
+    assert proof_window(interval) == expected
 
 
 @pytest.mark.parametrize(
-    ("passed", "now", "final", "expected"),
+    ("silent_since", "now", "expected"),
     [
-        (True, 4.0, 600.0, WAIT),
-        (False, 4.0, 600.0, UNRESPONSIVE),
-        (True, 600.0, 600.0, TIMED_OUT),  # the node had its whole time
-        (False, 600.0, 600.0, UNRESPONSIVE),
-        (True, 1e9, math.inf, WAIT),  # after the head a passing node waits on forever
+        (None, 100.0, True),  # relaying a chunk right now
+        (95.0, 100.0, True),
+        (90.0, 100.0, False),  # a whole window of silence: proves nothing
+        (80.0, 100.0, False),
     ],
 )
-def test_after_check(passed: bool, now: float, final: float, expected: Decision) -> None:
-    assert after_check(passed, now, final) == expected
+def test_a_stream_moves_when_it_relayed_a_byte_within_the_window(
+    silent_since: float | None, now: float, expected: bool
+) -> None:
+    assert moving(silent_since, now, 10.0) is expected
+
+
+@pytest.mark.parametrize(
+    ("failed", "expected"),
+    [(0, 1.0), (1, 1.0), (2, 2.0), (3, 4.0), (5, 16.0), (6, 30.0), (40, 30.0)],
+)
+def test_revive_delay_backs_off_to_thirty_seconds(failed: int, expected: float) -> None:
+    assert revive_delay(failed) == expected
 
 
 @pytest.mark.parametrize(

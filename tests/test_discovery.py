@@ -206,7 +206,13 @@ async def test_a_slow_check_of_a_streaming_node_does_not_count(
         config = Config(upstreams=fleet.upstreams(), admin_listen=None, discovery_interval=30.0)
         proxy = Proxy(config, connector=fleet.connector)
         proxy.discovery = Discovery(
-            config, fleet.connector, proxy.board, proxy.queue, proxy.report, jitter=lambda: 0.0
+            config,
+            fleet.connector,
+            proxy.board,
+            proxy.queue,
+            proxy.report,
+            jitter=lambda: 0.0,
+            moving=proxy.silence.moving,
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: request(proxy, body=chat()))

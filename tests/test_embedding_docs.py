@@ -125,16 +125,19 @@ def test_python_block_runs(block: Block, tmp_path: Path) -> None:
     assert sorted(run.tests) == sorted(a or b for a, b in defined)
 
 
-def test_mockclock_example_runs_in_well_under_a_second(tmp_path: Path) -> None:
-    """The frozen + healthy example with the 120 s deadline: virtual time, real speed."""
+def test_mockclock_example_runs_in_virtual_time(tmp_path: Path) -> None:
+    """The frozen + healthy example: 20 virtual seconds, whatever the machine's speed.
+
+    How fast it runs is the benchmarks' business, not a test's: the printed
+    clock proves the deadlines were virtual.
+    """
     (block,) = [
         b
         for b in ALL_BLOCKS
         if b.document == "embedding.md" and "MockClock(autojump_threshold=0)" in b.code
     ]
     assert "frozen()" in block.code
-    assert "first.at == 120.0" in block.code
+    assert "first.at == 20.0" in block.code
     run = run_block(block, tmp_path)
-    assert "virtual time: 120.0" in run.stdout
-    assert run.seconds < 0.5, f"took {run.seconds:.3f} s of real time"
+    assert "virtual time: 20.0" in run.stdout
     print(f"the MockClock example took {run.seconds * 1000:.0f} ms of real time")

@@ -40,6 +40,9 @@ LIMIT = 7200.0  # virtual seconds any test here may take
 
 
 def make_proxy(fleet: Fleet, **settings: object) -> Proxy:
+    # These tests time the deadlines themselves: no liveness questions between
+    # them (--liveness-interval 0; tests/test_frozen_node.py has the questions).
+    settings.setdefault("liveness_interval", 0)
     config = Config(upstreams=fleet.upstreams(), admin_listen=None, **settings)  # type: ignore[arg-type]
     return Proxy(config, connector=fleet.connector)
 
@@ -381,11 +384,12 @@ async def test_a_streamed_request_still_fails_over_at_the_header_timeout(
         pytest.param("/api/generate", b'{"model": "m", "stream": false}', id="ollama-false"),
     ],
 )
-async def test_an_unstreamed_stall_costs_one_header_timeout_and_a_check_then_one_cooldown(
+async def test_an_unstreamed_stall_costs_one_header_timeout_and_a_check_then_down(
     autojump_clock: trio.abc.Clock, target: str, body: bytes
 ) -> None:
-    # SPEC 5.5: at the header timeout (120 s) the node is asked GET /health;
-    # a frozen node does not answer in min(10 s, 120 s): unresponsive at 130.
+    # With --liveness-interval 0, at the header timeout (120 s) the node is
+    # asked GET /health; a frozen node does not answer in min(10 s, 120 s):
+    # unresponsive at 130, and down (demoted until a check finds it again).
     async with Fleet({"frozen": FakeNode(frozen()), "peer": FakeNode(healthy(b"p"))}) as fleet:
         proxy = make_proxy(fleet, unstreamed_timeout=450.0)
         with trio.fail_after(LIMIT):
@@ -393,9 +397,8 @@ async def test_an_unstreamed_stall_costs_one_header_timeout_and_a_check_then_one
         assert response is not None
         assert (response.body, response.at) == (b"p", 130.0)
         assert outcomes(proxy)[0][0] == ("frozen", "unresponsive")
-        cooldown = proxy.cooldowns.get("frozen", trio.current_time())
-        assert cooldown is not None
-        assert cooldown.until == 130.0 + 120.0
+        assert proxy.cooldowns.get("frozen", trio.current_time()) is None
+        assert proxy.board.nodes["frozen"].down_reason == "unresponsive"
 
 
 # -- Ollama's error shape on /api/ (SPEC 5.7) ----------------------------------------------------

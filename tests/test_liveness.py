@@ -1,10 +1,12 @@
-"""Liveness checks (SPEC 2, 5.5): a silent node is asked ``GET /health``, not guessed about.
+"""Liveness checks: a silent node is asked ``GET /health``, not guessed about.
 
 Whole-proxy tests over in-memory streams under ``MockClock(autojump_threshold=0)``
 (pytest-trio's ``autojump_clock``), so every instant asserted is exact: with
 a 2 s response-header timeout an unstreamed request to a frozen node is
-checked at t=2 and moves on at 2 + min(10, 2) = 4 when the check hangs, at
-t=2 when it is refused.
+checked at t=2 (a watched wait also asks at each header timeout) and moves
+on at 2 + min(10, 2) = 4 when the check hangs, at t=2 when it is refused;
+with the defaults (120 s, ``--liveness-interval`` 10 s) any wait on a frozen
+node is asked at 10 and left at 20.
 """
 
 from __future__ import annotations
@@ -76,10 +78,12 @@ async def refuse_after_first_request(node: FakeNode) -> None:
     ("header_timeout", "moved_on_at"),
     [
         pytest.param(2.0, 4.0, id="check-timeout-is-the-header-timeout"),
-        pytest.param(30.0, 40.0, id="check-timeout-is-capped-at-10s"),
+        # The interval (10 s) asks before the header timeout; the check's head
+        # timeout is min(10, 30).
+        pytest.param(30.0, 20.0, id="check-timeout-is-capped-at-10s"),
     ],
 )
-async def test_a_frozen_node_is_checked_at_the_header_timeout_and_left_when_the_check_hangs(
+async def test_a_frozen_node_is_checked_and_left_when_the_check_hangs(
     autojump_clock: trio.abc.Clock, header_timeout: float, moved_on_at: float
 ) -> None:
     async with Fleet({"a": FakeNode(frozen()), "b": FakeNode(healthy(b"from b"))}) as fleet:
@@ -90,12 +94,15 @@ async def test_a_frozen_node_is_checked_at_the_header_timeout_and_left_when_the_
         assert (response.status, response.body) == (200, b"from b")
         assert response.at == moved_on_at  # not the 600 s unstreamed timeout
         assert response.header("x-failover-attempts") == "2"
-        assert check_times(fleet["a"]) == [header_timeout]
+        assert check_times(fleet["a"]) == [moved_on_at - min(10.0, header_timeout)]
         assert [r.at for r in fleet["b"].received] == [moved_on_at]
         assert outcomes(proxy) == [[("a", "unresponsive"), ("b", "completed")]]
-        cooldown = proxy.cooldowns.get("a", trio.current_time())
-        assert cooldown is not None
-        assert (cooldown.until, cooldown.reason) == (moved_on_at + header_timeout, "unresponsive")
+        # Down, not cooling: demoted until a check finds it answering again.
+        assert proxy.cooldowns.get("a", trio.current_time()) is None
+        assert (status_of(proxy, "a")["state"], status_of(proxy, "a")["reason"]) == (
+            "down",
+            "unresponsive",
+        )
 
 
 async def test_a_check_refused_at_once_moves_on_at_the_header_timeout(
@@ -226,9 +233,10 @@ async def test_a_check_that_passed_less_than_a_second_ago_is_reused(
 # -- hangs, client leaving ------------------------------------------------------------------
 
 
-async def test_the_client_leaving_during_a_check_closes_the_checks_connection(
+async def test_a_check_outlives_the_client_that_asked_and_answers_for_the_node(
     autojump_clock: trio.abc.Clock,
 ) -> None:
+    """The check runs in the proxy's own nursery: bounded, and its verdict is the node's."""
     async with Fleet({"a": FakeNode(frozen()), "b": FakeNode()}) as fleet:
         proxy = make_proxy(fleet)
         with trio.fail_after(LIMIT):
@@ -236,16 +244,15 @@ async def test_the_client_leaving_during_a_check_closes_the_checks_connection(
             assert gone is None
             await trio.sleep(10.0)
         node = fleet["a"]
-        assert check_times(node) == [2.0]
-        assert node.connections == 2
-        assert node.closed_at == [3.0, 3.0]  # the request's and the check's, at once
+        assert check_times(node)[0] == 2.0
+        assert node.closed_at[:2] == [3.0, 4.0]  # the request's at once, the check's at its end
         assert fleet["b"].received == []
-        assert status_of(proxy, "a")["last_check"] is None  # abandoned: no verdict
+        assert status_of(proxy, "a")["last_check"]["ok"] is False
+        assert status_of(proxy, "a")["state"] == "down"
         assert outcomes(proxy) == [[("a", "client_abort")]]
-        assert not proxy.cooldowns.is_cooling("a", trio.current_time())
 
 
-async def test_an_attempt_still_waiting_runs_the_check_anew_when_its_runner_leaves(
+async def test_an_attempt_still_waiting_joins_the_check_its_neighbour_asked_for(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     async with Fleet({"a": FakeNode(frozen()), "b": FakeNode(healthy(b"from b"))}) as fleet:
@@ -253,7 +260,7 @@ async def test_an_attempt_still_waiting_runs_the_check_anew_when_its_runner_leav
         answers: list[float] = []
 
         async def stays() -> None:
-            await trio.sleep(0.5)  # its window ends at 2.5, while the first check runs
+            await trio.sleep(0.5)  # its question at 2.5 comes while the first check runs
             response = await request(proxy, body=UNSTREAMED)
             assert response is not None
             answers.append(response.at)
@@ -262,10 +269,10 @@ async def test_an_attempt_still_waiting_runs_the_check_anew_when_its_runner_leav
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stays)
                 nursery.start_soon(lambda: request(proxy, body=UNSTREAMED, leave_after=3.0))
-        # The first check (2..4) ends with its client at 3; the one still
-        # waiting asks again at once and moves on at 3 + 2.
-        assert check_times(fleet["a"]) == [2.0, 3.0]
-        assert answers == [5.0]
+        # One check (2..4), whose client left at 3, answers for the node:
+        # the one still waiting moves on when it fails.
+        assert check_times(fleet["a"]) == [2.0]
+        assert answers == [4.0]
 
 
 async def test_a_check_status_of_503_passes(autojump_clock: trio.abc.Clock) -> None:
@@ -297,7 +304,7 @@ async def test_a_stream_whose_node_froze_after_the_head_moves_on_after_a_failed_
             response = await request(proxy, body=STREAMED)
         assert response is not None
         assert (response.body, response.at) == (b"b", 4.0)  # not forever
-        assert check_times(fleet["a"]) == [2.0]
+        assert check_times(fleet["a"]) == [2.0]  # a watched wait: each header timeout too
         assert outcomes(proxy) == [[("a", "unresponsive"), ("b", "completed")]]
         assert proxy.recent[0]["attempts"][0]["detail"].startswith("a: first body byte: ")
 
@@ -355,7 +362,7 @@ async def test_a_slow_live_node_keeps_the_unstreamed_attempt_up_to_its_answer(
         assert response is not None
         assert (response.body, response.at) == (b"whole", 95.0)
         assert response.header("x-failover-attempts") == "1"
-        assert check_times(fleet["a"]) == [10.0 * n for n in range(1, 10)]
+        assert check_times(fleet["a"]) == [10.0 * n for n in range(1, 10)]  # 10 s: both
         assert fleet["b"].received == []
         assert fleet["a"].connections == 10  # the request's and one per check: none pooled
         access = [r for r in caplog.records if r.name == "trio_failover.access"]
@@ -377,17 +384,22 @@ async def test_a_pooled_connection_waits_watched_too(autojump_clock: trio.abc.Cl
 
 
 async def test_a_live_node_keeps_the_attempt_only_up_to_the_unstreamed_timeout(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="trio_failover.access")
     async with Fleet({"a": FakeNode(slow_prefill(700.0)), "b": FakeNode(healthy(b"b"))}) as fleet:
-        proxy = make_proxy(fleet, response_header_timeout=120.0)  # unstreamed: 600 s
+        proxy = make_proxy(
+            fleet, response_header_timeout=120.0, liveness_interval=0
+        )  # unstreamed: 600 s; 0: asked only at the header timeouts
         with trio.fail_after(LIMIT):
             response = await request(proxy, body=UNSTREAMED)
         assert response is not None
         assert (response.body, response.at) == (b"b", 600.0)
+        # None at 600: the attempt has had its whole time then.
         assert check_times(fleet["a"]) == [120.0, 240.0, 360.0, 480.0]
         assert outcomes(proxy) == [[("a", "header_timeout"), ("b", "completed")]]
-        assert "4 liveness checks passed" in proxy.recent[0]["attempts"][0]["detail"]
+        access = [r for r in caplog.records if r.name == "trio_failover.access"]
+        assert [r.fields["checks"] for r in access] == [4]  # type: ignore[attr-defined]
 
 
 async def test_the_unstreamed_timeout_cuts_a_check_that_runs_past_it(
@@ -395,7 +407,9 @@ async def test_the_unstreamed_timeout_cuts_a_check_that_runs_past_it(
 ) -> None:
     async with Fleet({"a": FakeNode(frozen()), "b": FakeNode(healthy(b"b"))}) as fleet:
         # The check at 120 may take 10 s; the attempt's last moment is 125.
-        proxy = make_proxy(fleet, response_header_timeout=120.0, unstreamed_timeout=125.0)
+        proxy = make_proxy(
+            fleet, response_header_timeout=120.0, unstreamed_timeout=125.0, liveness_interval=0
+        )
         with trio.fail_after(LIMIT):
             response = await request(proxy, body=UNSTREAMED)
         assert response is not None

@@ -30,6 +30,7 @@ from trio_failover.testing import (
     healthy,
     request,
     retry_status,
+    slow_head,
 )
 
 LIMIT = 3600.0
@@ -127,7 +128,7 @@ async def test_an_unresponsive_node_is_demoted_whole(autojump_clock: trio.abc.Cl
             for_y = await ask(proxy, "y")
             node = status_of(proxy, "a")
     assert (node_of(first), node_of(for_y)) == ("b", "b")
-    assert node["state"] == "cooling"
+    assert node["state"] == "down"  # the node, not a model: down until it answers
     assert node["reason"] == "unresponsive"
     assert node["models_cooling"] == {}
 
@@ -167,7 +168,7 @@ async def test_a_served_answer_for_x_ends_xs_cooldown(autojump_clock: trio.abc.C
 async def test_a_model_cooldown_runs_out_and_a_waiter_for_it_is_dispatched(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    slow = FakeNode(healthy(head_delay=100.0))
+    slow = FakeNode(slow_head(100.0))  # busy: its health route answers meanwhile
     async with Fleet({"a": FakeNode(healthy()), "b": slow}) as fleet:
         upstreams = [
             Upstream(name, f"http://{name}.invalid:80", models=["x", "y"], capacity=1)

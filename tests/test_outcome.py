@@ -45,8 +45,9 @@ VERDICTS: dict[Outcome, tuple[bool, float, bool]] = {
     Outcome.HEADER_TIMEOUT: (True, RHT, True),
     Outcome.FIRST_BODY_TIMEOUT: (True, RHT, True),
     Outcome.DEAD_PEER: (True, RHT, True),
-    # No head and no answer to GET /health either (SPEC 5.5): a stall.
-    Outcome.UNRESPONSIVE: (True, RHT, True),
+    # No head and no answer to GET /health either: timed out, and the check
+    # marked the node down (no cooldown besides: down demotes it already).
+    Outcome.UNRESPONSIVE: (True, 0.0, True),
     # Never the node's fault, or already committed: no failover.
     Outcome.CLIENT_ABORT: (False, 0.0, False),
     Outcome.SHUTDOWN: (False, 0.0, False),  # the proxy stopped (end of a drain)

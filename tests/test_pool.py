@@ -280,7 +280,7 @@ async def test_a_response_not_read_to_its_end_is_never_pooled(
     autojump_clock: trio.abc.Clock, behaviour: Callable[[NodeIO, ReceivedRequest], Awaitable[None]]
 ) -> None:
     async with Fleet({"a": FakeNode(behaviour)}) as fleet:
-        proxy = make_proxy(fleet)
+        proxy = make_proxy(fleet, liveness_interval=0)  # no checks' connections to count
         response = await request(proxy, body=BODY)
         assert response is not None
         assert not response.complete
@@ -344,10 +344,11 @@ def closes_idle_connection(
     return behave
 
 
-@pytest.mark.parametrize("after", [0.0, 3.0])
+@pytest.mark.parametrize("after", [0.0, 0.25])
 async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one(
     autojump_clock: trio.abc.Clock, after: float
 ) -> None:
+    """A close within the stale window (0.25 s of the write) crossed the request."""
     async with Fleet({"a": FakeNode(closes_idle_connection(after)), "b": FakeNode()}) as fleet:
         proxy = make_proxy(fleet)
         await ok(proxy)
@@ -362,21 +363,46 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one(
             ["completed"],
             ["completed"],
         ]
+        text, _ = proxy.metrics.render()
+        assert b'trio_failover_stale_resends_total{node="a"} 1.0' in text
+
+
+@pytest.mark.parametrize("after", [0.26, 3.0, 15.0])
+async def test_a_pooled_connection_closed_after_the_stale_window_is_a_failed_attempt(
+    autojump_clock: trio.abc.Clock, after: float
+) -> None:
+    """The node had the request: never sent to it twice; the next candidate, no cooldown."""
+    async with Fleet({"a": FakeNode(closes_idle_connection(after)), "b": FakeNode()}) as fleet:
+        proxy = make_proxy(fleet)
+        await ok(proxy)
+        started = trio.current_time()
+        response = await request(proxy, body=BODY)
+        assert response is not None
+        assert response.at == started + after  # not twice ``after``
+        assert response.header("x-failover-node") == "b"
+        assert response.header("x-failover-attempts") == "2"
+        posts = [r for r in fleet["a"].received if r.method == b"POST"]
+        assert len(posts) == 2  # the second POST went to "a" once
+        assert [a["outcome"] for a in proxy.recent[-1]["attempts"]] == [
+            "closed_early",
+            "completed",
+        ]
+        assert not proxy.cooldowns.is_cooling("a", trio.current_time())
 
 
 async def test_the_header_deadline_runs_from_the_write_on_the_connection_used(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    # The stale connection eats 3 s, the fresh one answers after 9 s: 12 s in
-    # all, over the 10 s deadline, which must start again on the fresh write.
-    # Streamed, so that the 10 s header timeout is the head's deadline.
-    node = FakeNode(closes_idle_connection(3.0, answer_delay=9.0))
+    # The stale connection eats 0.2 s, the fresh one answers after 9.9 s:
+    # over the 10 s deadline in all, which must start again on the fresh
+    # write. Streamed, so that the 10 s header timeout is the head's deadline.
+    node = FakeNode(closes_idle_connection(0.2, answer_delay=9.9))
     async with Fleet({"a": node, "b": FakeNode(healthy(b"b"))}) as fleet:
         proxy = make_proxy(fleet, response_header_timeout=10.0)
-        assert await ok(proxy, STREAMED) == 9.0
+        assert await ok(proxy, STREAMED) == 9.9
         response = await request(proxy, body=STREAMED)
         assert response is not None
-        assert (response.body, response.at) == (b"fresh", 9.0 + 3.0 + 9.0)
+        assert (response.body, response.at) == (b"fresh", pytest.approx(9.9 + 0.2 + 9.9))
         assert response.header("x-failover-node") == "a"
         assert fleet["b"].received == []
         assert not proxy.cooldowns.is_cooling("a", trio.current_time())

@@ -47,6 +47,8 @@ Event = dict[str, Any]
 def make_proxy(fleet: Fleet, capacity: int | dict[str, int] = 1, **settings: Any) -> Proxy:
     caps = capacity if isinstance(capacity, dict) else dict.fromkeys(fleet.nodes, capacity)
     upstreams = [attrs.evolve(u, capacity=caps.get(u.name, 0)) for u in fleet.upstreams()]
+    # The nodes count what they receive: no liveness questions among it.
+    settings.setdefault("liveness_interval", 0)
     config = Config(upstreams=upstreams, admin_listen=None, **settings)
     return Proxy(config, connector=fleet.connector)
 

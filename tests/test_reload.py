@@ -109,7 +109,7 @@ async def test_a_removed_nodes_queued_workloads_go_elsewhere(
 ) -> None:
     fleet_nodes = {"a": FakeNode(slow_head(10.0, b"A")), "c": FakeNode(healthy(b"C"))}
     async with Fleet(fleet_nodes) as fleet:
-        config = Config(upstreams=nodes(fleet, "a", a=1), admin_listen=None)
+        config = Config(upstreams=nodes(fleet, "a", a=1), admin_listen=None, liveness_interval=0)
         proxy = Proxy(config, connector=fleet.connector)
 
         async def script(t: Traffic) -> None:

@@ -60,6 +60,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 def traced(fleet: Fleet, exporter: InMemorySpanExporter, **settings: object) -> Proxy:
     """A proxy whose spans go to ``exporter``, one at a time, as each ends."""
     upstreams = settings.pop("upstreams", fleet.upstreams())
+    settings.setdefault("liveness_interval", 0)  # the spans of the deadlines alone
     config = Config(upstreams=upstreams, admin_listen=None, **settings)  # type: ignore[arg-type]
     return trace_to(Proxy(config, connector=fleet.connector), exporter)
 

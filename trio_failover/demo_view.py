@@ -170,6 +170,8 @@ class Watcher:
         return f"  {self.screen.style(offset.rjust(10), 'dim')}  {text}"
 
     def show(self, event: Event) -> None:
+        if event.get("type") not in ("node", "workload"):
+            return  # checks, reloads: not part of the script's story
         if event.get("type") == "node":
             self.node_events.append(event)
             if event["state"] == "cooling":

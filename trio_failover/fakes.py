@@ -233,7 +233,10 @@ def frozen_after_head(content_type: str = "text/event-stream") -> Behaviour:
 
 
 def headers_then_silence(silence: float, body: bytes = b"late body") -> Behaviour:
-    """Sends the head at once, the body after ``silence`` seconds."""
+    """Sends the head at once, the body after ``silence`` seconds.
+
+    A live node at work: ``GET /health`` is answered at once (``with_health``).
+    """
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
         await io.send(
@@ -242,7 +245,7 @@ def headers_then_silence(silence: float, body: bytes = b"late body") -> Behaviou
         await io.pause(silence)
         await io.send(h11.Data(data=body), h11.EndOfMessage())
 
-    return behave
+    return with_health(behave)
 
 
 def partial_head_then_stall(partial: bytes = b"HTTP/1.1 200 OK\r\nContent-") -> Behaviour:
@@ -281,8 +284,30 @@ def die_mid_stream(chunks: int = 3, delay: float = 0.0) -> Behaviour:
     return behave
 
 
+def frozen_mid_stream(chunks: int = 3) -> Behaviour:
+    """Streams ``chunks`` SSE events, then freezes: nothing more, ``GET /health`` unanswered.
+
+    An engine stopped (SIGSTOP, a hung driver) in the middle of a stream: the
+    kernel keeps the connection open, nothing comes on it or on a new one.
+    """
+
+    async def behave(io: NodeIO, request: ReceivedRequest) -> None:
+        if not is_health(request):
+            await io.send(
+                h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
+            )
+            for index in range(chunks):
+                await io.send(h11.Data(data=b"data: %d\n\n" % index))
+        await io.wait_closed()
+
+    return behave
+
+
 def stream_then_silence(chunks: int, silence: float) -> Behaviour:
-    """Streams ``chunks`` SSE events, then stays silent for ``silence`` seconds, then ends."""
+    """Streams ``chunks`` SSE events, then stays silent for ``silence`` seconds, then ends.
+
+    Its web server is alive: ``GET /health`` is answered at once (``with_health``).
+    """
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
         await io.send(
@@ -293,7 +318,7 @@ def stream_then_silence(chunks: int, silence: float) -> Behaviour:
         await io.pause(silence)
         await io.send(h11.Data(data=b"data: [DONE]\n\n"), h11.EndOfMessage())
 
-    return behave
+    return with_health(behave)
 
 
 def slow_prefill_with_pings(
@@ -331,7 +356,7 @@ def slow_prefill_with_pings(
             await io.send(h11.Data(data=event))
         await io.send(h11.EndOfMessage())
 
-    return behave
+    return with_health(behave)
 
 
 def retry_status(

@@ -1,8 +1,9 @@
 """Fault-injecting fake nodes and an in-memory connector, for deterministic tests.
 
 A ``FakeNode`` reads each request with h11, records it, and answers by its
-*behaviour*: ``healthy``, ``frozen``, ``frozen_after_head``, ``headers_then_silence``,
-``partial_head_then_stall``, ``drop_before_body``, ``slow_head``,
+*behaviour*: ``healthy``, ``frozen``, ``frozen_after_head``,
+``frozen_mid_stream``, ``headers_then_silence``, ``partial_head_then_stall``,
+``drop_before_body``, ``slow_head``,
 ``slow_prefill_with_pings``, ``die_mid_stream``, ``retry_status``,
 ``openai`` (``with_health`` adds an answer to ``GET /health``, a liveness
 check, to any of them); the fake engines ``FakeLlamaServer``, ``FakeOllama``,
@@ -49,6 +50,7 @@ from .fakes import (
     drop_before_body,
     frozen,
     frozen_after_head,
+    frozen_mid_stream,
     headers_then_silence,
     healthy,
     openai,
@@ -83,6 +85,7 @@ __all__ = [
     "drop_before_body",
     "frozen",
     "frozen_after_head",
+    "frozen_mid_stream",
     "headers_then_silence",
     "healthy",
     "openai",

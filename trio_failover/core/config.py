@@ -346,6 +346,8 @@ class Config(StateSettings):
     first_body_timeout: float = attrs.field(default=0.0, validator=_non_negative)
     stream_idle_timeout: float = attrs.field(default=300.0, validator=_non_negative)
     dead_peer_timeout: float = attrs.field(default=30.0, validator=_non_negative)
+    liveness_interval: float = attrs.field(default=10.0, validator=_non_negative)
+    """Seconds of a node's silence between two liveness checks; 0 = only at the deadlines."""
 
     client_close: ClientClose = attrs.field(
         default="abort", validator=_choice(CLIENT_CLOSE_CHOICES)

@@ -1,28 +1,33 @@
-"""Pure: the liveness checks of a node an attempt waits on (SPEC 2, 5.5).
+"""Pure: when a silent node is asked whether it is alive, and what its answer means.
 
-An attempt that waits longer than one response-header timeout for a head
-it may legitimately wait long for (an unstreamed answer comes whole), or
-for the first body byte after a head (first-body-timeout ``0``), does not
-guess whether its node is busy or frozen: it asks, with one ``GET /health``
-on a connection of its own. This module decides, from data and ``now``:
+Silence is a question. While an attempt waits for a node (the request
+written and no head yet, a head and no first body byte, a committed stream
+that stopped), the proxy does not guess whether the node is busy or frozen:
+every ``--liveness-interval`` of silence it asks, with one ``GET /health``
+on a connection of its own (a *liveness check*). A node that answers keeps
+its slow work; one that does not is marked ``down`` (reason
+``unresponsive``), and every attempt still waiting on it ends at once.
 
-- how long each wait, each check and the reuse of a passed check last
-  (``window_end``, ``check_timeout``, ``reuses_pass``);
-- what to do when a window ends and when a check answers (``at_window_end``,
-  ``after_check``: check, wait on, or give up with which outcome);
+This module decides, from data and ``now``:
+
+- how often a wait asks (``question_period``) and when its next question
+  is due (``next_question``);
+- how long a check and the reuse of a passed check last
+  (``check_timeout``, ``reuses_pass``), and whether it passed (``passes``);
+- whether a stream is proof of life (``moving``);
+- how soon a node marked down by a check is asked again while discovery
+  is off (``revive_delay``);
 - what ``/status`` shows of a node's last check (``CheckRecord``).
 
-The Trio code (``wire/upstream.py``, ``wire/first_bytes.py`` for the waits,
-``proxy/liveness.py`` for the checks) executes these decisions.
+The Trio code (``proxy/silence.py`` times the waits, ``proxy/liveness.py``
+runs the checks) executes these decisions.
 """
 
 from __future__ import annotations
 
-import enum
+import math
 
 import attrs
-
-from .outcome import Outcome
 
 LIVENESS_PATH = "/health"
 # A check's head must come within min(this, response-header-timeout).
@@ -31,28 +36,47 @@ MAX_CHECK_TIMEOUT = 10.0
 PASS_REUSE = 1.0
 # The ``kind`` of a liveness check in events and ``/status``' ``last_check``.
 KIND = "liveness"
+# The reason of a node marked down by a failed liveness check.
+DOWN_REASON = "unresponsive"
+# How recent a body byte proves a stream alive while ``--liveness-interval`` is 0.
+DEFAULT_PROOF_WINDOW = 10.0
+# The longest pause between re-checks of a node that a failed check marked down
+# (while discovery, which re-checks down nodes itself, is off).
+MAX_REVIVE_DELAY = 30.0
 
 
-class Step(enum.Enum):
-    """What an attempt waiting on a node does next."""
+def question_period(interval: float, response_header_timeout: float, *, watched: bool) -> float:
+    """Seconds of silence between two questions of one wait; ``inf``: it never asks.
 
-    CHECK = "check"  # ask the node (GET /health)
-    WAIT = "wait"  # wait one more window for the node's answer
-    GIVE_UP = "give_up"  # end the attempt with ``Decision.outcome``
+    ``interval``: ``--liveness-interval`` (``0``: only at the deadlines).
+    ``watched``: a wait the node may legitimately make long, and whose
+    deadline is therefore a question rather than a verdict: an unstreamed
+    request's head (the node sends it with the whole answer), or the first
+    body byte with first-body-timeout ``0`` (a long prefill). Such a wait
+    also asks at each response-header timeout of silence.
+    """
+    period = interval if interval > 0 else math.inf
+    if watched:
+        period = min(period, response_header_timeout)
+    return period
 
 
-@attrs.frozen
-class Decision:
-    """A ``Step``, and the outcome of the attempt for ``GIVE_UP`` (else None)."""
+def next_question(since: float, last: float, period: float) -> float:
+    """When the silence that began at ``since`` is next asked about, after the question at ``last``.
 
-    step: Step
-    outcome: Outcome | None = None
-
-
-_CHECK = Decision(Step.CHECK)
-_WAIT = Decision(Step.WAIT)
-_TIMED_OUT = Decision(Step.GIVE_UP, Outcome.HEADER_TIMEOUT)
-_UNRESPONSIVE = Decision(Step.GIVE_UP, Outcome.UNRESPONSIVE)
+    Questions fall at whole periods of silence (``since + k * period``, ``k``
+    from 1), so a check that took its time does not push the next one back;
+    ``last``: the moment of the last question asked (``-inf``: none), which
+    is never asked again.
+    """
+    if period == math.inf:
+        return math.inf
+    if last < since + period:
+        return since + period
+    # The tolerance keeps a question computed as since + k * period from
+    # being seen as a hair before itself.
+    done = math.floor((last - since) / period + 1e-9)
+    return since + (done + 1) * period
 
 
 def check_timeout(response_header_timeout: float) -> float:
@@ -60,30 +84,14 @@ def check_timeout(response_header_timeout: float) -> float:
     return min(MAX_CHECK_TIMEOUT, response_header_timeout)
 
 
-def window_end(now: float, response_header_timeout: float, final_deadline: float) -> float:
-    """When the window of waiting that begins at ``now`` ends: one header timeout, capped.
-
-    ``final_deadline``: the attempt's last moment (``written`` plus the
-    unstreamed timeout for a head; ``inf`` for a first body byte, which
-    has no deadline with first-body-timeout ``0``).
-    """
-    return min(now + response_header_timeout, final_deadline)
+def proof_window(interval: float) -> float:
+    """How recent a relayed body byte must be to prove its node alive."""
+    return interval if interval > 0 else DEFAULT_PROOF_WINDOW
 
 
-def at_window_end(now: float, final_deadline: float) -> Decision:
-    """A window ended without the answer: check the node, or give up at the final deadline."""
-    return _TIMED_OUT if now >= final_deadline else _CHECK
-
-
-def after_check(passed: bool, now: float, final_deadline: float) -> Decision:
-    """A check answered: a failed one ends the attempt, a passed one waits on.
-
-    A passed check never shortens the wait below what the attempt had
-    without checks: the node keeps the attempt up to ``final_deadline``.
-    """
-    if not passed:
-        return _UNRESPONSIVE
-    return _TIMED_OUT if now >= final_deadline else _WAIT
+def moving(silent_since: float | None, now: float, window: float) -> bool:
+    """Whether a stream relayed a byte within ``window`` (``silent_since`` None: one now)."""
+    return silent_since is None or now - silent_since < window
 
 
 def reuses_pass(passed_at: float, now: float) -> bool:
@@ -99,12 +107,21 @@ def passes(status: int | None) -> bool:
     return status is not None
 
 
+def revive_delay(failed_checks: int) -> float:
+    """The pause before re-checking a node that ``failed_checks`` checks in a row found silent.
+
+    1, 2, 4, 8 ... seconds, at most ``MAX_REVIVE_DELAY``: a node that wakes is
+    back within seconds, a dead one costs a connection now and then.
+    """
+    return float(min(MAX_REVIVE_DELAY, 2 ** max(0, failed_checks - 1)))
+
+
 @attrs.frozen
 class CheckRecord:
     """One finished check of a node, as ``/status`` shows it (``last_check``).
 
     Attributes:
-        kind: ``"liveness"`` (SPEC 5.5), or ``"health"`` for discovery's checks.
+        kind: ``"liveness"``, or ``"health"`` for discovery's checks.
         ok: whether the check passed.
         status: the node's answer, if one came.
         error: why it failed (or what was odd about it), else None.

@@ -91,9 +91,10 @@ RULES: dict[Outcome, Rule] = {
     Outcome.CONNECT_TIMEOUT: attrs.evolve(_FAST, timed_out=True, status=504),
     Outcome.TLS_ERROR: _FAST,
     Outcome.HEADER_TIMEOUT: _STALL,
-    # The node answered neither the request nor a GET /health of its own:
-    # as stalled as one that missed its head deadline.
-    Outcome.UNRESPONSIVE: _STALL,
+    # The node answered neither the request nor a GET /health of its own
+    # (or a check found it down): a deadline's answer (504), but the check
+    # already marked the node down, which demotes it until it answers again.
+    Outcome.UNRESPONSIVE: attrs.evolve(_STALL, cools=Cooling.NONE),
     Outcome.FIRST_BODY_TIMEOUT: _STALL,
     Outcome.RESET: _FAST,
     Outcome.CLOSED_EARLY: _FAST,

@@ -12,6 +12,7 @@ candidates comes from ``core/ranking.py``, the request a node gets from
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -20,8 +21,9 @@ import trio
 
 from ..core.config import Config, Upstream
 from ..core.engine_book import EngineBook
-from ..core.errors import RetryableResponse, UpstreamError
+from ..core.errors import RetryableResponse, Unresponsive, UpstreamError
 from ..core.headers import get, upstream_request_headers
+from ..core.liveness import question_period
 from ..core.outcome import SavedResponse, failure_code, failure_status
 from ..core.ranking import affinity_key, resolve_candidates
 from ..core.requests import is_unstreamed, request_document, request_model
@@ -30,12 +32,13 @@ from ..core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
 from ..core.workload import State
 from ..wire.client import ClientConnection, ClientRequest
 from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector, Liveness, OutgoingRequest, UpstreamResponse, open_response
+from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
 from .answers import send_failure, send_saved, turn_away
 from .milestones import Milestones
 from .queue import SlotQueue
 from .records import Workload
 from .report import Report
+from .silence import SilenceTimer, SilenceWatch
 
 
 @attrs.frozen
@@ -84,14 +87,15 @@ class Attempts:
         report: Report,
         milestones: Milestones,
         relay: Relay,
-        liveness: Liveness | None = None,
+        silence: SilenceWatch,
         engines: EngineBook | None = None,
     ) -> None:
         self.config = config
         # The engines' signals (SPEC 5c): loaded models first; None = none.
         self.engines = engines
-        # Asks a node that keeps an attempt waiting whether it is alive (SPEC 5.5).
-        self.liveness = liveness
+        # Times each attempt's wait for its node: a silent node is asked
+        # whether it is alive, and a node found down ends the attempt.
+        self.silence = silence
         self.connector = connector
         self.pool = pool
         self.queue = queue
@@ -193,15 +197,7 @@ class Attempts:
                         outgoing = attrs.evolve(outgoing, head_timeout=cold)
                 self.report.attempt_started(work, node, outgoing)  # event; span, traceparent
                 try:
-                    response = await open_response(
-                        node,
-                        outgoing,
-                        connector=self.connector,
-                        config=self.config,
-                        pool=self.pool,
-                        started=work.attempt_started,
-                        liveness=self.liveness,
-                    )
+                    response = await self._attempt(node, outgoing, work)
                 except UpstreamError as failure:
                     if isinstance(failure, RetryableResponse) and failure.saved is not None:
                         last_answer = failure.saved
@@ -223,6 +219,60 @@ class Attempts:
         status = failure_status(work.attempts)
         await send_failure(client, work, status, failure_code(status), "every node failed")
         return True
+
+    async def _attempt(
+        self, node: Upstream, outgoing: OutgoingRequest, work: Workload
+    ) -> UpstreamResponse:
+        """One attempt up to commit, its silence timed: a node found down ends it.
+
+        Raises:
+            UpstreamError: the attempt failed; ``Unresponsive`` when the
+                node was found down (no answer to a liveness check, or a
+                down mark from any check) while the attempt waited on it.
+        """
+        config = self.config
+        interval, timeout = config.liveness_interval, config.response_header_timeout
+        head_timeout = outgoing.head_timeout or timeout
+        timer = SilenceTimer(
+            math.inf,
+            armed=False,
+            node=node.name,
+            committed=False,
+            head_period=question_period(interval, timeout, watched=outgoing.unstreamed),
+            period=question_period(interval, timeout, watched=not config.first_body_timeout),
+            deadlines=(
+                config.unstreamed_timeout if outgoing.unstreamed else head_timeout,
+                config.first_body_timeout or math.inf,
+            ),
+        )
+        self.silence.register(timer)
+        try:
+            with timer.scope:
+                try:
+                    response = await open_response(
+                        node,
+                        outgoing,
+                        connector=self.connector,
+                        config=config,
+                        pool=self.pool,
+                        started=work.attempt_started,
+                        progress=timer,
+                    )
+                except UpstreamError as error:
+                    error.checks += timer.checks
+                    raise
+                response.checks += timer.checks
+                return response
+        finally:
+            self.silence.unregister(timer)
+            if timer.resends:  # a pooled connection found stale: told, not hidden
+                work.resends += timer.resends
+                self.report.resent(node.name, timer.resends)
+        # Only the watch cancels the timer's scope: the node was found down.
+        phase = "first body byte" if timer.head_seen else "head"
+        unresponsive = Unresponsive(node.name, phase, timer.ended_by or "node down")
+        unresponsive.checks = timer.checks
+        raise unresponsive
 
     async def _no_node(self, client: ClientConnection, work: Workload, model: str | None) -> bool:
         self.report.publish_workload(work)

@@ -65,6 +65,7 @@ from ..core.inventory import (
     CheckVerdict,
     Health,
 )
+from ..core.liveness import DOWN_REASON as LIVENESS_DOWN
 from ..core.liveness import CheckRecord
 from ..core.node_change import ChangeKind, NodeChange
 
@@ -81,6 +82,7 @@ class NodeState:
     served: int = 0
     failed: int = 0
     down: bool = False
+    down_reason: str | None = None  # why it is down: a health check, or a liveness check
     # The node's last finished check (liveness, SPEC 5.5; or discovery's).
     last_check: CheckRecord | None = None
     inventory: tuple[str, ...] | None = None
@@ -88,8 +90,6 @@ class NodeState:
     tags: list[dict[str, object]] | None = None
     last_outcome: str | None = None
     last_error: str | None = None
-    streams: int = 0  # this proxy's committed attempts relaying from it now
-    last_stream_end: float = -math.inf
     # Set to ask the node's checker for a check now; replaced as a check begins.
     recheck: trio.Event = attrs.Factory(trio.Event)
 
@@ -129,18 +129,9 @@ class _Reads:
 
 
 class _OwnParts:
-    """The board's parts that are this process's own: its streams and re-check asks."""
+    """The board's parts that are this process's own: its re-check asks."""
 
     nodes: dict[str, NodeState]
-
-    def streaming(self, name: str) -> _Streaming:
-        """Count a committed attempt of ``name`` as streaming while the ``with`` block runs."""
-        return _Streaming(self.nodes[name])
-
-    def streamed_since(self, name: str, since: float) -> bool:
-        """Whether an attempt of ``name`` streamed at any moment from ``since`` on."""
-        node = self.nodes[name]
-        return node.streams > 0 or node.last_stream_end >= since
 
     def ask_recheck(self, name: str) -> None:
         """Have the node's checker check it now (or right after its running check)."""
@@ -295,17 +286,34 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
             change = NodeChange(ChangeKind.DOWN, node, DOWN_REASON, error=verdict.last_error)
             self.apply(change, now)
         elif verdict.health is Health.READY and state.down:
-            entry = self.cooldowns.get(node, now)
-            if entry is None:
-                self.apply(NodeChange(ChangeKind.READY, node, READY_REASON_CHECK), now)
-            else:
-                remaining = entry.remaining(now)
-                self.apply(NodeChange(ChangeKind.UP, node, READY_REASON_CHECK, remaining), now)
+            self._up(node, READY_REASON_CHECK, now)
 
-    def liveness_checked(self, node: str, record: CheckRecord) -> None:
-        """Keep a finished liveness check as the node's ``last_check`` (SPEC 5.5)."""
-        self.nodes[node].last_check = record
+    def _up(self, node: str, reason: str, now: float) -> None:
+        """A down node answers again: ready, or still cooling for what its cooldown has left."""
+        entry = self.cooldowns.get(node, now)
+        if entry is None:
+            self.apply(NodeChange(ChangeKind.READY, node, reason), now)
+        else:
+            self.apply(NodeChange(ChangeKind.UP, node, reason, entry.remaining(now)), now)
+
+    def liveness_checked(self, node: str, record: CheckRecord, now: float) -> None:
+        """Keep a finished liveness check as the node's ``last_check``; a failed one marks it down.
+
+        A node that answered nothing is ``down`` (reason ``unresponsive``)
+        and its re-check is asked for (discovery's backoff); a check that
+        passes brings back a node that only a liveness check had marked
+        down (a health check's ``5xx`` verdict stays discovery's to end).
+        """
+        state = self.nodes.get(node)
+        if state is None:
+            return
+        state.last_check = record
         self.on_check(node, False)
+        if not record.ok and not state.down:
+            self.apply(NodeChange(ChangeKind.DOWN, node, LIVENESS_DOWN, error=record.error), now)
+            self.ask_recheck(node)
+        elif record.ok and state.down and state.down_reason == LIVENESS_DOWN:
+            self._up(node, READY_REASON_CHECK, now)
 
     def keep_tags(self, node: str, entries: list[dict[str, object]] | None) -> None:
         """Keep the node's answer to a check's ``GET /api/tags`` (None: not a tags answer)."""
@@ -361,11 +369,11 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
             change = attrs.evolve(change, remaining=entry.remaining(now))
         elif kind is ChangeKind.READY:
             self.cooldowns.restore(change.node)
-            state.down = False
+            state.down, state.down_reason = False, None
         elif kind is ChangeKind.DOWN:
-            state.down = True
+            state.down, state.down_reason = True, change.reason
         elif kind is ChangeKind.UP:
-            state.down = False
+            state.down, state.down_reason = False, None
         else:  # COOLED: ran out (already gone here)
             self.cooldowns.restore(change.node)
         self._tell(change)
@@ -430,19 +438,3 @@ def _keep_verdict(state: NodeState, verdict: CheckVerdict, record: CheckRecord |
         state.last_error = verdict.last_error
     if verdict.replace_inventory:
         state.inventory = verdict.inventory
-
-
-class _Streaming:
-    """``NodeBoard.streaming``: a class, not a generator, as it runs on every request."""
-
-    __slots__ = ("node",)
-
-    def __init__(self, node: NodeState) -> None:
-        self.node = node
-
-    def __enter__(self) -> None:
-        self.node.streams += 1
-
-    def __exit__(self, *_exc: object) -> None:
-        self.node.streams -= 1
-        self.node.last_stream_end = trio.current_time()

@@ -92,10 +92,14 @@ class Discovery:
         *,
         jitter: Callable[[], float] = random.random,
         on_checked: Callable[[str, bool], None] | None = None,
+        moving: Callable[[str, float], bool] | None = None,
     ) -> None:
         self.config = config
         # Told after each check (node, good): the engine reader reads then (SPEC 5c).
         self._on_checked = on_checked
+        # Whether a stream of the node relayed a byte lately (``SilenceWatch.moving``):
+        # then a check that times out proves nothing.
+        self._moving = moving or _never_moving
         self.connector = connector
         self.board = board
         self.queue = queue
@@ -243,7 +247,6 @@ class Discovery:
         ``unless_busy``: not sent (``sent`` False) when, once connected, an
         attempt is in flight at the node.
         """
-        started = trio.current_time()
         try:
             answer = await fetch_if(
                 node,
@@ -257,7 +260,7 @@ class Discovery:
         except errors.UpstreamError as exc:
             detail = f"{exc.phase}: {exc.detail}"
             if isinstance(exc, _TIMEOUTS):
-                streaming = self.board.streamed_since(node.name, started)
+                streaming = self._moving(node.name, trio.current_time())
                 return _Reply(None, CheckFailure.TIMED_OUT, detail, streaming)
             if isinstance(exc, errors.UpstreamProtocolError):
                 return _Reply(None, CheckFailure.NOT_HTTP, detail)
@@ -265,6 +268,10 @@ class Discovery:
         if answer is None:
             return _Reply(None, sent=False)
         return _Reply(answer)
+
+
+def _never_moving(_node: str, _now: float) -> bool:
+    return False
 
 
 def health_check_record(verdict: CheckVerdict, finished: float) -> CheckRecord:

@@ -1,18 +1,27 @@
-"""The liveness checks: one ``GET /health`` per node at a time, for every attempt waiting on it.
+"""The liveness checks: one ``GET /health`` per node at a time, for every wait on it.
 
-An attempt whose node stays silent for a response-header timeout (an
-unstreamed request's head, a first body byte with first-body-timeout 0)
-asks ``LivenessChecker.still_alive`` (the ``wire.watched.Liveness``
-protocol) between its windows. The checker coalesces: while a check of a
-node runs, every other attempt that asks waits for the same answer, and a
-check that passed less than ``PASS_REUSE`` ago answers without asking again
-(SPEC 5.5). 50 attempts waiting on one frozen node make one ``GET /health``
-per window, not 50.
+Silence is a question (docs/failover.md, "Liveness checks"). The proxy's
+``SilenceWatch`` (``silence.py``) times every wait for a node; when one has
+been silent for a question's period it calls ``LivenessChecker.ask`` with
+the node's name. The checker coalesces: while a check of a node runs,
+every other wait that comes due joins it, and a check that passed less than
+``PASS_REUSE`` ago answers at once. 50 attempts waiting on one frozen node
+make one ``GET /health`` per period, not 50.
 
-A check runs in the task of the attempt that asked first, not in a task of
-its own: no task per attempt, nothing running once nobody waits. If that
-attempt goes away (its client left), its check is cancelled and its
-connection closed at once; an attempt still waiting then runs the next one.
+A check runs in the checker's own nursery (``run``, one of the proxy's own
+tasks), not in an attempt's task: the waits stay plain waits, with nothing
+of the check's I/O inside them, and a check that one attempt asked for
+answers the others although the first went away. It ends within the
+connect timeout and ``check_timeout``.
+
+Its answer: a pass is counted by the waits that asked
+(``SilenceWatch.answered``); a failure is the board's news
+(``NodeBoard.liveness_checked`` marks the node down, reason
+``unresponsive``), which ends every wait on the node at once, these and
+any other; with discovery on, the board asks discovery to re-check the
+node with its backoff, and with discovery off the checker does
+(``_revive``: 1, 2, 4 ... s, ``core.liveness.revive_delay``), so a node that
+wakes is back within seconds.
 
 A check is not an attempt: a fresh connection (``wire.fetch.fetch_head``),
 never pooled, no slot of the capacity ledger, the node's headers and TLS
@@ -26,85 +35,123 @@ from __future__ import annotations
 
 import math
 
-import attrs
 import trio
 
 from ..core import errors
 from ..core.config import Config, Upstream
-from ..core.liveness import KIND, LIVENESS_PATH, CheckRecord, check_timeout, passes, reuses_pass
+from ..core.liveness import (
+    KIND,
+    LIVENESS_PATH,
+    CheckRecord,
+    check_timeout,
+    passes,
+    reuses_pass,
+    revive_delay,
+)
 from ..wire.connect import Connector
 from ..wire.fetch import fetch_head
 from .board import NodeBoard
 from .report import Report
-
-
-@attrs.define
-class _Check:
-    """One check of a node, its waiters and, once it ended, its answer (None: abandoned)."""
-
-    done: trio.Event = attrs.Factory(trio.Event)
-    passed: bool | None = None
-
-
-@attrs.define
-class _NodeChecks:
-    running: _Check | None = None
-    passed_at: float = -math.inf
+from .silence import SilenceWatch
 
 
 class LivenessChecker:
     """Runs the liveness checks of one proxy's nodes; ``Proxy`` owns one."""
 
     def __init__(
-        self, config: Config, connector: Connector, board: NodeBoard, report: Report
+        self,
+        config: Config,
+        connector: Connector,
+        board: NodeBoard,
+        report: Report,
+        watch: SilenceWatch,
     ) -> None:
         self.config = config
         self.connector = connector
         self.board = board
         self.report = report
-        self._nodes = {node.name: _NodeChecks() for node in config.upstreams}
+        self.watch = watch
+        # Every node a check may be asked of: a node a reload removed keeps
+        # its definition while attempts still wait on it.
+        self._known = {node.name: node for node in config.upstreams}
+        self._running: set[str] = set()
+        self._reviving: set[str] = set()
+        self._passed_at: dict[str, float] = {}
         self._path = LIVENESS_PATH.encode()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the checks asked for until cancelled (one of the proxy's own tasks).
+
+        Cancellation: the running checks close their connections at once.
+        """
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._running.clear()
+            self._reviving.clear()
 
     def reconcile(self, added: list[str]) -> None:
-        """A reload: fresh books for the added nodes (a removed node's stay for its attempts)."""
+        """A reload: the nodes' new definitions; added nodes start with no passed check."""
+        for node in self.config.upstreams:
+            self._known[node.name] = node
         for name in added:
-            self._nodes[name] = _NodeChecks()
+            self._passed_at.pop(name, None)
 
-    async def still_alive(self, node: Upstream) -> bool:
-        """Whether ``node`` answers: a check of it, shared with every attempt that asks meanwhile.
+    def ask(self, name: str) -> None:
+        """A wait on ``name`` has been silent a period: check the node, or join its check.
 
-        Cancellation: an attempt cancelled while it runs the check closes
-        the check's connection; another waiter then checks anew.
+        Not a checkpoint: the check runs in the checker's nursery and its
+        answer comes through ``SilenceWatch.answered`` (and the board).
         """
-        books = self._nodes[node.name]
-        if reuses_pass(books.passed_at, trio.current_time()):
-            await trio.lowlevel.checkpoint()  # async means a checkpoint, always
-            return True
-        # A second round only when the attempt that ran the check went away
-        # before its answer: then one of those still waiting runs the next.
-        while True:
-            check = books.running
-            if check is None:
-                return await self._run(node, books)
-            await check.done.wait()
-            if check.passed is not None:
-                return check.passed
+        if name in self._running:
+            return  # the running check answers this wait too
+        if reuses_pass(self._passed_at.get(name, -math.inf), trio.current_time()):
+            self.watch.answered(name, True, "")
+            return
+        node, nursery = self._known.get(name), self._nursery
+        if node is None or nursery is None:
+            return
+        self._running.add(name)
+        nursery.start_soon(self._run, node)
 
-    async def _run(self, node: Upstream, books: _NodeChecks) -> bool:
-        check = books.running = _Check()
+    async def _run(self, node: Upstream) -> None:
         try:
-            check.passed = await self.check(node)
+            passed, detail = await self.check(node)
         finally:
-            books.running = None
-            check.done.set()
-        if check.passed:
-            books.passed_at = trio.current_time()
-        return check.passed
+            self._running.discard(node.name)
+        if passed:
+            self._passed_at[node.name] = trio.current_time()
+        self.watch.answered(node.name, passed, detail)
+        if not passed and not self.config.discovery_interval and node.name not in self._reviving:
+            assert self._nursery is not None
+            self._reviving.add(node.name)
+            self._nursery.start_soon(self._revive, node)
 
-    async def check(self, node: Upstream) -> bool:
-        """One ``GET /health`` at ``node``, told through the report; True: any status came.
+    async def _revive(self, node: Upstream) -> None:
+        """With discovery off, re-check a node a check marked down until it answers."""
+        failed = 1
+        try:
+            while self.board.is_down(node.name):
+                await trio.sleep(revive_delay(failed))
+                if not self.board.is_down(node.name):
+                    break
+                passed, _ = await self.check(node)
+                failed = 0 if passed else failed + 1
+                if passed:
+                    break
+        finally:
+            self._reviving.discard(node.name)
 
-        Never raises an ``UpstreamError``: a failure is the answer False.
+    async def check(self, node: Upstream) -> tuple[bool, str]:
+        """One ``GET /health`` at ``node``, told through the board and the report.
+
+        Returns whether any status came, and why not. Never raises an
+        ``UpstreamError``: a failure is the answer False.
         """
         started = trio.current_time()
         status: int | None = None
@@ -122,6 +169,6 @@ class LivenessChecker:
         now = trio.current_time()
         ok = passes(status)
         record = CheckRecord(KIND, ok, status, error, now)
-        self.board.liveness_checked(node.name, record)
+        self.board.liveness_checked(node.name, record, now)
         self.report.liveness_checked(node.name, record, elapsed=now - started)
-        return ok
+        return ok, f"no answer to GET /health ({error})" if error else ""

@@ -82,10 +82,16 @@ class Proxy(OwnTasks):
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
-        # The idle timers of committed streams, timed by ``silence.watch`` (``run``).
-        self.silence = SilenceWatch()
-        # GET /health of a node an attempt waits on (SPEC 5.5); with discovery on or off.
-        self.liveness = LivenessChecker(config, self.connector, self.board, self.report)
+        # Every wait for a node, timed by ``silence.watch`` (``run``): the
+        # streams' idle timeouts, and the questions of a silent node.
+        self.silence = SilenceWatch(config)
+        # GET /health of a node a wait has found silent; with discovery on or off.
+        self.liveness = LivenessChecker(
+            config, self.connector, self.board, self.report, self.silence
+        )
+        self.silence.ask = self.liveness.ask
+        # A node marked down, by any check, ends every wait on it.
+        self.board.listen(self.silence.board_changed)
         # The engines' signals (SPEC 5c): read by engine_reader, kept by the
         # board (``engines``), read by the slot ledger and the attempts.
         board = self.board
@@ -102,7 +108,6 @@ class Proxy(OwnTasks):
             self.queue,
             self.report,
             self.silence,
-            self.liveness,
             self.board.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
@@ -114,6 +119,7 @@ class Proxy(OwnTasks):
             self.queue,
             self.report,
             on_checked=self.engine_reader.checked,
+            moving=self.silence.moving,
         )
         # The replicas' shared state (SPEC 8): None with ``--state memory``.
         self.fleet: Fleet | None = None
@@ -163,6 +169,7 @@ class Proxy(OwnTasks):
         nursery.start_soon(expire_cooldowns_every, self.board, self.queue, EXPIRY_TICK)
         nursery.start_soon(self.pool.watch)
         nursery.start_soon(self.silence.watch)
+        await nursery.start(self.liveness.run)
         if self.fleet is not None:  # joined (or tried once) before the checks begin
             await nursery.start(self.fleet.run)
         if discovery:

@@ -44,6 +44,7 @@ class Workload:
     status: int | None = None
     body_bytes: int = 0
     checks: int = 0  # liveness checks its attempts waited on (SPEC 5.5)
+    resends: int = 0  # requests sent again because a pooled connection was stale
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured
     model: str | None = None  # the "model" the client asked for, if its body named one

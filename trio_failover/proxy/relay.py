@@ -19,6 +19,7 @@ import trio
 from ..core.config import Config, Upstream
 from ..core.errors import UpstreamError
 from ..core.headers import client_response_headers
+from ..core.liveness import question_period
 from ..core.outcome import Outcome, after_commit, may_pool
 from ..wire.client import ClientConnection, ClientGone, Closed
 from ..wire.upstream import UpstreamResponse
@@ -50,8 +51,7 @@ class Relay:
         self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
     ) -> bool:
         try:
-            with self.board.streaming(node.name):  # a slow check then proves nothing
-                relayed = await self._relay(client, work, node, response)
+            relayed = await self._relay(client, work, node, response)
         except BaseException:
             await response.aclose()  # cancelled or failed: never pooled
             raise
@@ -94,13 +94,15 @@ class Relay:
             await client.send(*commit)
             # A response that came whole went out with the commit: no relay
             # loop, no timer and its cancel scope to enter and leave.
-            if not response.complete and not await self._stream_rest(
-                client, work, response, idle_timeout
-            ):
-                self._milestones.stream_ended(
-                    work, node, Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
-                )
-                return False
+            if not response.complete:
+                timer = self._timer(node, response, idle_timeout)
+                if not await self._stream_rest(client, work, response, timer):
+                    if timer.ended_by is not None:  # the node answered no liveness check
+                        outcome, detail = Outcome.UNRESPONSIVE, timer.ended_by
+                    else:
+                        outcome, detail = Outcome.STREAM_IDLE_TIMEOUT, "stream went silent"
+                    self._milestones.stream_ended(work, node, outcome, detail)
+                    return False
         except UpstreamError as exc:
             # After commit nothing is replayed: the client sees a truncated
             # response (no terminating chunk, or a short Content-Length body).
@@ -115,18 +117,27 @@ class Relay:
         self._milestones.stream_ended(work, node, Outcome.COMPLETED, "")
         return True
 
+    def _timer(
+        self, node: Upstream, response: UpstreamResponse, idle_timeout: float
+    ) -> SilenceTimer:
+        """The timer of a committed stream's silences: its idle timeout and its questions."""
+        period = question_period(
+            self.config.liveness_interval, self.config.response_header_timeout, watched=False
+        )
+        return SilenceTimer(idle_timeout, armed=response.progressed, node=node.name, period=period)
+
     def _stream_rest(
         self,
         client: ClientConnection,
         work: Workload,
         response: UpstreamResponse,
-        idle_timeout: float,
+        timer: SilenceTimer,
     ) -> Coroutine[Any, Any, bool]:
         """Relay the body after the commit; False: the node went silent too long.
 
-        The silence is timed by a ``SilenceTimer`` (only when a body remains
-        and the timeout is on), registered with the proxy's ``SilenceWatch``
-        (one of the proxy's own tasks): no deadline is moved per chunk. It
+        The silence is timed by ``timer``, registered with the proxy's
+        ``SilenceWatch`` (one of the proxy's own tasks), which also knows
+        from it that the node's stream moves: no deadline is moved per chunk. It
         bounds only the waits for the node, not the writes to the client,
         whose pace is not the node's silence. In an event stream only a chunk
         that begins a line other than a comment or a blank one ends a silence
@@ -138,9 +149,6 @@ class Relay:
         A plain function that returns the relay's coroutine: one suspended
         coroutine frame less per open stream than an ``async def`` around it.
         """
-        timer = SilenceTimer(idle_timeout, armed=response.progressed)
-        if response.complete or idle_timeout == math.inf:
-            return _relay_chunks(client, work, response, timer, None)
         return _relay_chunks(client, work, response, timer, self.silence)
 
 

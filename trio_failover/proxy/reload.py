@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .liveness import LivenessChecker
     from .queue import SlotQueue
     from .report import Report
+    from .silence import SilenceWatch
     from .status import StatusView
     from .workload import WorkloadRunner
 
@@ -72,6 +73,7 @@ class Proxy(Protocol):
     queue: SlotQueue
     engine_reader: EngineReader
     liveness: LivenessChecker
+    silence: SilenceWatch
     lists: FleetLists
     discovery: Discovery
     _gate: ClientGate
@@ -147,6 +149,7 @@ def _swap_config(proxy: Proxy, new: Config) -> None:
         proxy.view,
         *proxy._workloads.holders(),
         proxy.liveness,
+        proxy.silence,
         proxy.lists,
     ]
     for holder in holders:

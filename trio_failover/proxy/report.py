@@ -107,6 +107,10 @@ class Report:
                 work.trace.attempt_ended(record)
         self.metrics.client_aborts.inc()
 
+    def resent(self, node: str, count: int) -> None:
+        """Count requests sent again because a pooled connection to ``node`` was stale."""
+        self.metrics.child(self.metrics.stale_resends, node).inc(count)
+
     # -- checks --------------------------------------------------------------
 
     def health_checked(self, node: str, result: str) -> None:
@@ -207,6 +211,7 @@ class Report:
                 "queued_ms": round(work.waited * 1000, 1),
                 "bytes": work.body_bytes,
                 **({} if work.reason is None else {"reason": work.reason}),
+                **({"resends": work.resends} if work.resends else {}),
             }
         )
 

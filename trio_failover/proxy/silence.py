@@ -1,53 +1,90 @@
-"""The stream-idle timer of a committed stream: no deadline per chunk, no task per stream.
+"""The nodes' silences, timed: stream-idle deadlines and liveness questions, one task.
 
-``--stream-idle-timeout`` bounds the node's silence, and only while the
-proxy waits for the node: the time it spends writing to a slow client is
-not the node's (SPEC 5.6). A cancel scope whose deadline follows every
-chunk would have to be lifted before each write to the client and set again
-after it; in Trio each move is a registration in the run loop's deadline
-heap, about a tenth of the instructions of a relayed chunk. So the relay
-only notes, in plain attributes of its ``SilenceTimer``, when each wait for
-the node began and how much silence came before it.
+Two rules need to know how long a node has been silent towards an
+attempt, and neither may cost a deadline per relayed chunk:
+
+- ``--stream-idle-timeout`` bounds a committed stream's silence, and only
+  while the proxy waits for the node: the time it spends writing to a slow
+  client is not the node's (docs/failover.md, "After commit").
+- Silence is a question: every ``--liveness-interval`` of silence (from the
+  request written until the first body byte, and between the bytes of a
+  committed stream) the node is asked ``GET /health`` (``liveness.py``); a
+  node that does not answer is marked down, and every attempt still waiting
+  on it ends at once.
+
+A cancel scope whose deadline follows every chunk would have to be lifted
+before each write to the client and set again after it; in Trio each move
+is a registration in the run loop's deadline heap, about a tenth of the
+instructions of a relayed chunk. So each wait has a ``SilenceTimer`` whose
+plain attributes its owner sets: ``waiting_since`` when a wait for the node
+began (None while the relay writes, or before the request is written), and
+for an event stream, how much silence came before it.
 
 Who looks at those notes: ``SilenceWatch.watch``, one task per proxy (one
-of the proxy's own, ``Proxy.run``), which keeps every committed stream's
-timer in one heap by the earliest moment its silence could reach the
-timeout, sleeps until the first of them and looks. A task per stream would
-cost ~5 KiB of memory per open stream (docs/performance.md, "Memory"); a
-heap entry costs a tuple.
+of the proxy's own, ``Proxy.run``), which keeps every timer in one heap by
+the earliest moment it could be due, sleeps until the first of them and
+looks. A task per stream would cost ~5 KiB of memory per open stream
+(docs/performance.md, "Memory"); a heap entry costs a tuple.
 
-The watch cancels the relay's scope only while the relay waits
-for the node, never while it writes, so a cancellation can only end a wait.
-A chunk that arrives in the very pass in which the timer fires finds the
-scope cancelled (``fired``) and is not relayed: the stream timed out at its
-deadline.
+The watch cancels a relay's scope only while the relay waits for the node,
+never while it writes, so a cancellation can only end a wait. A chunk that
+arrives in the very pass in which the timer fires finds the scope cancelled
+(``fired``) and is not relayed: the stream timed out at its deadline.
+
+Ending a wait is the watch's only act: it asks the checker when a question
+is due (``ask``), and ends the waits at a node when the checker says the node
+did not answer, or when the board marks the node down (``board_changed``).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
+from collections.abc import Callable
 
 import trio
+
+from ..core.config import Config
+from ..core.liveness import moving, next_question, proof_window
+from ..core.node_change import ChangeKind, NodeChange
 
 __all__ = ["SilenceTimer", "SilenceWatch"]
 
 
 class SilenceTimer:
-    """Cancels ``scope`` once the node was silent ``timeout`` seconds while awaited.
+    """One wait for a node, timed: a committed stream's, or an attempt's before commit.
 
-    The relay runs inside ``scope`` and, per chunk, sets ``waiting_since``
-    (``trio.current_time()``) before it waits for the node and ``None``
+    The owner runs inside ``scope`` and sets ``waiting_since``
+    (``trio.current_time()``) before each wait for the node and ``None``
     after; ``silence`` is the node's silence before that wait, since the
     last chunk of progress (0.0 after one). ``armed`` is False until the
     stream's first progress (an event stream's first event line): before
-    it, the wait is unbounded (SPEC 5.5). ``SilenceWatch`` times it
+    it, the idle wait is unbounded. ``SilenceWatch`` times it
     (``register``/``unregister``).
+
+    Liveness: ``node`` is asked every ``period`` seconds of silence (``inf``:
+    never); an attempt before commit has a ``head_period`` until its head
+    came (``head_seen``, set by the wire). ``ended_by`` says why the watch
+    cancelled the scope for the node's silence towards the questions (the
+    node did not answer, or is down); ``checks`` counts the passed checks
+    this wait asked for.
     """
 
     __slots__ = (
         "armed",
+        "asking",
+        "checks",
+        "committed",
+        "deadlines",
+        "ended_by",
+        "head_period",
+        "head_seen",
+        "last_question",
+        "node",
+        "period",
         "queued",
+        "resends",
         "scope",
         "silence",
         "stopped",
@@ -55,7 +92,17 @@ class SilenceTimer:
         "waiting_since",
     )
 
-    def __init__(self, timeout: float, *, armed: bool) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        armed: bool,
+        node: str = "",
+        period: float = math.inf,
+        head_period: float | None = None,
+        committed: bool = True,
+        deadlines: tuple[float, float] = (math.inf, math.inf),
+    ) -> None:
         self.timeout = timeout
         self.armed = armed
         self.scope = trio.CancelScope()
@@ -63,14 +110,32 @@ class SilenceTimer:
         self.silence = 0.0
         self.stopped = False
         self.queued = False  # whether a SilenceWatch heap holds it
+        self.node = node
+        self.period = period
+        self.head_period = period if head_period is None else head_period
+        self.head_seen = head_period is None
+        self.committed = committed
+        # Seconds from the silence's start to the wire's deadline, before and
+        # after the head: a question then would come too late to matter.
+        self.deadlines = deadlines
+        self.asking = False  # a question of it waits for the node's check
+        self.last_question = -math.inf  # when it last asked
+        self.checks = 0
+        self.ended_by: str | None = None
+        self.resends = 0  # the wire's: requests sent again on a fresh connection
 
     @property
     def fired(self) -> bool:
-        """Whether the timer ended the stream."""
+        """Whether the timer ended the wait (the idle timeout, or the node's silence)."""
         return self.scope.cancel_called
 
+    @property
+    def asks_every(self) -> float:
+        """The seconds of silence between two questions now."""
+        return self.period if self.head_seen else self.head_period
+
     def expiry(self, now: float) -> float | None:
-        """When the silence reaches the timeout at the earliest; None: it has, now."""
+        """When the idle silence reaches the timeout at the earliest; None: it has, now."""
         since = self.waiting_since
         if not self.armed or since is None:
             # No progress yet, or the relay is writing: the silence cannot
@@ -79,6 +144,31 @@ class SilenceTimer:
         expiry = since + (self.timeout - self.silence)
         return None if now >= expiry else expiry
 
+    def question_due(self, now: float) -> float:
+        """When this wait next asks about its node (``inf``: never); at or before ``now``: now."""
+        period = self.asks_every
+        if period == math.inf:
+            return math.inf
+        since = self.waiting_since
+        if since is None:  # not waiting for the node now: look again a period on
+            return now + period
+        question = next_question(since, self.last_question, period)
+        deadline = since + self.deadlines[self.head_seen]
+        return question if question < deadline else math.inf
+
+    def look_at(self, now: float) -> float:
+        """When the watch must look at this wait's questions next (``inf``: never).
+
+        Before its head, a wait may start asking more often once the head
+        comes (the first body byte's period): the wire cannot move the
+        heap, so the watch looks again within that shorter period anyway.
+        """
+        due = self.question_due(now)
+        if self.head_seen or self.period >= self.head_period:
+            return due
+        since = self.waiting_since
+        return min(due, (now if since is None else since) + self.period)
+
 
 # Below this many stopped entries the heap is not rebuilt: they leave it
 # at their expiry anyway, within one timeout.
@@ -86,40 +176,81 @@ _COMPACT_MIN = 64
 
 
 class SilenceWatch:
-    """Every committed stream's ``SilenceTimer`` of a proxy, timed by one task.
+    """Every wait's ``SilenceTimer`` of a proxy, timed by one task.
 
     ``watch`` is that task: the proxy runs it for its lifetime
-    (``Proxy.run``). A stream ``register``s its timer before the relay and ``unregister``s it after;
-    each is O(log n), and the relay does no heap work per chunk. A stopped
-    timer stays in the heap until its entry comes due or the stopped
-    entries are the majority, when the heap is rebuilt without them.
+    (``Proxy.run``). A wait ``register``s its timer before it begins and
+    ``unregister``s it after; each is O(log n), and the relay does no heap
+    work per chunk. A stopped timer stays in the heap until its entry comes
+    due or the stopped entries are the majority, when the heap is rebuilt
+    without them.
+
+    ``ask``: called with a node's name when a wait's question is due (the
+    proxy's ``LivenessChecker.ask``); it answers through ``answered``.
+    ``config``: read for ``--liveness-interval`` (what counts as proof of
+    life); a reload swaps it.
     """
 
-    __slots__ = ("_heap", "_seq", "_stale", "_wake", "running")
+    __slots__ = (
+        "_by_node",
+        "_heap",
+        "_last_byte",
+        "_seq",
+        "_stale",
+        "_wake",
+        "ask",
+        "config",
+        "running",
+    )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, config: Config | None = None, *, ask: Callable[[str], None] | None = None
+    ) -> None:
         self._heap: list[tuple[float, int, SilenceTimer]] = []
         self._seq = itertools.count()  # ties in expiry never compare timers
         self._stale = 0  # stopped timers still in the heap
         self._wake = trio.Event()  # set when an entry is earlier than all before it
         self.running = False
+        self.ask = ask
+        self.config = config
+        # Each node's registered waits, and when its last ended stream last relayed.
+        self._by_node: dict[str, set[SilenceTimer]] = {}
+        self._last_byte: dict[str, float] = {}
+
+    @property
+    def interval(self) -> float:
+        """``--liveness-interval`` as configured now (0 without a configuration)."""
+        return self.config.liveness_interval if self.config is not None else 0.0
 
     @property
     def timed(self) -> int:
-        """How many streams it times now."""
+        """How many waits it times now."""
         return len(self._heap) - self._stale
 
     def register(self, timer: SilenceTimer) -> None:
         """Time ``timer`` from now on, until ``unregister``."""
-        expiry = timer.expiry(trio.current_time())
-        if expiry is None:  # only an armed relay already waiting: not at registration
+        now = trio.current_time()
+        if timer.node:
+            self._by_node.setdefault(timer.node, set()).add(timer)
+        due = self._due(timer, now)
+        if due is None:  # only an armed relay already waiting: not at registration
             timer.scope.cancel()
             return
-        self._push(expiry, timer)
+        if due < math.inf:
+            self._push(due, timer)
 
     def unregister(self, timer: SilenceTimer) -> None:
-        """Stop timing ``timer`` (its stream ended, whichever way)."""
+        """Stop timing ``timer`` (its wait ended, whichever way)."""
         timer.stopped = True
+        if timer.node:
+            waits = self._by_node.get(timer.node)
+            if waits is not None:
+                waits.discard(timer)
+                if not waits:
+                    del self._by_node[timer.node]
+            if timer.committed:
+                since = timer.waiting_since
+                self._last_byte[timer.node] = trio.current_time() if since is None else since
         if not timer.queued:
             return
         self._stale += 1
@@ -132,6 +263,62 @@ class SilenceWatch:
             heapq.heapify(live)
             self._heap, self._stale = live, 0
 
+    # -- what the checks and the board tell ---------------------------------
+
+    def moving(self, node: str, now: float) -> bool:
+        """Whether a stream of ``node`` relayed a body byte within the proof window.
+
+        A stream that moves proves its node alive; one that stopped proves
+        nothing (discovery's timed-out check counts then).
+        """
+        window = proof_window(self.interval)
+        if now - self._last_byte.get(node, -math.inf) < window:
+            return True
+        return any(
+            moving(timer.waiting_since, now, window)
+            for timer in self._by_node.get(node, ())
+            if timer.committed
+        )
+
+    def answered(self, node: str, passed: bool, detail: str) -> None:
+        """A check of ``node`` ended: counted by the waits that asked; a failed one ends them."""
+        for timer in self._by_node.get(node, ()):
+            if timer.asking:
+                timer.asking = False
+                timer.checks += 1
+        if not passed:
+            self._end_waits(node, detail)
+
+    def board_changed(self, change: NodeChange) -> None:
+        """The board's listener: a node marked down ends every wait on it (``_end_waits``)."""
+        if change.kind is ChangeKind.DOWN and change.model is None:
+            detail = f"node down ({change.reason})"
+            if change.error:
+                detail += f": {change.error}"
+            self._end_waits(change.node, detail)
+
+    def _end_waits(self, node: str, detail: str) -> None:
+        """End every wait on ``node`` before commit, and its committed streams that are silent."""
+        now = trio.current_time()
+        window = proof_window(self.interval)
+        for timer in list(self._by_node.get(node, ())):
+            if timer.scope.cancel_called:
+                continue
+            if timer.committed and moving(timer.waiting_since, now, window):
+                continue  # bytes within the window: alive, whatever a check said
+            timer.ended_by = detail
+            timer.scope.cancel()
+
+    # -- the heap --------------------------------------------------------------
+
+    def _due(self, timer: SilenceTimer, now: float) -> float | None:
+        """The earliest moment ``timer`` needs a look: idle expiry or question; None: expired."""
+        question = timer.look_at(now)
+        if timer.timeout == math.inf:
+            return question
+        expiry = timer.expiry(now)
+        return None if expiry is None else min(expiry, question)
+
     def _push(self, expiry: float, timer: SilenceTimer) -> None:
         heap = self._heap
         # Only an entry earlier than every other one moves the watcher's
@@ -143,7 +330,7 @@ class SilenceWatch:
             self._wake.set()
 
     async def watch(self) -> None:
-        """Cancel each stream whose node went silent too long; runs until cancelled."""
+        """End each wait whose node went silent too long; runs until cancelled."""
         if self.running:
             raise RuntimeError("SilenceWatch.watch is already running")
         self.running = True
@@ -158,25 +345,36 @@ class SilenceWatch:
                     await self._wake.wait()
                 self._expire(trio.current_time())
         finally:
-            # The streams still registered lose their timing; serve() stops
+            # The waits still registered lose their timing; serve() stops
             # the proxy only after its connections (or when all is cancelled).
             self.running = False
 
     def _expire(self, now: float) -> None:
-        """Look at every entry due by ``now``: fire, push again later, or drop."""
+        """Look at every entry due by ``now``: fire, ask, push again later, or drop."""
         heap = self._heap
         later: list[tuple[float, SilenceTimer]] = []
+        asked: set[str] = set()
         while heap and heap[0][0] <= now:
             timer = heapq.heappop(heap)[2]
             timer.queued = False
             if timer.stopped:
                 self._stale -= 1
                 continue
-            expiry = timer.expiry(now)
-            if expiry is None:
+            if timer.timeout != math.inf and timer.expiry(now) is None:
                 timer.scope.cancel()
-            else:  # pushed after the loop: each timer is looked at once per pass
-                later.append((expiry, timer))
-        for expiry, timer in later:  # the watcher's next sleep reads the top itself
-            heapq.heappush(heap, (expiry, next(self._seq), timer))
+                continue
+            question = timer.question_due(now)
+            if question <= now:
+                timer.asking, timer.last_question = True, question
+                asked.add(timer.node)
+            due = self._due(timer, now)
+            if due is None:
+                timer.scope.cancel()
+            elif due < math.inf:  # pushed after the loop: each timer is looked at once per pass
+                later.append((due, timer))
+        for due, timer in later:  # the watcher's next sleep reads the top itself
+            heapq.heappush(heap, (due, next(self._seq), timer))
             timer.queued = True
+        if self.ask is not None:
+            for node in asked:
+                self.ask(node)

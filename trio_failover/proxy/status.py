@@ -57,7 +57,7 @@ class StatusView:
             known = board.nodes[node.name]
             state, reason = ("cooling", entry.reason) if entry else ("ready", None)
             if known.down:  # the graver news: its last check could not reach it
-                state, reason = "down", DOWN_REASON
+                state, reason = "down", known.down_reason or DOWN_REASON
             models = advertised_ids(node.models, known.inventory)
             nodes.append(
                 {

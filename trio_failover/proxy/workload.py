@@ -26,7 +26,7 @@ from ..core.workload import FINAL, State
 from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientRequest, Closed
 from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector, Liveness
+from ..wire.upstream import Connector
 from .answers import send_failure
 from .attempts import Attempts
 from .board import NodeBoard
@@ -57,7 +57,6 @@ class WorkloadRunner:
         queue: SlotQueue,
         report: Report,
         silence: SilenceWatch | None = None,
-        liveness: Liveness | None = None,
         engines: EngineBook | None = None,
     ) -> None:
         self.config = config
@@ -77,7 +76,7 @@ class WorkloadRunner:
             report,
             milestones,
             relay.commit_and_relay,
-            liveness,
+            self.silence,
             engines,
         )
         self._attempts = attempts

@@ -131,6 +131,12 @@ class Metrics:
             ["node"],
             registry=r,
         )
+        self.stale_resends = Counter(
+            "trio_failover_stale_resends",
+            "Requests sent again on a fresh connection: the node closed a pooled one at once",
+            ["node"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "trio_failover_in_flight", "Attempts and streams in flight", ["node"], registry=r
         )
@@ -222,6 +228,7 @@ class Metrics:
         for node in nodes:
             self.commits.labels(node)
             self.stray_bytes.labels(node)
+            self.stale_resends.labels(node)
             self.in_flight.labels(node)
             self.time_to_head.labels(node)
             self.time_to_commit.labels(node)

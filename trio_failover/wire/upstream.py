@@ -6,30 +6,33 @@ Each deadline wraps the smallest operation that owns it:
     connect (+TLS)         connect_timeout           -> ConnectTimeout
     write request          response_header_timeout   -> HeaderTimeout
     read the whole head    response_header_timeout   -> HeaderTimeout
-                           (an unstreamed request: windows of it, each
-                           ended by a liveness check; the last at
-                           unstreamed_timeout)       -> Unresponsive
+                           (unstreamed_timeout for a request whose
+                           answer comes whole)
     head -> first byte     first_body_timeout (opt)  -> FirstBodyTimeout
                            (an event stream's first line that is not a
-                           comment or blank, SPEC 5.5); with 0, windows
-                           of response_header_timeout, each ended by a
-                           liveness check            -> Unresponsive
+                           comment or blank); with 0, no deadline
 
-A liveness check is the proxy's (``Liveness``, passed down by the caller;
-``first_bytes.wait_watched`` runs the windows): the common request, whose
-head and first bytes come within one window, never sees one.
+Silence is the proxy's question, not this module's: the caller's
+``Progress`` record is told when the node owes an answer
+(``waiting_since``: the request written, then the head read), and the
+proxy, which times every wait (``proxy/silence.py``), asks a silent node
+``GET /health`` and cancels the attempt when the node is found down. No
+call goes up from here.
 
 Each phase is one function (``connect_node``, ``_request_and_head``,
 ``_error_body``; ``first_bytes.py``'s ``first_body`` and ``first_event``).
 Trio, OS, TLS and h11 errors become ``UpstreamError`` subclasses in one
 place, ``upstream_errors.map_error``, phase by phase; what they mean for
 the workload is ``outcome.judge``'s call.
-Cancellation: whatever cancels an attempt (client abort, shutdown), its
-socket is closed at once; only a connection whose response was relayed to
-its end goes back to the node's pool (``pool.py``) instead.
+Cancellation: whatever cancels an attempt (client abort, shutdown, a node
+found down), its socket is closed at once; only a connection whose
+response was relayed to its end goes back to the node's pool
+(``pool.py``) instead.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import attrs
 import h11
@@ -42,7 +45,7 @@ from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.screen import answer_flaw
 from ..core.sse import SseScanner, is_event_stream
-from . import first_bytes, socket_io, sockopts, watched
+from . import first_bytes, socket_io, sockopts
 from .connect import Connector, TCPConnector, open_tcp
 from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_prefix
 from .pool import ConnectionPool
@@ -51,12 +54,11 @@ from .response import Timings, UpstreamResponse
 # The one error mapper, under the names this module's phases call.
 from .upstream_errors import map_error as _map_error
 from .upstream_errors import mapped as _mapped
-from .watched import Liveness
 
 __all__ = [
     "Connector",
-    "Liveness",
     "OutgoingRequest",
+    "Progress",
     "TCPConnector",
     "Timings",
     "UpstreamResponse",
@@ -99,27 +101,56 @@ class OutgoingRequest:
     head_timeout: float | None = None
 
 
+# A pooled connection that the node closes (or resets) within this long of
+# the request written, before any byte of the answer, was closed by the
+# node's idle timer crossing the request (RFC 9112 section 9.3.1): nothing
+# of it was processed, and it goes out again on a fresh connection. A close
+# any later is the node's answer to the request: the attempt failed.
+STALE_WINDOW = 0.25
+
+
+class Progress(Protocol):
+    """What the caller is told of an attempt's progress (``proxy/silence.SilenceTimer``).
+
+    ``waiting_since``: since when the node owes an answer (None: it owes
+    none yet); ``head_seen``: the head came; ``resends``: requests sent
+    again on a fresh connection because a pooled one was found stale.
+    """
+
+    waiting_since: float | None
+    head_seen: bool
+    resends: int
+
+
 class _StaleConnection(Exception):
     """A pooled connection was closed by the node before any byte of the answer."""
 
 
-async def _receive_answer_start(stream: trio.abc.Stream, conn: h11.Connection) -> None:
-    """First read on a pooled connection: an EOF or reset here means it went stale.
+async def _receive_answer_start(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, written: float
+) -> None:
+    """First read on a pooled connection: an EOF or reset at once means it went stale.
 
     A node closes an idle keep-alive connection whenever its own timer says
     so; if that crosses our request, nothing of it was processed and the
     request can go out again on a fresh connection (RFC 9112 section 9.3.1).
+    Only within ``STALE_WINDOW`` of the write: a node that held the request
+    longer and then closed had it, and is not sent it twice.
 
     Raises:
-        _StaleConnection: EOF or reset before the first byte.
+        _StaleConnection: EOF or reset before the first byte, at once.
+        UpstreamError: EOF or reset later (the attempt's failure).
     """
     try:
         data = await socket_io.receive(stream, RECEIVE_SIZE)
     except (trio.BrokenResourceError, OSError) as exc:
-        if sockopts.is_dead_peer_error(exc):
-            raise  # the peer vanished: a node failure, found by keepalive
+        if sockopts.is_dead_peer_error(exc) or trio.current_time() - written > STALE_WINDOW:
+            raise _map_error(name, "head", exc) from exc
         raise _StaleConnection("reset before the answer") from exc
     if not data:
+        if trio.current_time() - written > STALE_WINDOW:
+            closed = EarlyClose("connection closed before the head")
+            raise _map_error(name, "head", closed) from None
         raise _StaleConnection("closed before the answer")
     conn.receive_data(bytes(data))
 
@@ -150,25 +181,23 @@ async def open_response(
     config: Config,
     pool: ConnectionPool | None = None,
     started: float | None = None,
-    liveness: Liveness | None = None,
+    progress: Progress | None = None,
 ) -> UpstreamResponse:
     """Run one attempt up to the commit point.
 
     With a ``pool``, the newest idle connection to the node is used first.
-    If it turns out closed before any byte of the answer (EOF or reset on
-    the write or the first read), the request goes out once more on a fresh
-    connection, within the same attempt: not a node failure, no cooldown.
-    The response-header deadline runs from the request written on the
+    If the node closes it (EOF or reset) on the write, or within
+    ``STALE_WINDOW`` of it before any byte of the answer, the request goes
+    out once more on a fresh connection, within the same attempt: not a
+    node failure, no cooldown (counted in ``progress.resends``). The
+    response-header deadline runs from the request written on the
     connection actually used.
 
     ``started``: when the attempt began, if the caller read the Trio clock
     since its last checkpoint (else read here).
 
-    ``liveness``: asks a node that keeps an unstreamed request waiting for
-    its head, or any request for its first body byte (first-body-timeout
-    0), longer than a response-header timeout whether it is alive (SPEC
-    5.5). Without it those waits run to the unstreamed timeout, and
-    without a deadline.
+    ``progress``: told when the node owes an answer (``Progress``), so that
+    the caller can time the node's silence.
 
     Returns:
         The response with its head and first body bytes (or its valid empty
@@ -198,7 +227,7 @@ async def open_response(
                     started,
                     pool,
                     reused=True,
-                    liveness=liveness,
+                    progress=progress,
                 )
             except _StaleConnection:
                 pass  # closed below, outside the handler; then a fresh connection
@@ -206,6 +235,9 @@ async def open_response(
                 await trio.aclose_forcefully(idle.stream)
                 raise
             await trio.aclose_forcefully(idle.stream)
+            if progress is not None:
+                progress.resends += 1
+                progress.waiting_since = None
     stream = await connect_node(node, connector, config)
     try:
         return await _exchange(
@@ -217,7 +249,7 @@ async def open_response(
             started,
             pool,
             reused=False,
-            liveness=liveness,
+            progress=progress,
         )
     except BaseException:
         await trio.aclose_forcefully(stream)
@@ -234,13 +266,15 @@ async def _exchange(
     pool: ConnectionPool | None,
     *,
     reused: bool,
-    liveness: Liveness | None,
+    progress: Progress | None,
 ) -> UpstreamResponse:
     """The phases after connect: request and head, then the error body or the first byte."""
-    response, written, checks = await _request_and_head(
-        node, stream, conn, request, config, reused, liveness
+    response, written = await _request_and_head(
+        node, stream, conn, request, config, reused, progress
     )
     head_at = trio.current_time()
+    if progress is not None:
+        progress.waiting_since, progress.head_seen = head_at, True
     action = classify_head(
         response.status_code,
         retry_status=config.retry_status,
@@ -254,29 +288,18 @@ async def _exchange(
         raise errors.UpstreamProtocolError(node.name, "head", flaw)
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
-    elif config.first_body_timeout:
-        if is_event_stream(get(headers, b"content-type")):
-            scanner = SseScanner()
-            first, complete = await first_bytes.first_event(
-                node.name, stream, conn, config, scanner
-            )
-        else:
-            first, complete = await first_bytes.first_body(node.name, stream, conn, config)
+    elif config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
+        scanner = SseScanner()
+        first, complete = await first_bytes.first_event(node.name, stream, conn, config, scanner)
     else:
-        if liveness is None:
-            first, complete = await first_bytes.first_body(node.name, stream, conn, config)
-        else:
-            first, complete, waited_checks = await watched.first_body_watched(
-                node, stream, conn, config, liveness
-            )
-            checks += waited_checks
-        if is_event_stream(get(headers, b"content-type")):
+        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
+        if not config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
             # Every byte commits (the pings reach the client), but the
             # relay's stream-idle timer waits for the first event line.
             scanner = SseScanner()
             progressed = scanner.progress(first)
     timings = Timings(started, written, head_at, trio.current_time())
-    answer = UpstreamResponse(
+    return UpstreamResponse(
         node,
         stream,
         conn,
@@ -289,9 +312,6 @@ async def _exchange(
         progressed=progressed,
         headers=headers,
     )
-    if checks:
-        answer.checks = checks
-    return answer
 
 
 async def _request_and_head(
@@ -301,12 +321,9 @@ async def _request_and_head(
     request: OutgoingRequest,
     config: Config,
     reused: bool,
-    liveness: Liveness | None,
-) -> tuple[h11.Response, float, int]:
-    """Write the request and read the whole head (1xx skipped).
-
-    Returns the head, when the request was written, and the liveness checks
-    the wait asked.
+    progress: Progress | None,
+) -> tuple[h11.Response, float]:
+    """Write the request and read the whole head (1xx skipped); the head and when it was written.
 
     Two deadlines, each set once: a write the kernel does not take at once
     must finish within one response-header timeout (a node that does not
@@ -317,16 +334,10 @@ async def _request_and_head(
     a small one on a connection with room in its send buffer) has no
     deadline to run, so a request costs one cancel scope, not one scope
     entered with a relative deadline and then moved.
-
-    An unstreamed request with ``liveness`` waits one response-header
-    timeout in that scope too; if it ends without the head, the node is
-    asked whether it is alive and the wait goes on (``_head_watched``).
     """
     name = node.name
     header_timeout = request.head_timeout or config.response_header_timeout
-    asks = request.unstreamed and liveness is not None
-    head_timeout = config.unstreamed_timeout if request.unstreamed and not asks else header_timeout
-    answering = not reused  # a pooled connection's first read tells a stale one
+    head_timeout = config.unstreamed_timeout if request.unstreamed else header_timeout
     phase = "write"
     try:
         unsent = _write_at_once(stream, conn, request)
@@ -337,11 +348,12 @@ async def _request_and_head(
             if write_scope.cancelled_caught:
                 raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
         written = trio.current_time()
+        if progress is not None:
+            progress.waiting_since = written
         phase = "head"
         with trio.CancelScope(deadline=written + head_timeout) as scope:
-            if not answering:
-                await _receive_answer_start(stream, conn)
-                answering = True
+            if reused:  # a pooled connection's first read tells a stale one
+                await _receive_answer_start(name, stream, conn, written)
             event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):
                 event = await next_event(stream, conn)
@@ -351,19 +363,11 @@ async def _request_and_head(
         raise _map_error(name, phase, exc) from exc
     except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
         raise _map_error(name, phase, exc) from exc
-    checks = 0
     if scope.cancelled_caught:
-        if liveness is None or not asks:
-            raise errors.HeaderTimeout(
-                name, "head", f"no complete response head in {head_timeout}s"
-            )
-        start = None if answering else _receive_answer_start
-        event, checks = await watched.head_watched(
-            node, stream, conn, config, liveness, written, start
-        )
+        raise errors.HeaderTimeout(name, "head", f"no complete response head in {head_timeout}s")
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
-    return event, written, checks
+    return event, written
 
 
 def _write_at_once(

@@ -151,6 +151,9 @@ OPTIONS: tuple[Option, ...] = (
             "From response head to first body byte; 0 = off."),
     _option("stream_idle_timeout", "timeouts.stream_idle", DURATION, "DUR",
             "After commit, longest silence between body bytes; 0 = off."),
+    _option("liveness_interval", "liveness_interval", DURATION, "DUR",
+            "While a node is silent (no head, no first body byte, a stream that stopped), "
+            "ask it GET /health this often; 0 = only at the deadlines."),
     _option("dead_peer_timeout", "timeouts.dead_peer", DURATION, "DUR",
             "TCP keepalive + TCP_USER_TIMEOUT on upstream sockets; 0 = off."),
     _option("client_close", "client_close", _CLIENT_CLOSE, "abort|rst-only|ignore",
