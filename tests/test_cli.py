@@ -504,6 +504,28 @@ def test_subprocess_check_shows_all_four_sources(tmp_path: Path) -> None:
     assert rows["stream-idle-timeout"] == ("5m", "default")
 
 
+def test_subprocess_check_reports_every_mistake_of_a_file_at_once(tmp_path: Path) -> None:
+    """A node's bad name does not hide its bad URL; a misspelt timeout at the top gets a hint."""
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'respone_header = "5s"\n\n[[upstream]]\nname = "gpu a"\nurl = "ftp://10.0.0.5:8000"\n'
+    )
+    result, _ = _run("check", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(
+        f"trio-failover: error: {config}:1: invalid value 'respone_header' for respone_header: "
+        "unknown key at the top level (did you mean response_header in [timeouts]?)"
+    )
+    assert lines[1:] == [
+        f"trio-failover: error: {config}:4: invalid value 'gpu a' for upstream.name: "
+        "a node name is 1-128 token characters, no spaces",
+        f"trio-failover: error: {config}:5: invalid value 'ftp://10.0.0.5:8000' for upstream.url: "
+        "expected an http:// or https:// URL with a host",
+    ]
+
+
 # The routing test: two fake nodes in this process, a real `serve` subprocess.
 
 

@@ -44,11 +44,14 @@ from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     FakeNode,
     Fleet,
+    NodeIO,
+    ReceivedRequest,
     drop_before_body,
     frozen,
     healthy,
     openai,
     slow_head,
+    with_health,
 )
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -419,6 +422,59 @@ async def test_dashboard_shows_slots_in_use_and_the_queue(chromium: str, tmp_pat
                     assert waiting["id"].startswith("burst-")
                     clients.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
+
+
+async def test_dashboard_lists_workloads_by_start_whatever_their_state(
+    chromium: str, tmp_path: Path
+) -> None:
+    """A workload stuck at a node since before the page opened sits between its elders and juniors.
+
+    Newest first, as the page says: the two that started after it above,
+    the two that finished before it started below.
+    """
+    arrived = trio.Event()
+
+    async def stuck(io: NodeIO, received: ReceivedRequest) -> None:
+        arrived.set()
+        await io.wait_closed()  # the model works on, its web server answers /health
+
+    nodes = {"gpu-a": FakeNode(healthy()), "gpu-z": FakeNode(with_health(stuck))}
+    with trio.fail_after(50):
+        async with Fleet(nodes) as fleet, trio.open_nursery() as nursery:
+            upstreams = [await fleet.serve_tcp(name) for name in nodes]
+            bound = await serve_local(nursery, upstreams, discovery_interval=0)
+            async with (
+                httpx.AsyncClient(base_url=bound.client_url, timeout=60) as http,
+                trio.open_nursery() as waiting,
+            ):
+
+                async def send(rid: str, *, node: str = "gpu-a") -> None:
+                    headers = {"x-request-id": rid, "x-failover-node": node}
+                    await http.post("/v1/chat/completions", content=BODY, headers=headers)
+
+                await send("before-1")
+                await send("before-2")
+                waiting.start_soon(functools.partial(send, "stuck", node="gpu-z"))
+                await arrived.wait()
+                await send("after-1")
+                await send("after-2")
+                async with open_browser(nursery, tmp_path) as devtools:
+                    await devtools.open_page(f"{bound.admin_url}/")
+                    page = await wait_for_page(
+                        devtools,
+                        lambda p: len(p["workloads"]) == 5,
+                        "the five workloads of /status",
+                    )
+                waiting.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+    rows = [(w["id"], w["state"]) for w in page["workloads"]]
+    assert rows == [
+        ("after-2", "completed"),
+        ("after-1", "completed"),
+        ("stuck", "running"),
+        ("before-2", "completed"),
+        ("before-1", "completed"),
+    ]
 
 
 # Installed before the page's own script. Timers never fire (as if the first

@@ -208,3 +208,26 @@ async def test_workloads_carry_the_model_they_asked_for(autojump_clock: trio.abc
     models = [w["model"] for w in json.loads(body)["workloads"]]
     assert models == ["qwen3:32b", None, "m" * 256, "qwen3:32b"]
     assert {event["model"] for event in published} == {"qwen3:32b"}
+
+
+async def test_every_workload_says_its_age_finished_or_not(autojump_clock: trio.abc.Clock) -> None:
+    """``age_ms``: since it started, what the dashboard orders its rows by, newest first."""
+    async with Fleet({"b": FakeNode(slow_head(1.0)), "a": FakeNode(slow_head(100.0))}) as fleet:
+        proxy = Proxy(
+            Config(upstreams=fleet.upstreams(), admin_listen=None), connector=fleet.connector
+        )
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                slow = [("x-request-id", "slow"), ("x-failover-node", "a")]
+                nursery.start_soon(functools.partial(request, proxy, body=BODY, headers=slow))
+                await trio.sleep(2.0)
+                await request(proxy, body=BODY, headers=[("x-request-id", "quick")])
+                await trio.sleep(3.0)
+                status, body = await admin_get(proxy, "/status", None)
+                nursery.cancel_scope.cancel()
+    assert status == 200
+    assert trio.current_time() == 6.0
+    ages = {
+        w["id"]: (w["state"], w["duration_ms"], w["age_ms"]) for w in json.loads(body)["workloads"]
+    }
+    assert ages == {"quick": ("completed", 1000.0, 4000.0), "slow": ("running", 6000.0, 6000.0)}

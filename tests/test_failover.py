@@ -278,7 +278,12 @@ async def test_all_failed_with_a_timeout_is_504_with_attempts(
         assert response is not None
         assert response.status == 504
         document = response.json()
-        assert document["error"]["code"] == "upstream_timeout"
+        assert document.keys() == {"error", "attempts"}  # the attempts once, at the top
+        assert document["error"] == {
+            "message": document["error"]["message"],
+            "type": "upstream_error",
+            "code": "upstream_timeout",
+        }
         assert [(a["node"], a["outcome"]) for a in document["attempts"]] == [
             ("a", "connect_failed"),
             ("b", "header_timeout"),

@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
+import pytest
 import trio
 from test_queue import BODY, Traffic, by_request, ids, in_flight, make_proxy, run_traffic
 
@@ -22,13 +24,16 @@ from trio_failover.testing import (
     FakeLlamaServer,
     FakeNode,
     Fleet,
+    MemoryConnector,
     NodeIO,
     ReceivedRequest,
+    frozen,
     healthy,
     openai,
     request,
     retry_status,
     slow_head,
+    start_in_fleet,
 )
 
 
@@ -313,3 +318,75 @@ async def test_a_failover_after_a_reload_takes_the_new_list(
         assert answers[0].body == b"C"
         assert answers[0].at == 10.0
         assert fleet["b"].received == []
+
+
+class ByAddress(MemoryConnector):
+    """Connects a node to the fake named by its URL's host, whatever the node's own name.
+
+    So a reload that changes a node's URL moves its traffic to another fake.
+    """
+
+    async def connect(self, node: Upstream) -> trio.abc.Stream:
+        host = urlsplit(node.url).hostname or ""
+        return await super().connect(attrs.evolve(node, name=host.removesuffix(".invalid")))
+
+
+async def test_a_moved_nodes_next_request_and_check_go_to_its_new_address(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Not to the old one over an idle pooled connection, nor by discovery's old checker."""
+    async with Fleet({"old": FakeNode(healthy(b"old")), "new": FakeNode(healthy(b"new"))}) as fleet:
+        config = Config(
+            upstreams=[Upstream("x", "http://old.invalid:80")],
+            admin_listen=None,
+            discovery_interval=10.0,
+        )
+        proxy = Proxy(config, connector=ByAddress(fleet.nodes, fleet.connector.nursery))
+        await start_in_fleet(proxy, discovery=True)
+        with trio.fail_after(100):
+            await trio.sleep(1)  # discovery's first check of the old address is done
+            before = await request(proxy, body=BODY)
+            assert before is not None
+            assert before.body == b"old"
+            assert proxy.pool.idle_count("x") == 1  # fresh: the pool would hand it out
+            moved = attrs.evolve(config, upstreams=[Upstream("x", "http://new.invalid:80")])
+            result = await proxy.reload(moved)
+            assert result.changes == ("node x: url changed",)
+            after = await request(proxy, body=BODY)
+            assert after is not None
+            assert after.body == b"new"
+            await trio.sleep(25)
+        since = [(r.method, r.target) for r in fleet["old"].received if r.at >= 1.0]
+        assert since == [(b"POST", b"/v1/chat/completions")]  # the one before the reload
+        new_checks = [r.at for r in fleet["new"].received if r.target == b"/health"]
+        assert new_checks[0] == 1.0  # checked at once, then each interval
+        assert len(new_checks) >= 3
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "served_by", "at"),
+    [
+        pytest.param(slow_head(5.0, b"C"), b"C", 5.0, id="alive-served"),
+        pytest.param(frozen(), b"A", 4.0, id="frozen-failed-over"),
+    ],
+)
+async def test_an_added_node_that_stays_silent_past_the_header_timeout_is_checked(
+    autojump_clock: trio.abc.Clock, behaviour: Any, served_by: bytes, at: float
+) -> None:
+    """An unstreamed request at a node a reload added gets its liveness checks, not a 502."""
+    fleet_nodes = {"a": FakeNode(healthy(b"A")), "c": FakeNode(behaviour)}
+    async with Fleet(fleet_nodes) as fleet:
+        config = Config(upstreams=nodes(fleet, "a"), admin_listen=None, response_header_timeout=2.0)
+        proxy = Proxy(config, connector=fleet.connector)
+        assert (
+            await proxy.reload(
+                attrs.evolve(config, upstreams=[*nodes(fleet, "c"), *nodes(fleet, "a")])
+            )
+        ).ok
+        unstreamed = json.dumps({"model": "m", "messages": []}).encode()
+        with trio.fail_after(100):
+            answer = await request(proxy, body=unstreamed)
+        assert answer is not None
+        assert (answer.status, answer.body, answer.at) == (200, served_by, at)
+        checks = [r.at for r in fleet["c"].received if r.target == b"/health"]
+        assert checks == [2.0, 4.0] if served_by == b"C" else checks == [2.0]

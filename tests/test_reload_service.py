@@ -58,6 +58,11 @@ async def test_an_invalid_file_changes_nothing_and_says_what_check_says(
     ]
     assert logged_lines == startup_lines
     assert len(logged_lines) == 2  # the quoted number and the misspelt table
+    # Each mistake is logged once: the refusal's own line counts them.
+    told = [r.getMessage() + str(getattr(r, "fields", "")) for r in logged.records]
+    assert sum("did you mean [[upstream]]" in line for line in told) == 1
+    refused = [r for r in logged.records if r.getMessage() == "reload refused"]
+    assert [getattr(r, "fields", None) for r in refused] == [{"mistakes": 2}]
     assert not result.ok
     assert event == {"type": "reload", "ok": False, "changes": [], "error": " ".join(startup_lines)}
     assert reloader.proxy.config is running
@@ -202,8 +207,11 @@ async def test_sighup_reloads_a_serving_process(tmp_path: Path) -> None:
                 assert answer.body == b"B"
                 path.write_text(NODE_A.format(a=a.url) + "capacity = -1\n")
                 proxy.process.send_signal(signal.SIGHUP)
+                mistake = await proxy.lines.wait_for("trio-failover: error:")
+                assert "capacity" in mistake
                 refused = await proxy.lines.wait_for("reload refused")
-                assert "capacity" in refused
+                assert "capacity" not in refused  # said once, in the line above
+                assert "mistakes=1" in refused
                 assert proxy.process.poll() is None  # still serving
                 again = await request_tcp(proxy.address, headers=[("x-failover-node", "b")])
                 assert again is not None

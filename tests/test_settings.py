@@ -1026,6 +1026,12 @@ TOP_KEYS = (*(opt.toml[0] for opt in OPTIONS if opt.toml and len(opt.toml) == 1)
         ("stream-idle-timeout", True, "stream_idle in [timeouts]"),
         ("connect", True, "connect in [timeouts]"),
         ("shutdown_timeout", True, "shutdown in [timeouts]"),
+        # ... and so does a misspelt one, closer to a timeout than to any top-level key.
+        ("respone_header", True, "response_header in [timeouts]"),
+        ("stream_idel", True, "stream_idle in [timeouts]"),
+        ("header", True, "response_header in [timeouts]"),
+        ("lsten", True, "listen"),
+        ("limits", True, None),
         # ... and the tables are named as they are written.
         ("timeout", True, "[timeouts]"),
         ("upstreams", True, "[[upstream]]"),

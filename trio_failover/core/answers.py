@@ -8,15 +8,17 @@ fault, the values used so far:
 - ``upstream_error``: a 5xx, the fleet could not answer (502, 503, 504);
 - ``admin_error``: any error of the admin listener.
 
-Outside ``/api/`` the body is OpenAI's shape, as before::
+Outside ``/api/`` the body is OpenAI's shape::
 
-    {"error": {"message", "type", "code", "attempts"?}, "attempts"?}
+    {"error": {"message", "type", "code"}, "attempts"?}
 
-(``attempts`` in both places, when given, as the proxy has always sent it).
 On ``/api/`` paths it is Ollama's, whose clients show ``error`` as the
 message::
 
     {"error": "message", "code": "...", "attempts"?}
+
+``attempts``, when given, is at the top level in both: once, where both
+shapes have it.
 
 Use::
 
@@ -92,9 +94,7 @@ def error_document(
     }
     document = {"error": error}
     if attempts is not None:
-        records = list(attempts)
-        error["attempts"] = records
-        document["attempts"] = records
+        document["attempts"] = list(attempts)
     return document
 
 

@@ -99,10 +99,16 @@ class ReloadResult:
         return {"type": "reload", "ok": self.ok, "changes": list(self.changes), "error": self.error}
 
 
-def failed_reload(proxy: Proxy, error: str) -> ReloadResult:
-    """Tell of a reload that changes nothing: its log line and its ``reload`` event."""
+def failed_reload(proxy: Proxy, error: str, *, logged: int = 0) -> ReloadResult:
+    """Tell of a reload that changes nothing: its log line and its ``reload`` event.
+
+    ``logged``: ``error`` is already in the log, in that many lines (an
+    invalid file's mistakes, as ``serve`` prints them at startup); the
+    refusal's own line then counts them rather than saying each twice.
+    """
     result = ReloadResult(False, (), error)
-    logger.error("reload refused", extra={"fields": {"error": error}})
+    fields: dict[str, object] = {"mistakes": logged} if logged else {"error": error}
+    logger.error("reload refused", extra={"fields": fields})
     proxy.events.publish(result.event())
     return result
 

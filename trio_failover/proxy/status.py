@@ -17,6 +17,7 @@ import trio
 from ..core.config import Config, redact_url
 from ..core.inventory import DOWN_REASON, advertised_ids
 from ..core.version import __version__
+from .records import ms
 
 if TYPE_CHECKING:
     from .board import NodeBoard
@@ -82,12 +83,20 @@ class StatusView:
                     ),
                 }
             )
-        live = [work.summary(now) for work in self._live.values()]
+        finished = [(work, work.summary(ended)) for work, ended in self._recent]
+        live = [(work, work.summary(now)) for work in self._live.values()]
+        # Each with its age (since it started), finished or not: the
+        # dashboard lists them by start, newest first, whatever their state
+        # (a workload stuck at a node started before the ones that finished
+        # meanwhile, and perhaps before the page was opened).
+        workloads = [
+            {**summary, "age_ms": ms(now - work.started)} for work, summary in [*finished, *live]
+        ]
         return {
             "version": __version__,
             "queued": len(self.queue),
             "nodes": nodes,
-            "workloads": self.recent() + live,
+            "workloads": workloads,
         }
 
 

@@ -46,6 +46,7 @@ from ..proxy.proxy import Proxy
 from ..telemetry.events import SUBSCRIBER_BUFFER, Subscription
 from ..telemetry.logs import logger
 from ..wire.client import ClientConnection, ClientGone, ClientRequest
+from ..wire.http1 import phrase
 from . import roster
 from .history import History
 from .sampler import sample_history
@@ -195,7 +196,7 @@ async def _send_reply(client: ClientConnection, reply: Reply) -> None:
         *reply.headers,
     ]
     # The body is left out in answer to a HEAD (the writer knows the request).
-    response = h11.Response(status_code=reply.status, headers=headers)
+    response = h11.Response(status_code=reply.status, reason=phrase(reply.status), headers=headers)
     await client.send(response, h11.Data(data=reply.body), h11.EndOfMessage())
 
 

@@ -120,7 +120,7 @@ class Reloader:
                 return ReloadResult(False, (), " ".join(lines))
             for line in lines:
                 logger.error(line)
-            return failed_reload(self.proxy, " ".join(lines))
+            return failed_reload(self.proxy, " ".join(lines), logged=len(lines))
         result = await self.proxy.reload(new, tls_files_changed=tls_changed, dry_run=dry_run)
         if result.ok and not dry_run:
             self.tls.context, self.tls.digest = context, digest

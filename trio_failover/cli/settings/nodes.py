@@ -123,8 +123,17 @@ def _node_from_table(
     try:
         node = Upstream.parse(url) if name is None else Upstream(name, url)
     except ConfigError as exc:
-        key = "name" if name is not None and exc.value == name else "url"
-        mistakes.add(error(key, exc.value, exc.expected))
+        if name is None or exc.value != name:
+            mistakes.add(error("url", exc.value, exc.expected))
+            return None
+        mistakes.add(error("name", name, exc.expected))
+        # The name is checked first and stops the check there: the URL's
+        # own mistake is told too (every mistake at once), with a name that
+        # passes in place of the bad one.
+        try:
+            Upstream("node", url)
+        except ConfigError as url_exc:
+            mistakes.add(error("url", url_exc.value, url_exc.expected))
         return None
     if len(mistakes) > before:
         return None

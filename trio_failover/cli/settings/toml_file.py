@@ -132,6 +132,32 @@ def _words(key: str) -> tuple[str, ...]:
     return tuple(word for word in re.split(r"[_\W]+", key.lower()) if word)
 
 
+def _spelled(key: str) -> tuple[str, ...]:
+    """The words of ``key``, less a ``_timeout`` ending as the flags have it."""
+    words = _words(key)
+    if words[-1:] == ("timeout",) and len(words) > 1:
+        words = words[:-1]
+    return words
+
+
+def _by_words(key: str, known: Sequence[str]) -> str | None:
+    """The same key in another spelling, else the first known key with every word of ``key``."""
+    words = _spelled(key)
+    spelled = "_".join(words)
+    if spelled in known:
+        return spelled
+    if words:
+        for candidate in known:
+            if set(words) <= set(_words(candidate)):
+                return candidate
+    return None
+
+
+def _by_letters(key: str, known: Sequence[str]) -> str | None:
+    hint = difflib.get_close_matches("_".join(_spelled(key)) or key, known, n=1)
+    return hint[0] if hint else None
+
+
 def _closest(key: str, known: Sequence[str]) -> str | None:
     """The known key a mistyped ``key`` most likely meant, if any.
 
@@ -141,37 +167,39 @@ def _closest(key: str, known: Sequence[str]) -> str | None:
     ``response_header``, where the letters alone would say ``dead_peer``);
     else the closest by its letters.
     """
-    words = _words(key)
-    if words[-1:] == ("timeout",) and len(words) > 1:
-        words = words[:-1]
-    spelled = "_".join(words)
-    if spelled in known:
-        return spelled
-    if words:
-        for candidate in known:
-            if set(words) <= set(_words(candidate)):
-                return candidate
-    hint = difflib.get_close_matches(spelled or key, known, n=1)
-    return hint[0] if hint else None
+    return _by_words(key, known) or _by_letters(key, known)
 
 
 def suggest_key(key: str, known: Sequence[str], *, top_level: bool = False) -> str | None:
     """What to suggest for an unknown ``key`` of a table whose keys are ``known``.
 
     At the top level a timeout's name points into ``[timeouts]``
-    (``response_header_timeout`` -> ``response_header in [timeouts]``) and
-    an array of tables is named as it is written (``[[upstream]]``).
+    (``response_header_timeout`` -> ``response_header in [timeouts]``), and
+    so does a misspelt one (``respone_header``) whose letters are closer
+    to a timeout than to any top-level key; an array of tables is named as
+    it is written (``[[upstream]]``).
     """
-    if top_level:
-        words = _words(key)
-        if (words[-1:] == ("timeout",) and len(words) > 1) or "_".join(words) in _TIMEOUT_KEYS:
-            timeout = _closest(key, _TIMEOUT_KEYS)
-            if timeout is not None:
-                return f"{timeout} in [{_TIMEOUTS}]"
-    hint = _closest(key, known)
-    if top_level and hint in (UPSTREAM, CLIENT):
+    if not top_level:
+        return _closest(key, known)
+    words = _words(key)
+    timeouts = f" in [{_TIMEOUTS}]"
+    if (words[-1:] == ("timeout",) and len(words) > 1) or "_".join(words) in _TIMEOUT_KEYS:
+        timeout = _closest(key, _TIMEOUT_KEYS)
+        if timeout is not None:
+            return timeout + timeouts
+    hint = _by_words(key, known)
+    if hint is None:
+        hint = _by_words(key, _TIMEOUT_KEYS)
+        if hint is not None:
+            return hint + timeouts
+        # By its letters, among both tables' keys: the closest wins.
+        others = [timeout for timeout in _TIMEOUT_KEYS if timeout not in known]
+        hint = _by_letters(key, [*known, *others])
+        if hint in others:
+            return hint + timeouts
+    if hint in (UPSTREAM, CLIENT):
         return f"[[{hint}]]"
-    if top_level and hint == _TIMEOUTS:
+    if hint == _TIMEOUTS:
         return f"[{_TIMEOUTS}]"
     return hint
 
