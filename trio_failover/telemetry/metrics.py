@@ -249,14 +249,12 @@ class Metrics:
             "Time one wait for a slot lasted (one workload may wait more than once)",
             r,
         )
-        self.queue_rejected = Counter(
+        self.queue_rejected = _closed_counter(
             "trio_failover_queue_rejected",
             "Workloads turned away by the queue, by reason",
-            ["reason"],
-            registry=r,
+            ("reason", QUEUE_REJECTIONS),
+            r,
         )
-        for reason in QUEUE_REJECTIONS:  # a closed set: export it at zero
-            self.queue_rejected.labels(reason)
 
     def _define_latencies(self, r: FlushingRegistry) -> None:
         """The latency histograms, by node."""
@@ -296,14 +294,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
-        self.reloads = Counter(
+        self.reloads = _closed_counter(
             "trio_failover_reloads",
             "Configuration reloads by result (failed: refused, nothing changed)",
-            ["result"],
-            registry=r,
+            ("result", RELOAD_RESULTS),
+            r,
         )
-        for result in RELOAD_RESULTS:  # a closed set: export it at zero
-            self.reloads.labels(result)
 
     # -- the per-request updates, held (the lookups inlined: one call each) --
 
@@ -427,6 +423,16 @@ class Metrics:
             self.state_connected,
             self.state_replicas,
         )
+
+
+def _closed_counter(
+    name: str, documentation: str, label: tuple[str, tuple[str, ...]], registry: FlushingRegistry
+) -> Counter:
+    """A counter of one label whose values are a closed set, each exported at zero."""
+    counter = Counter(name, documentation, [label[0]], registry=registry)
+    for value in label[1]:
+        counter.labels(value)
+    return counter
 
 
 def _latency(
