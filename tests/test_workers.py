@@ -105,6 +105,15 @@ def listening_sockets(port: int) -> int:
     return count
 
 
+def metrics_dir(pid: int) -> Path:
+    """The directory a worker's supervisor gave it for the metrics (its environment)."""
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        name, _, value = entry.partition(b"=")
+        if name == b"PROMETHEUS_MULTIPROC_DIR":
+            return Path(value.decode())
+    raise AssertionError(f"worker {pid} has no PROMETHEUS_MULTIPROC_DIR")
+
+
 async def http_get(address: tuple[str, int], path: str) -> bytes:
     """One request on a fresh connection; the whole answer (the proxy closes it)."""
     stream = await trio.open_tcp_stream(*address)
@@ -209,11 +218,13 @@ async def test_workers_whose_supervisor_was_killed_drain_and_exit(
     with trio.fail_after(LIMIT):
         async with supervisor("--upstream=a=http://127.0.0.1:9", "--workers=2", state) as sup:
             await sup.lines.wait_for("listening on")
+            directory = metrics_dir(await sup.worker_pid(0))
             sup.process.kill()
             await sup.process.wait()
             # Each worker noticed, drained, and exited (closing its stderr).
             await sup.stderr_closed.wait()
             assert sum("draining" in line for line in sup.lines) == 2
+            assert not directory.exists()  # the workers removed the metrics' directory
 
 
 async def test_a_taken_port_stops_the_supervisor_with_exit_2(redis_server: RedisServer) -> None:

@@ -2,14 +2,17 @@
 
 ``NodeNews`` is a listener of the node board (``board.py``): each
 ``NodeChange`` it is handed becomes the ``node`` event (``cooling``,
-``ready``, ``down``; SPEC 8), its log line and the gauges of cooling and
-down nodes. A record for one model (SPEC 5c) is a ``node`` event with its
+``ready``, ``down``), its log line and the node gauges (``gauge_nodes``:
+the counts of cooling and down nodes, and the node's own state). A record
+for one model of a node serving several is a ``node`` event with its
 ``model`` (a node-wide event has none), a log line and
 ``trio_failover_model_cooldowns``; the node gauges count whole nodes only.
 It writes no node state.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import trio
 
@@ -47,10 +50,7 @@ class NodeNews:
             fields = {"node": node, "reason": reason, "error": change.error}
             logger.warning("node down", extra={"fields": fields})
             self._publish(node, "down", reason, 0)
-        if kind is not ChangeKind.DOWN:
-            metrics.cooling.set(len(self.board.cooldowns.active(trio.current_time())))
-        if kind is not ChangeKind.COOLING:
-            metrics.down.set(self.board.down_count())
+        gauge_nodes(self.board, metrics, (node,), trio.current_time())
 
     def _model_news(self, change: NodeChange) -> None:
         """A change of one model's cooldown on a node: its event, log line and counter."""
@@ -71,6 +71,30 @@ class NodeNews:
         self, node: str, state: str, reason: str, until: float, model: str | None = None
     ) -> None:
         event = {"type": "node", "node": node, "state": state, "reason": reason, "until_s": until}
-        if model is not None:  # one model's cooldown (SPEC 5c); else the whole node's
+        if model is not None:  # one model's cooldown; else the whole node's
             event["model"] = model
         self.events.publish(event)
+
+
+def node_state(board: NodeBoard, node: str, now: float) -> str | None:
+    """``node``'s state as ``/status`` names it (None: no longer configured).
+
+    Down is the graver news: a node whose last check failed is down even
+    while a cooldown runs.
+    """
+    if node not in board.configured:
+        return None
+    if board.is_down(node):
+        return "down"
+    return "cooling" if board.cooldown(node, now) is not None else "ready"
+
+
+def gauge_nodes(board: NodeBoard, metrics: Metrics, nodes: Iterable[str], now: float) -> None:
+    """Set the node gauges from the board: the cooling and down counts, ``nodes``' states.
+
+    A node no longer configured (a reload removed it) is in none of the states.
+    """
+    metrics.cooling.set(len(board.cooldowns.active(now)))
+    metrics.down.set(board.down_count())
+    for node in nodes:
+        metrics.node_is(node, node_state(board, node, now))

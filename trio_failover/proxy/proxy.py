@@ -128,6 +128,7 @@ class Proxy(OwnTasks):
 
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots
+        metrics.read_state(self._state_status)
 
     @property
     def engines(self) -> EngineBook:
@@ -169,6 +170,7 @@ class Proxy(OwnTasks):
         nursery.start_soon(expire_cooldowns_every, self.board, self.queue, EXPIRY_TICK)
         nursery.start_soon(self.pool.watch)
         nursery.start_soon(self.silence.watch)
+        nursery.start_soon(self.report.metrics.share_every)  # --workers only; else returns
         await nursery.start(self.liveness.run)
         if self.fleet is not None:  # joined (or tried once) before the checks begin
             await nursery.start(self.fleet.run)
@@ -259,8 +261,12 @@ class Proxy(OwnTasks):
         now = trio.current_time()
         for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
             node.update(self.engines.describe(node["name"], now))
-        document["state"] = dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()
+        document["state"] = self._state_status()
         return document
+
+    def _state_status(self) -> dict[str, Any]:
+        """``/status``'s ``state``: ``{"backend", "connected", "replicas"}``."""
+        return dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()
 
 
 def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQueue]:

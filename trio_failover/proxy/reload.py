@@ -42,6 +42,7 @@ from ..core.errors import ConfigError
 from ..core.reload import diff_configs
 from ..telemetry.logs import logger
 from ..wire.connect import TCPConnector
+from .node_news import gauge_nodes
 from .queue import gauge_in_flight
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def failed_reload(proxy: Proxy, error: str, *, logged: int = 0) -> ReloadResult:
     fields: dict[str, object] = {"mistakes": logged} if logged else {"error": error}
     logger.error("reload refused", extra={"fields": fields})
     proxy.events.publish(result.event())
+    proxy.report.metrics.reloaded(False)
     return result
 
 
@@ -144,6 +146,7 @@ async def apply_reload(
     result = ReloadResult(True, tuple(diff.changes()))
     logger.info("reloaded", extra={"fields": {"changes": list(result.changes) or "none"}})
     proxy.events.publish(result.event())
+    proxy.report.metrics.reloaded(True)
     return result
 
 
@@ -187,8 +190,7 @@ def _reconcile_node_state(proxy: Proxy, old: Config, new: Config) -> None:
     metrics = proxy.report.metrics
     metrics.declare_nodes(added)
     gauge_in_flight(metrics, added, proxy.queue)
-    metrics.cooling.set(len(board.cooldowns.active(trio.current_time())))
-    metrics.down.set(board.down_count())
+    gauge_nodes(board, metrics, before | after, trio.current_time())
 
 
 async def _close_idle(proxy: Proxy, nodes: set[str]) -> None:

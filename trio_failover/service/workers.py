@@ -1,4 +1,4 @@
-"""``--workers N``: a supervisor process and N worker processes on the same listeners (SPEC 8).
+"""``--workers N``: a supervisor process and N worker processes on the same listeners.
 
 Spawn, not fork. The supervisor binds the listeners itself, once: the
 client address ``N`` times with ``SO_REUSEPORT`` (the first one decides the
@@ -30,7 +30,7 @@ holds the read end of a pipe whose other end only the supervisor has.
 A worker that exits before it ever served, while the workers start, stops
 the whole program with its exit status (a bad TLS file is exit 2 for all).
 
-Reload (SPEC 9): ``SIGHUP`` to the supervisor is passed on to every worker.
+Reload: ``SIGHUP`` to the supervisor is passed on to every worker.
 Each worker holds the command line's ``SettingsLoader`` (it travels with
 the settings) and reloads as a single proxy does, reading the file itself;
 ``_WorkerLoader`` makes what it reads this worker's settings
@@ -43,6 +43,16 @@ again reads the file as it is then, not the settings of the program's start.
 The first worker, whose admin listener answers ``/status`` for the fleet,
 also gets the read end of a roster pipe: at each start, serve and exit the
 supervisor writes it the whole list of workers (``roster.py``).
+
+Metrics: the first worker's ``/metrics`` adds up every worker's, through
+prometheus-client's multiprocess mode (``telemetry/metrics.py``). The
+supervisor makes a private directory for the run (``mkdtemp``: mode 0700,
+a fresh name, so no stale files of an earlier run are counted), gives it
+to every worker as ``PROMETHEUS_MULTIPROC_DIR`` (in the environment, which
+prometheus-client reads at import), drops a dead worker's gauges
+(``mark_process_dead``: its counters stay, they happened) before starting
+it again, and removes the directory when it exits. A supervisor killed
+outright removes nothing: its workers, which then drain and exit, do.
 """
 
 from __future__ import annotations
@@ -50,18 +60,22 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 
 import attrs
 import trio
+from prometheus_client.multiprocess import mark_process_dead
 
 from ..core.config import Config, split_host_port
 from ..core.errors import ConfigError
 from ..core.workers import STEADY_AFTER, restart_delay, worker_config, worker_reload_config
 from ..telemetry.logs import configure_logging, logger
+from ..telemetry.metrics import share_in
 from .reloader import Loader
 from .roster import Roster, WorkerEntry, encode, install, send
 from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
@@ -70,6 +84,8 @@ __all__ = ["Listeners", "bind_listeners", "main", "run_workers"]
 
 READY = b"r"
 BACKLOG = 4096
+# prometheus-client's switch to its multiprocess mode (telemetry/metrics.py).
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @attrs.frozen
@@ -148,6 +164,7 @@ class _Supervisor:
     listeners: Listeners
     settings_fd: int
     lifeline: int  # the read end of a pipe whose write end only the supervisor holds
+    metrics_dir: str  # where the workers' metrics meet (the module docstring)
     processes: dict[int, trio.Process] = attrs.Factory(dict)
     entries: dict[int, WorkerEntry] = attrs.Factory(dict)  # what /status lists (roster.py)
     roster_fd: int | None = None  # the write end of the first worker's roster pipe
@@ -192,7 +209,10 @@ class _Supervisor:
         command = [sys.executable, "-P", "-m", __name__, *map(str, fds), str(index)]
         try:
             process = await trio.lowlevel.open_process(
-                command, pass_fds=[fd for fd in fds if fd >= 0], start_new_session=True
+                command,
+                pass_fds=[fd for fd in fds if fd >= 0],
+                start_new_session=True,
+                env={**os.environ, METRICS_DIR: self.metrics_dir},
             )
         except BaseException:
             os.close(read_end)
@@ -230,6 +250,8 @@ class _Supervisor:
                     all_ready.set()
             status = await process.wait()
         finally:
+            # Its gauges said what it held; it holds nothing now.
+            mark_process_dead(process.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
             self.processes.pop(index, None)
             self.serving.discard(index)
             self.reload_asked.discard(index)  # its successor reads the file as it starts
@@ -282,8 +304,10 @@ class _Supervisor:
                 process.send_signal(signum)
 
 
-async def _supervise(config: Config, listeners: Listeners, settings_fd: int, lifeline: int) -> int:
-    supervisor = _Supervisor(config, listeners, settings_fd, lifeline)
+async def _supervise(
+    config: Config, listeners: Listeners, settings_fd: int, lifeline: int, metrics_dir: str
+) -> int:
+    supervisor = _Supervisor(config, listeners, settings_fd, lifeline, metrics_dir)
     all_ready = trio.Event()
     try:
         return await _supervised(supervisor, all_ready)
@@ -348,14 +372,16 @@ def run_workers(config: Config, loader: Loader | None = None) -> int:
         return 2
     settings_fd = os.memfd_create("trio-failover-config", 0)
     lifeline, lifeline_end = os.pipe()  # not inherited: the workers get only the read end
+    metrics_dir = tempfile.mkdtemp(prefix="trio-failover-metrics-")
     try:
         with os.fdopen(os.dup(settings_fd), "wb") as file:
             pickle.dump((config, loader), file)
-        return trio.run(_supervise, config, listeners, settings_fd, lifeline)
+        return trio.run(_supervise, config, listeners, settings_fd, lifeline, metrics_dir)
     finally:
         for fd in (settings_fd, lifeline, lifeline_end):
             os.close(fd)
         listeners.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 # -- the worker's side ---------------------------------------------------------------
@@ -403,8 +429,9 @@ def _current_settings(loader: _WorkerLoader, started_with: Config) -> Config:
         return started_with
 
 
-def _watch_lifeline(fd: int) -> None:
-    """In a thread: when the supervisor is gone (the pipe's end), drain as on SIGTERM.
+def _watch_lifeline(fd: int, gone: threading.Event) -> None:
+    """In a thread: when the supervisor is gone (the pipe's end), set ``gone`` and drain
+    as on SIGTERM.
 
     A pipe rather than Linux's ``PR_SET_PDEATHSIG``: that fires when the
     *thread* that started the worker ends, and Trio starts processes from
@@ -412,6 +439,7 @@ def _watch_lifeline(fd: int) -> None:
     """
     with contextlib.suppress(OSError):
         os.read(fd, 1)  # blocks until the supervisor's write end closes
+    gone.set()
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -423,11 +451,17 @@ def main(argv: list[str]) -> int:
     first worker has the last two).
     """
     settings_fd, lifeline_fd, ready_fd, client_fd, admin_fd, roster_fd, index = map(int, argv[1:8])
-    threading.Thread(target=_watch_lifeline, args=(lifeline_fd,), daemon=True).start()
+    supervisor_gone = threading.Event()
+    threading.Thread(
+        target=_watch_lifeline, args=(lifeline_fd, supervisor_gone), daemon=True
+    ).start()
     if roster_fd >= 0:  # the supervisor's list of workers, for /status
         roster = Roster()
         install(roster)
         threading.Thread(target=roster.follow, args=(roster_fd,), daemon=True).start()
+    metrics_dir = os.environ.get(METRICS_DIR)
+    if metrics_dir is not None:  # the supervisor's directory: /metrics adds up every worker
+        share_in(metrics_dir)
     program, load = _read_settings(settings_fd)
     os.close(settings_fd)
     client = socket.socket(fileno=client_fd)
@@ -443,7 +477,13 @@ def main(argv: list[str]) -> int:
         os.close(ready_fd)
 
     sockets = InheritedSockets(client=client, admin=admin)
-    return run_server(config, loader=loader, sockets=sockets, on_listening=served)
+    try:
+        return run_server(config, loader=loader, sockets=sockets, on_listening=served)
+    finally:
+        if supervisor_gone.is_set() and metrics_dir is not None:
+            # Nobody else will remove it. A worker still draining keeps its
+            # files open and mapped: removing their names harms none of it.
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ before any collection through the registry (``/metrics``,
 ``get_sample_value``, a restricted view): the exposition is
 prometheus-client's own, series, ``_created`` and all. Only a reader that
 asks one metric object for its samples directly, past the registry, sees
-the counts as of the last collection.
+the counts as of the last collection. In a ``--workers`` worker the
+children's values are prometheus-client's shared files, which the first
+worker's ``/metrics`` reads: ``Metrics.share`` flushes for them every
+second and once more as the worker stops (``metrics.py``).
 
 The child of a label set is made when the set is first counted, as
 ``labels()`` would have made it then, so its ``_created`` is the time of
