@@ -55,6 +55,20 @@ class Signals:
         return [signal for name, signal in self.got if name == node]
 
 
+async def after_one_good_check(fleet: Fleet, listing: Answer | None = None) -> Signals:
+    """The signals of node ``a`` (auto) in the 10 s after one good check with ``listing``."""
+    config = config_of(fleet, discovery_interval=30.0)
+    got = Signals()
+    reader = EngineReader(config, fleet.connector, got)
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.checked("a", good=True, listing=listing)
+            await trio.sleep(10.0)
+            nursery.cancel_scope.cancel()
+    return got
+
+
 def reads(node: FakeNode, path: bytes) -> list[float]:
     return [r.at for r in node.received if r.target == path]
 
@@ -132,15 +146,7 @@ async def test_a_node_that_is_no_engine_is_openai_and_read_no_more(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     async with Fleet({"a": FakeNode(healthy(b"{}", status=404))}) as fleet:
-        config = config_of(fleet, discovery_interval=30.0)
-        got = Signals()
-        reader = EngineReader(config, fleet.connector, got)
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(reader.run)
-                reader.checked("a", good=True)
-                await trio.sleep(10.0)
-                nursery.cancel_scope.cancel()
+        got = await after_one_good_check(fleet)
     assert [(s.engine.kind, s.engine.found_by) for s in got.of("a")] == [
         (EngineKind.OPENAI, "no engine answer")
     ]
@@ -158,15 +164,7 @@ async def test_llama_cpp_python_is_detected_by_its_openapi_title_when_the_check_
     autojump_clock: trio.abc.Clock,
 ) -> None:
     async with Fleet({"a": FakeNode(FakeLlamaCppPython())}) as fleet:
-        config = config_of(fleet, discovery_interval=30.0)
-        got = Signals()
-        reader = EngineReader(config, fleet.connector, got)
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(reader.run)
-                reader.checked("a", good=True)  # an attempt was in flight: no listing
-                await trio.sleep(10.0)
-                nursery.cancel_scope.cancel()
+        got = await after_one_good_check(fleet)  # an attempt was in flight: no listing
     [signal] = got.of("a")
     assert (signal.engine.kind, signal.engine.found_by) == (
         EngineKind.LLAMA_CPP_PYTHON,
@@ -183,16 +181,8 @@ async def test_the_checks_model_list_decides_and_nothing_is_asked(
 ) -> None:
     engine = FakeLlamaCppPython()
     async with Fleet({"a": FakeNode(engine)}) as fleet:
-        config = config_of(fleet, discovery_interval=30.0)
-        got = Signals()
-        reader = EngineReader(config, fleet.connector, got)
         listing = Answer(200, "application/json", json.dumps(engine.model_list()).encode())
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(reader.run)
-                reader.checked("a", good=True, listing=listing)
-                await trio.sleep(10.0)
-                nursery.cancel_scope.cancel()
+        got = await after_one_good_check(fleet, listing)
     assert [s.engine.kind for s in got.of("a")] == [EngineKind.LLAMA_CPP_PYTHON]
     assert fleet["a"].received == []
 
