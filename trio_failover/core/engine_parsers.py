@@ -109,8 +109,11 @@ LLAMA_CPP_PYTHON_TITLE = "llama.cpp Python API"  # its app's title is "🦙 llam
 
 
 def _llama_cpp_python(document: dict[str, object]) -> str:
-    """llama-cpp-python's ``/v1/models`` (every model ``owned_by`` "me", with
-    ``permissions``) or its ``/openapi.json`` (its app's title)."""
+    """What shows llama-cpp-python: its ``/v1/models`` or its ``/openapi.json``.
+
+    Every model of its list is ``owned_by`` "me" with ``permissions``; its
+    OpenAPI document's ``info.title`` names its app.
+    """
     data = document.get("data")
     if isinstance(data, list) and data and all(_owned_by_me(item) for item in data):
         return 'owned_by "me" with permissions'
