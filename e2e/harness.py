@@ -171,13 +171,21 @@ class LlamaServer(Engine):
 
     @classmethod
     def start(
-        cls, manifest: Manifest, name: str, log_dir: Path, *, alias: str = "tiny", parallel: int = 1
+        cls,
+        manifest: Manifest,
+        name: str,
+        log_dir: Path,
+        *,
+        alias: str = "tiny",
+        parallel: int = 1,
+        ctx_size: int = 4096,
     ) -> LlamaServer:
+        """Start it; ``ctx_size``: each slot's context (``--ctx-size`` is it times ``parallel``)."""
         port = free_port()
         server = manifest.data["llama_server"]
         argv = [server["binary"], "-m", manifest.model, "--host", LOOPBACK, "--port", str(port)]
         argv += ["--threads", "1", "--threads-batch", "1", "--parallel", str(parallel)]
-        argv += ["--ctx-size", str(4096 * parallel), "--no-jinja", "--chat-template", "gemma"]
+        argv += ["--ctx-size", str(ctx_size * parallel), "--no-jinja", "--chat-template", "gemma"]
         argv += ["--alias", alias, "--slots", "--metrics"]
         env = dict(os.environ, LD_LIBRARY_PATH=server["lib_dir"])
         return cls(name, argv, log_dir / f"{name}.log", port, env)

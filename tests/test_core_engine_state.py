@@ -110,12 +110,51 @@ def test_fresh_signals_leaves_out_the_stale_and_the_silent() -> None:
     assert fresh_signals(states, now=7.0, max_age=6.0) == {"fresh": GOOD}
 
 
+LCP = Detection(EngineKind.LLAMA_CPP_PYTHON, 'GET /v1/models: owned_by "me" with permissions')
+FROM_SLOTS = "auto (GET /props total_slots)"
+NONE = "auto (the engine gives none)"
+
+
 @pytest.mark.parametrize(
-    ("signals", "capacity"),
-    [(Signals(total_slots=4), 4), (Signals(total_slots=0), 0), (UNKNOWN, 0), (Signals(busy=3), 0)],
+    ("state", "capacity"),
+    [
+        (EngineState(engine=LLAMA, signals=Signals(total_slots=4), read_at=9.0), (4, FROM_SLOTS)),
+        pytest.param(
+            EngineState(engine=LLAMA, signals=Signals(busy=2, total_slots=2), read_at=0.0),
+            (2, FROM_SLOTS),
+            id="stale-total-slots-hold",  # its busy count is unknown by now (below)
+        ),
+        pytest.param(
+            EngineState(
+                engine=LLAMA,
+                signals=Signals(total_slots=2),
+                read_at=0.0,
+                last_error="GET /props: no whole answer in 2.0s",
+                error_at=9.0,
+            ),
+            (2, FROM_SLOTS),
+            id="reads-failing-since",
+        ),
+        (EngineState(engine=LLAMA, signals=Signals(total_slots=0), read_at=9.0), (0, NONE)),
+        (EngineState(engine=LLAMA), (0, NONE)),
+        (EngineState(), (0, NONE)),  # auto, not detected yet
+        (EngineState(signals=Signals(busy=3), read_at=9.0), (0, NONE)),
+        pytest.param(
+            EngineState(engine=LCP, read_at=9.0),
+            (1, "auto (llama-cpp-python serves one request at a time)"),
+            id="llama-cpp-python-one",
+        ),
+    ],
 )
-def test_auto_capacity(signals: Signals, capacity: int) -> None:
-    assert auto_capacity(signals) == capacity
+def test_auto_capacity(state: EngineState, capacity: tuple[int, str]) -> None:
+    assert (auto_capacity(state).value, auto_capacity(state).source) == capacity
+
+
+def test_stale_signals_are_unknown_but_their_capacity_holds() -> None:
+    state = next_state(EngineState(), read(Signals(busy=2, total_slots=2), 0.0))
+    state = next_state(state, read(failed("GET /slots: no whole answer in 2.0s"), 8.0))
+    assert state.current(now=10.0, max_age=6.0) == UNKNOWN
+    assert auto_capacity(state).value == 2
 
 
 OLLAMA_A = Signals(loaded=frozenset({"qwen3:latest"}), loaded_is_complete=True)

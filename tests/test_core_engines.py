@@ -18,22 +18,26 @@ from hypothesis import strategies as st
 
 from trio_failover.core.engine_parsers import (
     MetricSample,
-    detect_engine,
     llama_props,
     llama_slots,
     lmstudio_models,
     looks_like,
+    next_detection,
     ollama_ps,
     vllm_signals,
 )
 from trio_failover.core.engines import (
+    ASKED_BY_THE_CHECK,
     AUTO_FROM_SLOTS,
     AUTO_NONE,
+    AUTO_ONE_AT_A_TIME,
+    DETECTION_PATHS,
     ENGINE_KINDS,
     MAX_SIGNAL_BYTES,
     SIGNAL_PATHS,
     UNKNOWN,
     Answer,
+    Ask,
     Capacity,
     Detection,
     EngineKind,
@@ -41,6 +45,7 @@ from trio_failover.core.engines import (
     ModelLoad,
     Scope,
     Signals,
+    capacity_at_start,
     configured_engine,
     cooldown_scope,
     current_signals,
@@ -77,7 +82,15 @@ def ok(document: object) -> Answer:
 
 
 def test_engine_kinds_are_spec_3s_values_word_for_word() -> None:
-    assert ENGINE_KINDS == ("auto", "openai", "ollama", "llama-server", "vllm", "lmstudio")
+    assert ENGINE_KINDS == (
+        "auto",
+        "openai",
+        "ollama",
+        "llama-server",
+        "llama-cpp-python",
+        "vllm",
+        "lmstudio",
+    )
     assert set(SIGNAL_PATHS) == set(EngineKind) - {EngineKind.AUTO}
 
 
@@ -96,56 +109,125 @@ def test_a_configured_kind_is_not_detected(kind: EngineKind, detection: Detectio
 # -- detection --------------------------------------------------------------------------
 
 NOT_FOUND = Answer(404, JSON, b'{"error": {"code": 404, "message": "File Not Found"}}')
+LLAMA_CPP_PYTHON = "llama-cpp-python/"
+ASKED = [path for _, path in DETECTION_PATHS if path not in ASKED_BY_THE_CHECK]
 
-DETECTIONS = [
+
+def not_found_up_to(path: str) -> dict[str, Answer | None]:
+    """404 for every question detection asks before ``path``."""
+    return {asked: NOT_FOUND for asked in ASKED[: ASKED.index(path)]}
+
+
+LCP_MODELS = Detection(
+    EngineKind.LLAMA_CPP_PYTHON, 'GET /v1/models: owned_by "me" with permissions'
+)
+LCP_OPENAPI = Detection(
+    EngineKind.LLAMA_CPP_PYTHON, 'GET /openapi.json: title "llama.cpp Python API"'
+)
+LLAMA = Detection(EngineKind.LLAMA_SERVER, "GET /props: total_slots")
+NO_ENGINE = Detection(EngineKind.OPENAI, "no engine answer")
+
+# answers so far -> the next step: a Detection, the next question, or None.
+DETECTION_STEPS = [
+    pytest.param({}, Ask("/props"), id="first-props-the-checks-own-question-skipped"),
     pytest.param(
-        {"/props": recorded("llama-server/props.json"), "/api/version": NOT_FOUND},
-        Detection(EngineKind.LLAMA_SERVER, "GET /props: total_slots"),
-        id="llama-server",
+        {"/v1/models": recorded(LLAMA_CPP_PYTHON + "v1-models.json")},
+        LCP_MODELS,
+        id="llama-cpp-python-from-the-checks-answer-asks-nothing",
     ),
+    pytest.param(
+        {"/v1/models": recorded("llama-server/v1-models.json")},
+        Ask("/props"),
+        id="llama-servers-model-list-decides-nothing",
+    ),
+    pytest.param(
+        {"/props": recorded("llama-server/props.json")},
+        LLAMA,
+        id="llama-server-props-decide-at-once",
+    ),
+    pytest.param({"/props": NOT_FOUND}, Ask("/api/version"), id="a-404-moves-on"),
+    pytest.param({"/props": None}, Ask("/api/version"), id="a-failed-read-moves-on"),
     pytest.param(
         {"/props": NOT_FOUND, "/api/version": recorded("ollama/version.json")},
         Detection(EngineKind.OLLAMA, "GET /api/version: version"),
         id="ollama",
     ),
     pytest.param(
-        {"/metrics": recorded("vllm/metrics.txt", PROMETHEUS)},
+        {**not_found_up_to("/metrics"), "/metrics": recorded("vllm/metrics.txt", PROMETHEUS)},
         Detection(EngineKind.VLLM, "GET /metrics: vllm: series"),
         id="vllm",
     ),
     pytest.param(
-        {"/metrics": recorded("vllm/metrics-v0.txt", PROMETHEUS)},
+        {**not_found_up_to("/metrics"), "/metrics": recorded("vllm/metrics-v0.txt", PROMETHEUS)},
         Detection(EngineKind.VLLM, "GET /metrics: vllm: series"),
         id="vllm-v0",
     ),
     pytest.param(
-        {"/api/v0/models": recorded("lmstudio/models.json")},
+        # llama-server with --metrics exports llamacpp: series: not vLLM's.
+        {
+            **not_found_up_to("/metrics"),
+            "/metrics": recorded("llama-server/metrics-deferred.txt", PROMETHEUS),
+        },
+        Ask("/api/v0/models"),
+        id="llamacpp-metrics-are-not-vllm",
+    ),
+    pytest.param(
+        {
+            **not_found_up_to("/api/v0/models"),
+            "/api/v0/models": recorded("lmstudio/models.json"),
+        },
         Detection(EngineKind.LMSTUDIO, "GET /api/v0/models: state per model"),
         id="lmstudio",
     ),
     pytest.param(
-        # llama-server with --metrics exports llamacpp: series: not vLLM's.
-        {
-            "/props": NOT_FOUND,
-            "/metrics": recorded("llama-server/metrics-deferred.txt", PROMETHEUS),
-        },
-        Detection(EngineKind.OPENAI, "no engine answer"),
-        id="llamacpp-metrics-are-not-vllm",
+        not_found_up_to("/openapi.json"),
+        Ask("/openapi.json"),
+        id="openapi-last",
     ),
-    pytest.param({}, Detection(EngineKind.OPENAI, "no engine answer"), id="nothing-asked"),
     pytest.param(
-        {path: NOT_FOUND for path in ("/props", "/api/version", "/metrics", "/api/v0/models")},
-        Detection(EngineKind.OPENAI, "no engine answer"),
+        {
+            **not_found_up_to("/openapi.json"),
+            "/openapi.json": recorded(LLAMA_CPP_PYTHON + "openapi.json"),
+        },
+        LCP_OPENAPI,
+        id="llama-cpp-python-from-its-openapi-title",
+    ),
+    pytest.param(
+        {
+            # llama-cpp-python as recorded: 404 to each engine's own read.
+            **{path: recorded(LLAMA_CPP_PYTHON + "props.json", status=404) for path in ASKED[:-1]},
+            "/openapi.json": recorded(LLAMA_CPP_PYTHON + "openapi.json"),
+        },
+        LCP_OPENAPI,
+        id="llama-cpp-python-as-recorded-when-the-check-had-no-list",
+    ),
+    pytest.param(
+        {path: NOT_FOUND for path in ASKED},
+        NO_ENGINE,
         id="all-404",
     ),
     pytest.param(
-        {"/props": ok({"total_slots": True}), "/api/version": ok({"version": 3})},
-        Detection(EngineKind.OPENAI, "no engine answer"),
+        {**dict.fromkeys(ASKED), "/v1/models": recorded("llama-server/v1-models.json")},
+        None,
+        id="no-own-answer-decides-nothing-the-checks-does-not-count",
+    ),
+    pytest.param({**dict.fromkeys(ASKED), "/props": NOT_FOUND}, NO_ENGINE, id="one-own-answer"),
+    pytest.param(
+        {
+            **{path: NOT_FOUND for path in ASKED},
+            "/props": ok({"total_slots": True}),
+            "/api/version": ok({"version": 3}),
+        },
+        NO_ENGINE,
         id="wrong-types",
     ),
     pytest.param(
-        {"/api/v0/models": ok({"data": []}), "/metrics": Answer(200, PROMETHEUS, b"x 1\n")},
-        Detection(EngineKind.OPENAI, "no engine answer"),
+        {
+            **{path: NOT_FOUND for path in ASKED},
+            "/api/v0/models": ok({"data": []}),
+            "/metrics": Answer(200, PROMETHEUS, b"x 1\n"),
+        },
+        NO_ENGINE,
         id="empty-lmstudio-list-and-foreign-metrics",
     ),
     pytest.param(
@@ -155,15 +237,65 @@ DETECTIONS = [
     ),
     pytest.param(
         {"/props": ok({"total_slots": 2}), "/api/version": ok({"version": "1"})},
-        Detection(EngineKind.LLAMA_SERVER, "GET /props: total_slots"),
+        LLAMA,
         id="order-llama-server-first",
+    ),
+    pytest.param(
+        {
+            "/v1/models": recorded(LLAMA_CPP_PYTHON + "v1-models.json"),
+            "/props": ok({"total_slots": 2}),
+        },
+        LCP_MODELS,
+        id="order-the-checks-answer-first",
+    ),
+    pytest.param(
+        {"/v1/models": Answer(503, JSON, recorded(LLAMA_CPP_PYTHON + "v1-models.json").body)},
+        Ask("/props"),
+        id="llama-cpp-python-list-not-200",
+    ),
+    pytest.param(
+        {"/v1/models": ok({"data": [{"id": "m", "owned_by": "me"}]})},
+        Ask("/props"),
+        id="owned-by-me-without-permissions",
+    ),
+    pytest.param(
+        {"/v1/models": ok({"data": [{"id": "m", "owned_by": "me", "permissions": []}, {}]})},
+        Ask("/props"),
+        id="every-model-owned-by-me",
+    ),
+    pytest.param({"/v1/models": ok({"data": []})}, Ask("/props"), id="empty-list"),
+    pytest.param(
+        {
+            **{path: NOT_FOUND for path in ASKED},
+            "/openapi.json": ok({"openapi": "3.1.0", "info": {"title": "FastAPI"}}),
+        },
+        NO_ENGINE,
+        id="another-fastapi-app",
+    ),
+    pytest.param(
+        {**{path: NOT_FOUND for path in ASKED}, "/openapi.json": ok({"info": "x"})},
+        NO_ENGINE,
+        id="openapi-info-not-an-object",
     ),
 ]
 
 
-@pytest.mark.parametrize(("answers", "detection"), DETECTIONS)
-def test_detect_engine(answers: dict[str, Answer], detection: Detection) -> None:
-    assert detect_engine(answers) == detection
+@pytest.mark.parametrize(("answers", "step"), DETECTION_STEPS)
+def test_next_detection(answers: dict[str, Answer | None], step: Detection | Ask | None) -> None:
+    assert next_detection(answers) == step
+
+
+def test_detection_asks_each_question_once_in_order_then_gives_up() -> None:
+    answers: dict[str, Answer | None] = {}
+    asked = []
+    for _ in range(len(DETECTION_PATHS) + 1):
+        step = next_detection(answers)
+        if not isinstance(step, Ask):
+            break
+        asked.append(step.path)
+        answers[step.path] = None  # no answer at all: the node went away
+    assert step is None
+    assert asked == ["/props", "/api/version", "/metrics", "/api/v0/models", "/openapi.json"]
 
 
 def test_looks_like_refuses_an_oversized_answer() -> None:
@@ -197,7 +329,7 @@ def test_recorded_llama_server_answers_are_as_the_index_says() -> None:
 
 def test_llama_servers_loading_health_is_no_engine_answer() -> None:
     loading = recorded("llama-server/health-loading.json", status=503)
-    assert detect_engine({"/props": loading}).kind is EngineKind.OPENAI
+    assert next_detection({"/props": loading}) == Ask("/api/version")
 
 
 LLAMA_BAD = [
@@ -558,20 +690,45 @@ def test_no_reading_is_unknown() -> None:
 # -- capacity and load ------------------------------------------------------------------
 
 
+LCP = EngineKind.LLAMA_CPP_PYTHON
+
+
 @pytest.mark.parametrize(
-    ("configured", "total_slots", "capacity"),
+    ("configured", "kind", "total_slots", "capacity"),
     [
-        (None, 4, Capacity(4, AUTO_FROM_SLOTS)),
-        (None, None, Capacity(0, AUTO_NONE)),
-        (None, 0, Capacity(0, AUTO_NONE)),
-        (2, 4, Capacity(2, "--capacity a=2")),
-        (0, 4, Capacity(0, "--capacity a=2")),  # a configured 0 (no limit) wins too
+        (None, None, 4, Capacity(4, AUTO_FROM_SLOTS)),
+        (None, EngineKind.LLAMA_SERVER, 4, Capacity(4, AUTO_FROM_SLOTS)),
+        (None, None, None, Capacity(0, AUTO_NONE)),
+        (None, None, 0, Capacity(0, AUTO_NONE)),
+        (None, EngineKind.VLLM, None, Capacity(0, AUTO_NONE)),
+        (None, LCP, None, Capacity(1, AUTO_ONE_AT_A_TIME)),  # one request at a time
+        (None, LCP, 4, Capacity(1, AUTO_ONE_AT_A_TIME)),  # its nature, whatever a read says
+        (2, None, 4, Capacity(2, "--capacity a=2")),
+        (2, LCP, None, Capacity(2, "--capacity a=2")),  # a configured number wins
+        (0, LCP, 4, Capacity(0, "--capacity a=2")),  # a configured 0 (no limit) wins too
     ],
 )
 def test_resolve_capacity(
-    configured: int | None, total_slots: int | None, capacity: Capacity
+    configured: int | None,
+    kind: EngineKind | None,
+    total_slots: int | None,
+    capacity: Capacity,
 ) -> None:
-    assert resolve_capacity(configured, "--capacity a=2", total_slots) == capacity
+    assert resolve_capacity(configured, "--capacity a=2", total_slots, kind=kind) == capacity
+
+
+@pytest.mark.parametrize(
+    ("configured", "engine", "capacity"),
+    [
+        (None, "auto", 0),  # known when its engine says
+        (None, "llama-server", 0),  # likewise: its /props
+        (None, "llama-cpp-python", 1),  # known from its kind alone, before any read
+        (3, "llama-cpp-python", 3),
+        (None, "openai", 0),
+    ],
+)
+def test_capacity_at_start(configured: int | None, engine: str, capacity: int) -> None:
+    assert capacity_at_start(configured, engine) == capacity
 
 
 @pytest.mark.parametrize(

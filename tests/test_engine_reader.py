@@ -8,6 +8,7 @@ signal and nothing is read of it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -16,10 +17,11 @@ import trio.testing
 
 from trio_failover import Config
 from trio_failover.core.engine_state import EngineSignal
-from trio_failover.core.engines import EngineKind
+from trio_failover.core.engines import UNKNOWN, Answer, EngineKind
 from trio_failover.proxy import Proxy
 from trio_failover.proxy.engine_reader import EngineReader
 from trio_failover.testing import (
+    FakeLlamaCppPython,
     FakeLlamaServer,
     FakeNode,
     FakeOllama,
@@ -51,6 +53,20 @@ class Signals:
 
     def of(self, node: str) -> list[EngineSignal]:
         return [signal for name, signal in self.got if name == node]
+
+
+async def after_one_good_check(fleet: Fleet, listing: Answer | None = None) -> Signals:
+    """The signals of node ``a`` (auto) in the 10 s after one good check with ``listing``."""
+    config = config_of(fleet, discovery_interval=30.0)
+    got = Signals()
+    reader = EngineReader(config, fleet.connector, got)
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reader.run)
+            reader.checked("a", good=True, listing=listing)
+            await trio.sleep(10.0)
+            nursery.cancel_scope.cancel()
+    return got
 
 
 def reads(node: FakeNode, path: bytes) -> list[float]:
@@ -130,19 +146,45 @@ async def test_a_node_that_is_no_engine_is_openai_and_read_no_more(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     async with Fleet({"a": FakeNode(healthy(b"{}", status=404))}) as fleet:
-        config = config_of(fleet, discovery_interval=30.0)
-        got = Signals()
-        reader = EngineReader(config, fleet.connector, got)
-        with trio.fail_after(LIMIT):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(reader.run)
-                reader.checked("a", good=True)
-                await trio.sleep(10.0)
-                nursery.cancel_scope.cancel()
+        got = await after_one_good_check(fleet)
     assert [(s.engine.kind, s.engine.found_by) for s in got.of("a")] == [
         (EngineKind.OPENAI, "no engine answer")
     ]
-    assert len(fleet["a"].received) == 4  # the four detection reads, once
+    # Detection's five questions, once each, in order; never /v1/models (the check's).
+    assert [r.target for r in fleet["a"].received] == [
+        b"/props",
+        b"/api/version",
+        b"/metrics",
+        b"/api/v0/models",
+        b"/openapi.json",
+    ]
+
+
+async def test_llama_cpp_python_is_detected_by_its_openapi_title_when_the_check_had_no_list(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(FakeLlamaCppPython())}) as fleet:
+        got = await after_one_good_check(fleet)  # an attempt was in flight: no listing
+    [signal] = got.of("a")
+    assert (signal.engine.kind, signal.engine.found_by) == (
+        EngineKind.LLAMA_CPP_PYTHON,
+        'GET /openapi.json: title "llama.cpp Python API"',
+    )
+    assert signal.signals == UNKNOWN  # nothing read of it: its capacity is its kind's
+    targets = [r.target for r in fleet["a"].received]
+    assert targets[-1] == b"/openapi.json"
+    assert b"/v1/models" not in targets  # the one read that would end a running stream
+
+
+async def test_the_checks_model_list_decides_and_nothing_is_asked(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engine = FakeLlamaCppPython()
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        listing = Answer(200, "application/json", json.dumps(engine.model_list()).encode())
+        got = await after_one_good_check(fleet, listing)
+    assert [s.engine.kind for s in got.of("a")] == [EngineKind.LLAMA_CPP_PYTHON]
+    assert fleet["a"].received == []
 
 
 async def test_an_auto_node_is_detected_only_at_a_good_check_with_an_answer(

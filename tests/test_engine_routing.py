@@ -14,9 +14,11 @@ import json
 import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
@@ -24,12 +26,15 @@ from trio_failover import Config, Upstream
 from trio_failover.proxy import Proxy
 from trio_failover.testing import (
     ClientResponse,
+    FakeLlamaCppPython,
     FakeLlamaServer,
     FakeLmStudio,
     FakeNode,
     FakeOllama,
     FakeVllm,
     Fleet,
+    NodeIO,
+    ReceivedRequest,
     request,
 )
 
@@ -268,3 +273,196 @@ async def test_an_lmstudio_node_with_the_model_loaded_wins(autojump_clock: trio.
         "found_by": "GET /api/v0/models: state per model",
     }
     assert (cold.loads, warm.loads) == ([], [])
+
+
+# -- the engines' own context-length answers fail over (--retry-error-codes) -------------
+
+
+def long_chat(words: int) -> bytes:
+    """A streamed chat whose prompt is ``words`` of the fakes' tokens."""
+    content = " ".join(["word"] * words)
+    body = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": content}]}
+    return json.dumps(body).encode()
+
+
+def outcomes(proxy: Proxy) -> list[list[tuple[str, str]]]:
+    return [[(a["node"], a["outcome"]) for a in w["attempts"]] for w in proxy.recent]
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param(FakeLlamaServer, id="llama-server"),  # 400 exceed_context_size_error
+        pytest.param(FakeVllm, id="vllm"),  # 400 "This model's maximum context length is"
+        pytest.param(FakeLlamaCppPython, id="llama-cpp-python"),  # code context_length_exceeded
+    ],
+)
+async def test_a_prompt_over_the_first_engines_context_fails_over_to_one_it_fits(
+    autojump_clock: trio.abc.Clock, engine: Any
+) -> None:
+    small, big = engine(context=100), engine(context=4096)
+    async with Fleet({"small": FakeNode(small), "big": FakeNode(big)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:  # the default --retry-error-codes
+                started = trio.current_time()
+                response = await request(proxy, body=long_chat(500))
+                took = trio.current_time() - started
+                done = outcomes(proxy)
+    assert response is not None
+    assert (response.status, node_of(response)) == (200, "big")
+    assert response.header("x-failover-attempts") == "2"
+    assert done == [[("small", "retryable_response"), ("big", "completed")]]
+    assert (small.too_long, big.too_long, big.served) == (1, 0, ["tiny"])
+    assert took == 0.0  # no cooldown, no deadline: the next node at once
+    # Retryable, so not demoted: the next request that fits goes to small.
+    states = {node["name"]: node["state"] for node in proxy.status()["nodes"]}
+    assert states == {"small": "ready", "big": "ready"}
+
+
+# -- llama-cpp-python: capacity 1, found from the check's own answer ------------------------
+
+
+async def test_llama_cpp_python_is_found_from_the_checks_model_list_and_asked_nothing_more(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engine = FakeLlamaCppPython()
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                await trio.sleep(10.0)  # five load intervals: nothing is read of it
+                [node] = proxy.status()["nodes"]
+    assert node["engine"] == {
+        "kind": "llama-cpp-python",
+        "found_by": 'GET /v1/models: owned_by "me" with permissions',
+    }
+    assert (node["capacity"], node["capacity_source"]) == (
+        1,
+        "auto (llama-cpp-python serves one request at a time)",
+    )
+    # The first check's three questions, and not one more: detection weighed
+    # the check's /v1/models (each one on a check with no attempt in flight).
+    first = [r.target for r in fleet["a"].received if r.at < 1.0]
+    assert first == [b"/health", b"/v1/models", b"/api/tags"]
+    assert {r.target for r in fleet["a"].received} == {b"/health", b"/v1/models", b"/api/tags"}
+
+
+async def test_concurrent_streams_to_llama_cpp_python_run_one_at_a_time_and_all_complete(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """With its default settings a second request would end the running stream ([DONE])."""
+    engine = FakeLlamaCppPython(tokens=5, token_delay=1.0)
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:  # no --capacity: auto is 1
+                started = trio.current_time()
+                responses = await together(proxy, [stream_of("tiny")] * 5)
+                took = trio.current_time() - started
+    assert [r.status for r in responses] == [200] * 5
+    for response in responses:
+        assert response.body.count(b'"content": "word') == 5, response.body
+        assert response.body.endswith(b"data: [DONE]\n\n")
+    assert (engine.interrupted, engine.served) == (0, ["tiny"] * 5)
+    assert took == 25.0  # one after the other, each its five tokens
+
+
+# -- detection stops at the first deciding answer -------------------------------------------
+
+
+async def test_after_props_answers_detection_asks_nothing_else_and_props_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(FakeLlamaServer(slots=2))}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                [node] = proxy.status()["nodes"]
+    first = [r.target for r in fleet["a"].received if r.at < 1.0]
+    # The check, then detection's one question, whose answer is the round's
+    # /props reading too; then /slots.
+    assert first == [b"/health", b"/v1/models", b"/api/tags", b"/props", b"/slots"]
+    assert node["engine"] == {"kind": "llama-server", "found_by": "GET /props: total_slots"}
+    assert node["capacity"] == 2
+
+
+# -- capacity does not go stale -------------------------------------------------------------
+
+
+def frozen_reads(engine: FakeLlamaServer, frozen: trio.Event) -> Any:
+    """``engine``, but once ``frozen`` is set its /props and /slots never answer."""
+
+    async def behave(io: NodeIO, received: ReceivedRequest) -> None:
+        if frozen.is_set() and received.target in (b"/props", b"/slots"):
+            await trio.sleep_forever()
+        await engine(io, received)
+
+    return behave
+
+
+async def test_capacity_holds_while_the_signals_are_stale_and_the_full_node_gets_nothing(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    frozen = trio.Event()
+    a = FakeLlamaServer(slots=2, tokens=30, token_delay=1.0)
+    b = FakeLlamaServer(slots=2, tokens=1, token_delay=1.0)
+    async with Fleet({"a": FakeNode(frozen_reads(a, frozen)), "b": FakeNode(b)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy, trio.open_nursery() as nursery:
+                assert capacities(proxy) == {"a": 2, "b": 2}
+                for _ in range(2):  # fill a's two slots for 30 s
+                    nursery.start_soon(partial(request, proxy, body=stream_of("tiny")))
+                await trio.sleep(1.0)
+                frozen.set()  # a's reads hang from now on: its signals go stale
+                await trio.sleep(10.0)  # past three load intervals (6 s)
+                [node_a, _] = proxy.status()["nodes"]
+                response = await request(proxy, body=stream_of("tiny"))
+    assert node_a["engine_signals"]["stale"] is True
+    assert (node_a["capacity"], node_a["capacity_source"]) == (
+        2,
+        "auto (GET /props total_slots)",
+    )
+    assert node_a["in_flight"] == 2
+    assert response is not None
+    assert (response.status, node_of(response)) == (200, "b")
+    assert a.deferred == 0  # nothing ever waited inside a
+
+
+async def test_a_configured_llama_cpp_python_has_capacity_one_before_any_read(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    engine = FakeLlamaCppPython(tokens=2, token_delay=1.0)
+    async with Fleet({"a": FakeNode(engine)}) as fleet:
+        upstreams = [attrs.evolve(fleet.upstreams()[0], engine="llama-cpp-python")]
+        # No checks, no reads: nothing is ever asked of it but the requests.
+        config = Config(
+            upstreams=upstreams, admin_listen=None, discovery_interval=0.0, load_interval=0.0
+        )
+        with trio.fail_after(LIMIT):
+            async with Proxy(config, connector=fleet.connector) as proxy:
+                [node] = proxy.status()["nodes"]
+                responses = await together(proxy, [stream_of("tiny")] * 3)
+    assert (node["capacity"], node["capacity_source"]) == (
+        1,
+        "auto (llama-cpp-python serves one request at a time)",
+    )
+    assert [r.status for r in responses] == [200] * 3
+    assert (engine.interrupted, engine.served) == (0, ["tiny"] * 3)
+    assert [r.target for r in fleet["a"].received] == [b"/v1/chat/completions"] * 3
+
+
+async def test_a_reload_that_names_llama_cpp_python_gives_it_capacity_one(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with Fleet({"a": FakeNode(FakeLlamaCppPython())}) as fleet:
+        config = Config(
+            upstreams=fleet.upstreams(),
+            admin_listen=None,
+            discovery_interval=0.0,
+            load_interval=0.0,
+        )
+        with trio.fail_after(LIMIT):
+            async with Proxy(config, connector=fleet.connector) as proxy:
+                before = capacities(proxy)
+                named = [attrs.evolve(config.upstreams[0], engine="llama-cpp-python")]
+                result = await proxy.reload(attrs.evolve(config, upstreams=named))
+                after = capacities(proxy)
+    assert result.ok
+    assert (before, after) == ({"a": 0}, {"a": 1})  # auto: unknown, then its kind's

@@ -17,16 +17,18 @@ import trio
 import trio.testing
 
 from trio_failover.core.engine_parsers import (
-    detect_engine,
     llama_props,
     llama_slots,
     lmstudio_models,
+    next_detection,
     ollama_ps,
 )
-from trio_failover.core.engines import DETECTION_PATHS, Answer, EngineKind, Signals
+from trio_failover.core.engines import DETECTION_PATHS, Answer, Ask, Detection, EngineKind, Signals
 from trio_failover.core.inventory import is_model_not_found, parse_model_list
+from trio_failover.core.outcome import error_names
 from trio_failover.testing import (
     FakeEngine,
+    FakeLlamaCppPython,
     FakeLlamaServer,
     FakeLmStudio,
     FakeNode,
@@ -41,6 +43,7 @@ from trio_failover.wire.http1 import send_events
 DATA = Path(__file__).resolve().parent / "data" / "engines"
 LIMIT = 600.0  # virtual seconds any test here may take
 STREAMED = b'{"model": "%s", "stream": true}'
+ASKED = ["/props", "/api/version", "/metrics", "/api/v0/models", "/openapi.json"]
 
 
 async def get(node: FakeNode, path: str) -> Answer:
@@ -108,6 +111,84 @@ async def test_fake_llama_server_props_and_slots_have_the_recorded_fields() -> N
     assert listing.ids == ("tiny",)
 
 
+def long_chat(words: int, stream: bool = False) -> bytes:
+    content = " ".join(["w"] * words)
+    return json.dumps(
+        {"model": "tiny", "stream": stream, "messages": [{"content": content}]}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("engine", "answer"),
+    [
+        (FakeLlamaServer, "llama-server/context-exceeded.json"),
+        (FakeLlamaCppPython, "llama-cpp-python/context-exceeded.json"),
+        (FakeVllm, "vllm/context-exceeded.json"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else value.__name__,
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_prompt_over_a_fakes_context_gets_its_engines_400(
+    engine: type[FakeEngine], answer: str, stream: bool
+) -> None:
+    fake = engine(context=10)
+    node = FakeNode(fake)
+    fits = await request_node(node, "POST", "/v1/chat/completions", body=long_chat(10, stream))
+    over = await request_node(node, "POST", "/v1/chat/completions", body=long_chat(11, stream))
+    assert fits is not None
+    assert over is not None
+    assert (fits.status, over.status) == (200, 400)
+    engine = recorded(answer)
+    body = json.loads(over.body)
+    assert set(body) == set(engine)
+    assert set(body["error"]) == set(engine["error"])
+    assert error_names(over.body) == error_names(json.dumps(engine).encode())
+    assert fake.too_long == 1
+
+
+async def test_fake_llama_cpp_python_answers_have_the_recorded_fields() -> None:
+    node = FakeNode(FakeLlamaCppPython())
+    models = await get_json(node, "/v1/models")
+    assert set(models["data"][0]) == set(recorded("llama-cpp-python/v1-models.json")["data"][0])
+    title = recorded("llama-cpp-python/openapi.json")["info"]["title"]
+    assert (await get_json(node, "/openapi.json"))["info"]["title"] == title
+    for path in ("/health", "/props", "/api/tags"):
+        answer = await get(node, path)
+        assert answer.status == 404
+        assert json.loads(answer.body) == recorded("llama-cpp-python/health.json")
+
+
+async def test_fake_llama_cpp_python_ends_a_stream_for_a_waiting_request(
+    autojump_clock: Any,
+) -> None:
+    fake = FakeLlamaCppPython(tokens=10, token_delay=1.0)
+    node = FakeNode(fake)
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            first = Stream()
+            nursery.start_soon(first.run, node, "tiny")
+            await trio.sleep(2.5)  # two tokens out
+            listing = await get(node, "/v1/models")  # takes the lock: the stream ends
+    assert listing.status == 200
+    assert trio.current_time() == 3.0
+    assert first.chunks == [1.0, 2.0, 3.0]  # two tokens, then "[DONE]" with no finish_reason
+    assert (fake.interrupted, fake.served) == (1, [])
+
+
+async def test_fake_llama_cpp_python_without_interruptions_makes_the_next_wait(
+    autojump_clock: Any,
+) -> None:
+    fake = FakeLlamaCppPython(tokens=3, token_delay=1.0, interrupt_requests=False)
+    node = FakeNode(fake)
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Stream().run, node, "tiny")
+            await trio.sleep(0.5)
+            await get(node, "/v1/models")
+    assert trio.current_time() == 3.0
+    assert (fake.interrupted, fake.served) == (0, ["tiny"])
+
+
 async def test_fake_ollama_answers_have_the_documented_fields() -> None:
     fake = FakeOllama(models=("m:latest", "n:latest"), loaded=("m:latest",))
     node = FakeNode(fake)
@@ -138,20 +219,35 @@ async def test_fake_vllm_metrics_parse_as_the_documented_ones() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fake", "kind"),
+    ("fake", "listed", "kind", "asked"),
     [
-        (FakeLlamaServer(), EngineKind.LLAMA_SERVER),
-        (FakeOllama(), EngineKind.OLLAMA),
-        (FakeVllm(), EngineKind.VLLM),
-        (FakeLmStudio(), EngineKind.LMSTUDIO),
-        (openai(), EngineKind.OPENAI),
+        (FakeLlamaServer(), True, EngineKind.LLAMA_SERVER, ["/props"]),
+        (FakeLlamaCppPython(), True, EngineKind.LLAMA_CPP_PYTHON, []),
+        (FakeLlamaCppPython(), False, EngineKind.LLAMA_CPP_PYTHON, ASKED),
+        (FakeOllama(), True, EngineKind.OLLAMA, ["/props", "/api/version"]),
+        (FakeVllm(), True, EngineKind.VLLM, ["/props", "/api/version", "/metrics"]),
+        (FakeLmStudio(), True, EngineKind.LMSTUDIO, ASKED[:4]),
+        (openai(), True, EngineKind.OPENAI, ASKED),
     ],
     ids=lambda value: value if isinstance(value, str) else type(value).__name__,
 )
-async def test_each_fake_is_detected_as_its_engine(fake: Any, kind: EngineKind) -> None:
+async def test_each_fake_is_detected_as_its_engine(
+    fake: Any, listed: bool, kind: EngineKind, asked: list[str]
+) -> None:
+    """``listed``: the check had a ``/v1/models`` answer (no attempt in flight then)."""
     node = FakeNode(fake)
-    answers = {path: await get(node, path) for _, path in DETECTION_PATHS}
-    assert detect_engine(answers).kind is kind
+    answers: dict[str, Answer | None] = {}
+    if listed:
+        answers["/v1/models"] = await get(node, "/v1/models")
+    questions = []
+    for _ in DETECTION_PATHS:
+        step = next_detection(answers)
+        if not isinstance(step, Ask):
+            break
+        questions.append(step.path)
+        answers[step.path] = await get(node, step.path)
+    assert isinstance(step, Detection)
+    assert (step.kind, questions) == (kind, asked)
 
 
 # -- slots ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from email.utils import formatdate
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from trio_failover.core.outcome import (
     after_commit,
     classify_head,
     error_code,
+    error_names,
     fails_over_on,
     failure_code,
     failure_status,
@@ -182,7 +184,11 @@ ERROR_BODIES = [
     pytest.param(b'{"error": {"code": {"nested": "x"}}}', None, id="object-code"),
     pytest.param(b'{"error": "model \\"x\\" not found"}', None, id="ollama-string-error"),
     pytest.param(b'{"error": ["a", "b"]}', None, id="error-array"),
-    pytest.param(b'{"object": "error", "code": "x"}', None, id="top-level-code"),
+    # vLLM's errors before they were wrapped in "error": the document is the error.
+    pytest.param(b'{"object": "error", "code": "x"}', "x", id="top-level-object-error"),
+    pytest.param(b'{"code": "x"}', None, id="top-level-code-without-object-error"),
+    pytest.param(b'{"object": "list", "code": "x"}', None, id="top-level-code-of-another-object"),
+    pytest.param(b'{"error": "x", "object": "error", "code": "x"}', None, id="error-string-wins"),
     pytest.param(b'[{"error": {"code": "x"}}]', None, id="array"),
     pytest.param(b'"context_length_exceeded"', None, id="json-string"),
     pytest.param(b"42", None, id="json-number"),
@@ -199,6 +205,126 @@ ERROR_BODIES = [
 @pytest.mark.parametrize(("body", "code"), ERROR_BODIES)
 def test_error_code(body: bytes, code: str | None) -> None:
     assert error_code(body) == code
+
+
+# -- the engines' own error answers (--retry-error-codes) ---------------------------------
+
+ENGINES = Path(__file__).resolve().parent / "data" / "engines"
+
+
+def engine_answer(name: str) -> bytes:
+    """An engine's error body: recorded from the real engine, or from its source (vLLM)."""
+    return (ENGINES / name).read_bytes()
+
+
+CONTEXT = "context_length_exceeded"
+
+# body -> the names it goes by: its string error.code, its error.type, then
+# the name of an engine's own answer.
+ERROR_NAMES = [
+    pytest.param(
+        engine_answer("llama-server/context-exceeded.json"),
+        ("exceed_context_size_error", CONTEXT),
+        id="llama-server-recorded",
+    ),
+    pytest.param(
+        engine_answer("llama-cpp-python/context-exceeded.json"),
+        (CONTEXT, "invalid_request_error"),
+        id="llama-cpp-python-recorded",
+    ),
+    pytest.param(
+        engine_answer("vllm/context-exceeded.json"),
+        ("BadRequestError", CONTEXT),
+        id="vllm",
+    ),
+    pytest.param(
+        engine_answer("vllm/context-exceeded-v0.json"),
+        ("BadRequestError", CONTEXT),
+        id="vllm-before-the-error-wrapper",
+    ),
+    pytest.param(
+        b'{"error": {"message": "\'max_tokens\' or \'max_completion_tokens\' is too large:'
+        b" 8000. This model's maximum context length is 4096 tokens and your request has"
+        b' 2778 input tokens (8000 > 4096 - 2778).", "type": "BadRequestError",'
+        b' "param": "max_tokens", "code": 400}}',
+        ("BadRequestError", CONTEXT),
+        id="vllm-prompt-and-max-tokens-over-the-context",
+    ),
+    pytest.param(
+        b'{"error": {"message": "This model\'s maximum context length is 8192 tokens.",'
+        b' "type": "invalid_request_error", "code": "context_length_exceeded"}}',
+        (CONTEXT, "invalid_request_error"),
+        id="openai-once-each",
+    ),
+    pytest.param(
+        b'{"error": {"code": 400, "message": "MAXIMUM CONTEXT LENGTH IS 8", "type": "t"}}',
+        ("t", CONTEXT),
+        id="message-in-any-case",
+    ),
+    pytest.param(
+        b'{"error": {"code": 400, "message": "Missing prompt", "type": "invalid_request_error"}}',
+        ("invalid_request_error",),
+        id="llama-server-other-400",
+    ),
+    pytest.param(
+        b'{"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}',
+        ("not_found_error",),
+        id="llama-server-404",
+    ),
+    pytest.param(
+        b'{"error": {"code": 400, "type": "exceed_context_size_errors", "message": "m"}}',
+        ("exceed_context_size_errors",),
+        id="type-must-be-exact",
+    ),
+    pytest.param(
+        b'{"error": {"code": 400, "type": ["exceed_context_size_error"],'
+        b' "message": {"maximum context length is": 1}}}',
+        (),
+        id="type-and-message-must-be-strings",
+    ),
+    pytest.param(b'{"error": {"code": "x", "type": "x"}}', ("x",), id="code-and-type-alike"),
+    pytest.param(b'{"detail": "Not Found"}', (), id="fastapi-404"),
+    pytest.param(b'{"error": "model \\"x\\" not found"}', (), id="ollama-string-error"),
+    pytest.param(b"maximum context length is 4", (), id="not-json"),
+    pytest.param(b"[" * 100_000, (), id="deeply-nested"),
+]
+
+
+@pytest.mark.parametrize(("body", "names"), ERROR_NAMES)
+def test_error_names(body: bytes, names: tuple[str, ...]) -> None:
+    assert error_names(body) == names
+
+
+@pytest.mark.parametrize(
+    ("body", "listed", "code"),
+    [
+        # Default --retry-error-codes: every engine's context answer is one name.
+        (engine_answer("llama-server/context-exceeded.json"), DEFAULT_CODES, CONTEXT),
+        (engine_answer("llama-cpp-python/context-exceeded.json"), DEFAULT_CODES, CONTEXT),
+        (engine_answer("vllm/context-exceeded.json"), DEFAULT_CODES, CONTEXT),
+        (engine_answer("vllm/context-exceeded-v0.json"), DEFAULT_CODES, CONTEXT),
+        # An error.type may be listed itself.
+        (
+            engine_answer("llama-server/context-exceeded.json"),
+            frozenset({"exceed_context_size_error"}),
+            "exceed_context_size_error",
+        ),
+        (
+            b'{"error": {"type": "overloaded_error"}}',
+            frozenset({"overloaded_error"}),
+            "overloaded_error",
+        ),
+        # Nothing listed: the string error.code still names the answer, nothing else does.
+        (engine_answer("llama-server/context-exceeded.json"), frozenset(), None),
+        (engine_answer("llama-cpp-python/context-exceeded.json"), frozenset(), CONTEXT),
+        (b'{"error": {"code": "rate_limited", "type": "t"}}', frozenset({"x"}), "rate_limited"),
+    ],
+)
+def test_error_code_names_the_listed_one_first(
+    body: bytes, listed: frozenset[str], code: str | None
+) -> None:
+    assert error_code(body, listed) == code
+    assert fails_over_on(HeadAction.INSPECT, code, listed) is (code in listed)
 
 
 # -- parse_retry_after -------------------------------------------------------------------

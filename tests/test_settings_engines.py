@@ -57,6 +57,13 @@ def engines(config: Config) -> dict[str, str]:
             "flag --engine",
             id="named env beats bare flag",
         ),
+        pytest.param(
+            {"engine": ["a=llama-cpp-python"]},
+            {"TRIO_FAILOVER_ENGINES": "llama-cpp-python"},
+            {"a": "llama-cpp-python", "b": "llama-cpp-python"},
+            "env TRIO_FAILOVER_ENGINES",
+            id="llama-cpp-python",
+        ),
     ],
 )
 def test_engine_precedence(

@@ -1,4 +1,4 @@
-"""Fake engines for tests: llama-server, Ollama, vLLM and LM Studio, with their signals.
+"""Fake engines for tests: llama-server, llama-cpp-python, Ollama, vLLM and LM Studio.
 
 Part of the test kit; import the names from ``trio_failover.testing``. Each
 fake is a behaviour (``FakeNode(FakeLlamaServer(slots=2))``) that keeps its
@@ -11,6 +11,11 @@ with ``slots=N`` serves N completions at once and defers the rest as the
 real one does (a streamed request gets its SSE head at once, then nothing
 until a slot frees), and ``other_clients`` takes slots as work sent past
 the proxy would.
+
+A prompt longer than a fake's ``context`` (counted in words, the fakes'
+tokens) gets that engine's own ``400`` (llama-server's as recorded in
+tests/data/engines/llama-server/context-exceeded.json, vLLM's from its
+source), at once.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class FakeEngine:
             once (vLLM's server starts its stream response before the
             engine schedules it); else only when its slot is free (the
             llama-server recorded here; Ollama and LM Studio while loading).
+        context: the longest prompt it takes, in words (the fakes' tokens:
+            every whitespace-separated word of the messages' contents and
+            of ``prompt``); a longer one gets ``context_error``'s answer.
 
     Attributes:
         in_use: slots busy with this fake's own completions now.
@@ -51,6 +59,8 @@ class FakeEngine:
             proxy; a test sets it (``set_other_clients``).
         deferred: completions waiting for a slot now.
         served: completions finished, by model.
+        interrupted: streams ended early for another request (``cut_short``).
+        too_long: prompts refused as longer than ``context``.
     """
 
     def __init__(
@@ -61,8 +71,11 @@ class FakeEngine:
         tokens: int = 5,
         token_delay: float = 0.0,
         stream_head_first: bool = True,
+        context: int = 4096,
     ) -> None:
         self.slots = slots
+        self.context = context
+        self.too_long = 0
         self.models = list(models)
         self.tokens = tokens
         self.token_delay = token_delay
@@ -71,6 +84,7 @@ class FakeEngine:
         self.other_clients = 0
         self.deferred = 0
         self.served: list[str] = []
+        self.interrupted = 0
         self._freed = trio.lowlevel.ParkingLot()
 
     @property
@@ -107,11 +121,40 @@ class FakeEngine:
     async def before_slot(self, io: NodeIO, model: str) -> None:
         """Called before a completion waits for its slot (a cold load goes here)."""
 
+    def context_error(self, prompt_tokens: int) -> tuple[int, dict[str, Any]]:
+        """The status and body of the answer to a prompt over ``context``: OpenAI's shape.
+
+        llama-cpp-python answers so too (``context_length_exceeded``); the
+        llama-server and vLLM fakes answer their engines' own.
+        """
+        message = (
+            f"This model's maximum context length is {self.context} tokens. However, you"
+            f" requested {prompt_tokens} tokens ({prompt_tokens} in the messages, 0 in the"
+            " completion). Please reduce the length of the messages or completion."
+        )
+        error = {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+        return 400, {"error": error}
+
+    def cut_short(self) -> bool:
+        """Whether a running stream ends now with ``[DONE]`` (llama-cpp-python's interruption)."""
+        return False
+
     async def complete(self, io: NodeIO, request: ReceivedRequest) -> None:
         """A chat completion: waits for a slot, holds it while it answers."""
         document = request.json() if request.body else {}
         model = str(document.get("model") or self.models[0])
         streamed = bool(document.get("stream"))
+        tokens = prompt_tokens(document)
+        if tokens > self.context:
+            self.too_long += 1
+            status, error = self.context_error(tokens)
+            await _json(io, request, error, status)
+            return
         await self.before_slot(io, model)
         if streamed and self.stream_head_first:
             await io.send(_sse_head())
@@ -126,6 +169,10 @@ class FakeEngine:
                     await io.send(_sse_head())
                 for word in words:
                     await io.pause(self.token_delay)
+                    if self.cut_short():  # "[DONE]", no finish_reason: looks complete
+                        await io.send(h11.Data(data=b"data: [DONE]\n\n"), h11.EndOfMessage())
+                        self.interrupted += 1
+                        return
                     await io.send(h11.Data(data=_event(chat_chunk(model, {"content": word}))))
                 await io.send(
                     h11.Data(data=_event(chat_chunk(model, {}, "stop")) + b"data: [DONE]\n\n"),
@@ -133,8 +180,11 @@ class FakeEngine:
                 )
             self.served.append(model)
         finally:
-            self.in_use -= 1
-            self._freed.unpark()
+            self._free_slot()
+
+    def _free_slot(self) -> None:
+        self.in_use -= 1
+        self._freed.unpark()
 
     async def _take_slot(self, io: NodeIO) -> None:
         """Wait for a free slot, noticing the proxy closing the connection meanwhile.
@@ -161,6 +211,17 @@ class FakeEngine:
             self.deferred -= 1
         if not taken:
             raise trio.BrokenResourceError("the proxy closed the connection")
+
+
+def prompt_tokens(document: Any) -> int:
+    """A request's prompt in the fakes' tokens: the words of its messages' contents and prompt."""
+    if not isinstance(document, dict):
+        return 0
+    texts = [document.get("prompt")]
+    messages = document.get("messages")
+    if isinstance(messages, list):
+        texts += [m.get("content") for m in messages if isinstance(m, dict)]
+    return sum(len(text.split()) for text in texts if isinstance(text, str))
 
 
 def _sse_head() -> h11.Response:
@@ -218,6 +279,18 @@ class FakeLlamaServer(FakeEngine):
             "is_sleeping": False,
         }
 
+    def context_error(self, prompt_tokens: int) -> tuple[int, dict[str, Any]]:
+        """llama-server's answer, as recorded (tests/data/engines/llama-server/)."""
+        error = {
+            "code": 400,
+            "message": f"request ({prompt_tokens} tokens) exceeds the available context size"
+            f" ({self.context} tokens), try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": prompt_tokens,
+            "n_ctx": self.context,
+        }
+        return 400, {"error": error}
+
     def slot_list(self) -> list[dict[str, Any]]:
         """The ``GET /slots`` document."""
         return [
@@ -238,6 +311,69 @@ class FakeLlamaServer(FakeEngine):
         await healthy(text.encode(), headers=headers)(io, request)
 
 
+# -- llama-cpp-python ---------------------------------------------------------
+
+LLAMA_CPP_PYTHON_TITLE = "\U0001f999 llama.cpp Python API"  # its FastAPI app's title
+
+
+class FakeLlamaCppPython(FakeEngine):
+    """llama-cpp-python's server: its model's one lock, and what a second request does to a stream.
+
+    A completion, and ``GET /v1/models``, take the lock (its one slot);
+    with ``interrupt_requests`` (the engine's default) a stream that runs
+    while another request waits for the lock ends before its next token
+    with ``data: [DONE]`` and no ``finish_reason``: a complete-looking
+    answer (``interrupted`` counts them). Without it the other request
+    waits. A streamed request gets its SSE head at once. ``GET /v1/models``
+    lists its models ``owned_by`` "me" with ``permissions``, ``GET
+    /openapi.json`` names its app; ``GET /health`` and any other route it
+    lacks answer ``404 {"detail": "Not Found"}`` at once, without the lock.
+    """
+
+    def __init__(
+        self, *, model: str = "tiny", interrupt_requests: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(slots=1, models=(model,), stream_head_first=True, **kwargs)
+        self.interrupt_requests = interrupt_requests
+
+    def routes(self) -> dict[tuple[bytes, bytes], Route]:
+        return {
+            (b"GET", b"/v1/models"): self._models,
+            (b"GET", b"/openapi.json"): lambda io, r: _json(io, r, self.openapi()),
+        }
+
+    async def __call__(self, io: NodeIO, request: ReceivedRequest) -> None:
+        path = request.target.partition(b"?")[0]
+        known = (request.method, path) in self.routes() or (
+            request.method == b"POST" and path.endswith(b"/completions")
+        )
+        if not known:
+            await _json(io, request, {"detail": "Not Found"}, 404)
+            return
+        await super().__call__(io, request)
+
+    def model_list(self) -> dict[str, Any]:
+        data = [
+            {"id": model, "object": "model", "owned_by": "me", "permissions": []}
+            for model in self.models
+        ]
+        return {"object": "list", "data": data}
+
+    def openapi(self) -> dict[str, Any]:
+        """The head of its ``GET /openapi.json`` (as recorded in tests/data/engines/)."""
+        return {"openapi": "3.1.0", "info": {"title": LLAMA_CPP_PYTHON_TITLE, "version": "0.3.36"}}
+
+    def cut_short(self) -> bool:
+        return self.interrupt_requests and self.deferred > 0
+
+    async def _models(self, io: NodeIO, request: ReceivedRequest) -> None:
+        await self._take_slot(io)  # Depends(get_llama_proxy): the model's lock
+        try:
+            await _json(io, request, self.model_list())
+        finally:
+            self._free_slot()
+
+
 # -- vLLM ---------------------------------------------------------------------
 
 
@@ -256,6 +392,18 @@ class FakeVllm(FakeEngine):
             (b"GET", b"/metrics"): self._metrics,
             (b"GET", b"/health"): healthy(b"", headers=()),
         }
+
+    def context_error(self, prompt_tokens: int) -> tuple[int, dict[str, Any]]:
+        """vLLM's answer, from its source (tests/data/engines/vllm/context-exceeded.json)."""
+        error = {
+            "message": f"This model's maximum context length is {self.context} tokens. However,"
+            f" your request has {prompt_tokens} input tokens. Please reduce the length of the"
+            " input messages.",
+            "type": "BadRequestError",
+            "param": "input_tokens",
+            "code": 400,
+        }
+        return 400, {"error": error}
 
     def metrics_text(self) -> str:
         """The ``GET /metrics`` text (the three series SPEC 5c reads)."""

@@ -6,7 +6,8 @@ A ``FakeNode`` reads each request with h11, records it, and answers by its
 ``drop_before_body``, ``slow_head``,
 ``slow_prefill_with_pings``, ``die_mid_stream``, ``retry_status``,
 ``openai`` (``with_health`` adds an answer to ``GET /health``, a liveness
-check, to any of them); the fake engines ``FakeLlamaServer``, ``FakeOllama``,
+check, to any of them); the fake engines ``FakeLlamaServer``,
+``FakeLlamaCppPython``, ``FakeOllama``,
 ``FakeVllm`` and ``FakeLmStudio`` answer their signal reads from their own
 slots and loaded models. The same node serves over an in-memory stream
 (``Fleet.connector``, under ``MockClock``) or a real socket
@@ -40,7 +41,14 @@ import trio.testing
 
 from .core.config import Upstream
 from .core.headers import get
-from .fake_engines import FakeEngine, FakeLlamaServer, FakeLmStudio, FakeOllama, FakeVllm
+from .fake_engines import (
+    FakeEngine,
+    FakeLlamaCppPython,
+    FakeLlamaServer,
+    FakeLmStudio,
+    FakeOllama,
+    FakeVllm,
+)
 from .fakes import (
     Behaviour,
     FakeNode,
@@ -71,6 +79,7 @@ __all__ = [
     "Behaviour",
     "ClientResponse",
     "FakeEngine",
+    "FakeLlamaCppPython",
     "FakeLlamaServer",
     "FakeLmStudio",
     "FakeNode",

@@ -8,8 +8,10 @@ current:
 - ``signals``: node -> fresh ``Signals``, the very mapping the slot ledger
   reads (``SlotLedger.signals``); a reading that went stale leaves it at its
   node's next read, or when judged again (``judge``);
-- ``auto_capacity(node)``: an ``auto`` node's capacity from its engine
-  (llama-server's ``total_slots``, else 0); None for a configured one.
+- ``EngineChange.capacity``: an ``auto`` node's capacity from its engine
+  (``engine_state.auto_capacity``: llama-cpp-python's 1, llama-server's
+  last ``total_slots``, which does not go stale, else 0); None for a
+  configured one.
 
 A read is a record, ``EngineRead`` (node, engine, signals, and its age in
 seconds rather than a clock time, so a board over a shared store can carry
@@ -40,7 +42,6 @@ from .engines import (
     EngineKind,
     Signals,
     configured_engine,
-    resolve_capacity,
     stale_after,
 )
 
@@ -142,7 +143,7 @@ class EngineBook:
             self.signals.pop(node, None)
         else:
             self.signals[node] = current
-        capacity = auto_capacity(current) if node in self.settings.auto else None
+        capacity = auto_capacity(state).value if node in self.settings.auto else None
         # A good read of now (a failed one keeps the old reading and its anchor;
         # an older one changed nothing).
         fresh = read_at is not None and state.read_at == read_at and node in self.signals
@@ -152,10 +153,7 @@ class EngineBook:
         """``/status``'s engine fields of ``node``: its kind, capacity source, last reading."""
         state = self.states[node]
         current = state.current(now, self.settings.max_age)
-        if node not in self.settings.auto:
-            source = "configured"
-        else:
-            source = resolve_capacity(None, "", current.total_slots).source
+        source = auto_capacity(state).source if node in self.settings.auto else "configured"
         engine = state.engine
         return {
             "engine": None

@@ -16,7 +16,10 @@ wrong with it. The shapes are those recorded from llama-server (see
   "size_vram", ...}]}``, every loaded model; ``GET /api/version``:
   ``{"version": ...}``;
 - LM Studio ``GET /api/v0/models``: ``{"data": [{"id", "state", ...}]}``
-  with ``state`` ``loaded`` or ``not-loaded``.
+  with ``state`` ``loaded`` or ``not-loaded``;
+- llama-cpp-python (detection only) ``GET /v1/models``: ``{"data": [{"id",
+  "owned_by": "me", "permissions": []}]}``; ``GET /openapi.json``: FastAPI's
+  document, ``info.title`` "🦙 llama.cpp Python API".
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from .engines import (
+    ASKED_BY_THE_CHECK,
     DETECTION_PATHS,
     MAX_SIGNAL_BYTES,
     Answer,
+    Ask,
     Detection,
     EngineKind,
     LoadedModel,
@@ -41,25 +46,41 @@ from .engines import (
 # -- detection ----------------------------------------------------------------
 
 
-def detect_engine(answers: Mapping[str, Answer]) -> Detection:
-    """The engine of an ``auto`` node, from the answers to ``DETECTION_PATHS``.
+def next_detection(answers: Mapping[str, Answer | None]) -> Detection | Ask | None:
+    """The next step of detecting an ``auto`` node's engine, from the answers so far.
+
+    The paths are weighed in ``DETECTION_PATHS`` order: the first whose
+    answer shows its engine decides, so nothing after it is asked; the first
+    not asked yet is the next question, unless it is one that only the check
+    asks (``ASKED_BY_THE_CHECK``: llama-cpp-python's ``/v1/models``), which
+    is skipped when the check had no answer to it.
 
     Args:
-        answers: by path; a path that was not asked, or whose read failed,
-            is simply absent.
+        answers: by path, what was asked so far: the answer, or None where
+            the read got none (refused, timed out). The check's
+            ``/v1/models`` answer is here from the start where it had one.
 
     Returns:
-        The first kind in ``DETECTION_PATHS`` order whose answer is its
-        engine's, with a ``found_by`` such as ``"GET /props: total_slots"``;
-        ``openai`` with ``found_by`` ``"no engine answer"`` when none is.
+        The ``Detection`` once one answer decides, with a ``found_by`` such
+        as ``"GET /props: total_slots"``; ``Ask(path)`` for the next
+        question; once all are asked, ``openai`` (``"no engine answer"``) if
+        any of detection's own questions got an answer, else None: nothing
+        decided, try again at the next good check (a node that went away
+        meanwhile is not taken for ``openai``).
     """
     for kind, path in DETECTION_PATHS:
-        answer = answers.get(path)
-        if answer is not None:
-            evidence = looks_like(kind, answer)
-            if evidence:
-                return Detection(kind, f"GET {path}: {evidence}")
-    return Detection(EngineKind.OPENAI, "no engine answer")
+        if path not in answers:
+            if path in ASKED_BY_THE_CHECK:
+                continue
+            return Ask(path)
+        answer = answers[path]
+        evidence = "" if answer is None else looks_like(kind, answer)
+        if evidence:
+            return Detection(kind, f"GET {path}: {evidence}")
+    answered = any(
+        answer is not None for path, answer in answers.items() if path not in ASKED_BY_THE_CHECK
+    )
+    return Detection(EngineKind.OPENAI, "no engine answer") if answered else None
 
 
 def looks_like(kind: EngineKind, answer: Answer) -> str:
@@ -79,7 +100,36 @@ def looks_like(kind: EngineKind, answer: Answer) -> str:
         data = document.get("data")
         if isinstance(data, list) and data and all(_has_state(item) for item in data):
             return "state per model"
+    if kind is EngineKind.LLAMA_CPP_PYTHON:
+        return _llama_cpp_python(document)
     return ""
+
+
+LLAMA_CPP_PYTHON_TITLE = "llama.cpp Python API"  # its app's title is "🦙 llama.cpp Python API"
+
+
+def _llama_cpp_python(document: dict[str, object]) -> str:
+    """What shows llama-cpp-python: its ``/v1/models`` or its ``/openapi.json``.
+
+    Every model of its list is ``owned_by`` "me" with ``permissions``; its
+    OpenAPI document's ``info.title`` names its app.
+    """
+    data = document.get("data")
+    if isinstance(data, list) and data and all(_owned_by_me(item) for item in data):
+        return 'owned_by "me" with permissions'
+    info = document.get("info")
+    title = info.get("title") if isinstance(info, dict) else None
+    if isinstance(title, str) and LLAMA_CPP_PYTHON_TITLE in title:
+        return f'title "{LLAMA_CPP_PYTHON_TITLE}"'
+    return ""
+
+
+def _owned_by_me(item: object) -> bool:
+    return (
+        isinstance(item, dict)
+        and item.get("owned_by") == "me"
+        and isinstance(item.get("permissions"), list)
+    )
 
 
 def _has_vllm_series(body: bytes) -> bool:

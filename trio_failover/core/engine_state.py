@@ -5,7 +5,8 @@ read: the node's engine kind, the parsed ``Signals`` and the time of the
 read. Whoever owns node state (the node board) folds it into that node's
 ``EngineState`` with ``next_state`` and asks ``EngineState.current`` when it
 decides: a reading older than three intervals is unknown, and unknown limits
-nothing. The decisions the current signals feed are in ``engines.py``
+nothing (but the capacity, which does not go stale: ``auto_capacity``).
+The decisions the current signals feed are in ``engines.py``
 (``resolve_capacity``, ``is_full``, ``load_key``, ``model_loaded``,
 ``head_timeout``); ``auto_capacity``, ``loaded_nodes`` and
 ``attempt_head_timeout`` here apply them to a node's state.
@@ -21,6 +22,7 @@ import attrs
 
 from .engines import (
     UNKNOWN,
+    Capacity,
     Detection,
     Signals,
     current_signals,
@@ -110,9 +112,17 @@ def next_state(state: EngineState, signal: EngineSignal) -> EngineState:
     )
 
 
-def auto_capacity(signals: Signals) -> int:
-    """Capacity ``auto`` from current signals: llama-server's ``total_slots``, else 0."""
-    return resolve_capacity(None, "", signals.total_slots).value
+def auto_capacity(state: EngineState) -> Capacity:
+    """Capacity ``auto`` of a node: its engine kind's own, else its last ``total_slots``.
+
+    Read from the last reading, fresh or not: a node's capacity is not a
+    signal that goes stale. The last ``total_slots`` holds until the engine
+    says another number (a frozen engine's slots do not vanish, and a node
+    full by this proxy's own count stays full); its busy count goes stale
+    as before (``EngineState.current``).
+    """
+    kind = None if state.engine is None else state.engine.kind
+    return resolve_capacity(None, "", state.signals.total_slots, kind=kind)
 
 
 def loaded_nodes(model: str | None, signals: Mapping[str, Signals]) -> frozenset[str]:

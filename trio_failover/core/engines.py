@@ -8,12 +8,13 @@ the core, by ``wire/engine_metrics.py``); this module holds the records they
 produce and the plain decisions made from them:
 
 - ``Detection``: the kind of a node and how it was found (for ``/status``;
-  ``engine_parsers.detect_engine`` makes one from the answers of an
-  ``auto`` node's first good check);
+  ``engine_parsers.next_detection`` weighs the answers of an ``auto``
+  node's first good check, one at a time);
 - ``is_fresh`` / ``current_signals``: a reading older than three intervals
   is unknown (``UNKNOWN``), and an unknown signal never excludes a node;
-- ``resolve_capacity``: ``auto`` is llama-server's ``total_slots``, else 0;
-  a configured number wins;
+- ``resolve_capacity``: ``auto`` is llama-cpp-python's 1, llama-server's
+  last ``total_slots`` (it does not go stale), else 0; a configured number
+  wins;
 - ``is_full`` and ``load_key``: the proxy's own count and the engine's,
   whichever is higher;
 - ``model_loaded``, ``loaded_first``, ``head_timeout``: loaded models first,
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .errors import ConfigError
+from .inventory import CHECK_PATH
 from .names import find_name
 
 # -- engine kinds and detection -----------------------------------------------
@@ -47,6 +49,7 @@ class EngineKind(enum.StrEnum):
     OPENAI = "openai"
     OLLAMA = "ollama"
     LLAMA_SERVER = "llama-server"
+    LLAMA_CPP_PYTHON = "llama-cpp-python"
     VLLM = "vllm"
     LMSTUDIO = "lmstudio"
 
@@ -64,16 +67,25 @@ def check_engine_kind(instance: object, attribute: attrs.Attribute[Any], value: 
         raise ConfigError("engine", value, "one of " + ", ".join(ENGINE_KINDS))
 
 
-# The reads that tell the engines apart, in the order detection tries them:
-# each is a GET that touches no model. llama-server comes first because its
-# /props is the most specific answer (llama-server also serves /metrics with
-# --metrics, but as `llamacpp:` series, so the order does not decide that).
+# The answers that tell the engines apart, in the order detection weighs
+# them: the first that shows its engine decides, and nothing after it is
+# asked. Each is a GET that touches no model, but one: llama-cpp-python's
+# GET /v1/models takes its model's lock (with its default settings, that ends
+# a running stream), so detection never asks it (``ASKED_BY_THE_CHECK``): it
+# weighs the answer of the node's check, which asks it only while no attempt
+# is in flight, and asks /openapi.json (FastAPI's own route, no lock) where
+# the check had none. llama-server comes first because its /props is the
+# most specific answer (llama-server also serves /metrics with --metrics, but
+# as `llamacpp:` series, so the order does not decide that).
 DETECTION_PATHS: tuple[tuple[EngineKind, str], ...] = (
+    (EngineKind.LLAMA_CPP_PYTHON, CHECK_PATH),
     (EngineKind.LLAMA_SERVER, "/props"),
     (EngineKind.OLLAMA, "/api/version"),
     (EngineKind.VLLM, "/metrics"),
     (EngineKind.LMSTUDIO, "/api/v0/models"),
+    (EngineKind.LLAMA_CPP_PYTHON, "/openapi.json"),
 )
+ASKED_BY_THE_CHECK = frozenset({CHECK_PATH})
 
 # The reads of each engine's signals, every --load-interval (SPEC 5c's table).
 SIGNAL_PATHS: Mapping[EngineKind, tuple[str, ...]] = {
@@ -84,6 +96,9 @@ SIGNAL_PATHS: Mapping[EngineKind, tuple[str, ...]] = {
     EngineKind.VLLM: ("/metrics",),
     EngineKind.OLLAMA: ("/api/ps",),
     EngineKind.LMSTUDIO: ("/api/v0/models",),
+    # None: it serves one request at a time, and a read that needs its model
+    # would end the running one (SPEC 5a); its capacity is 1 (``resolve_capacity``).
+    EngineKind.LLAMA_CPP_PYTHON: (),
     EngineKind.OPENAI: (),
 }
 
@@ -107,6 +122,13 @@ class Detection:
 
     kind: EngineKind
     found_by: str
+
+
+@attrs.frozen
+class Ask:
+    """Detection's next step: ask ``path`` (``engine_parsers.next_detection``)."""
+
+    path: str
 
 
 def configured_engine(kind: EngineKind) -> Detection | None:
@@ -237,11 +259,24 @@ class Capacity:
 
 
 AUTO_FROM_SLOTS = "auto (GET /props total_slots)"
+AUTO_ONE_AT_A_TIME = "auto (llama-cpp-python serves one request at a time)"
 AUTO_NONE = "auto (the engine gives none)"
+
+# Engines whose capacity is their nature rather than a number they say:
+# llama-cpp-python serves one request at a time (its model's lock) and, with
+# its default settings, ends the running stream for the next request, which
+# the client sees as a complete answer ("[DONE]") without its tokens.
+FIXED_CAPACITY: Mapping[EngineKind, Capacity] = {
+    EngineKind.LLAMA_CPP_PYTHON: Capacity(1, AUTO_ONE_AT_A_TIME),
+}
 
 
 def resolve_capacity(
-    configured: int | None, configured_source: str, total_slots: int | None
+    configured: int | None,
+    configured_source: str,
+    total_slots: int | None,
+    *,
+    kind: EngineKind | None = None,
 ) -> Capacity:
     """Capacity ``auto`` or a configured number (SPEC 5c).
 
@@ -249,17 +284,34 @@ def resolve_capacity(
         configured: the configured number, or None for ``auto``.
         configured_source: where the number came from (``--capacity a=2``,
             ``TRIO_FAILOVER_CAPACITY``, the file...); used only when set.
-        total_slots: llama-server's ``total_slots``, or None when unknown.
+        total_slots: llama-server's last ``total_slots``, or None when it
+            never said one. Not a signal that goes stale: a frozen engine's
+            slots do not vanish.
+        kind: the node's engine, or None while unknown.
 
     Returns:
-        The configured number when there is one (it always wins), else
+        The configured number when there is one (it always wins), else the
+        engine kind's own (``FIXED_CAPACITY``: llama-cpp-python 1), else
         ``total_slots`` when the engine gave a positive one, else 0 (no limit).
     """
     if configured is not None:
         return Capacity(configured, configured_source)
+    fixed = FIXED_CAPACITY.get(kind) if kind is not None else None
+    if fixed is not None:
+        return fixed
     if total_slots is not None and total_slots > 0:
         return Capacity(total_slots, AUTO_FROM_SLOTS)
     return Capacity(0, AUTO_NONE)
+
+
+def capacity_at_start(configured: int | None, engine: str) -> int:
+    """A node's capacity before any read of its engine: ``resolve_capacity`` of its configuration.
+
+    Args:
+        configured: the node's configured capacity, None for ``auto``.
+        engine: its configured engine kind (``auto`` is not known yet).
+    """
+    return resolve_capacity(configured, "", None, kind=EngineKind(engine)).value
 
 
 def is_full(in_flight: int, signals: Signals, capacity: int) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import enum
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from email.utils import parsedate_to_datetime
 
 import attrs
@@ -225,12 +225,87 @@ def error_field(body: bytes) -> object:
     return document.get("error") if isinstance(document, dict) else None
 
 
-def error_code(body: bytes) -> str | None:
-    """The ``error.code`` of an OpenAI-style JSON error body, if it has one."""
-    error = error_field(body)
-    if isinstance(error, dict) and isinstance(error.get("code"), str):
-        return str(error["code"])
-    return None
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+# The engines' own answers to a prompt longer than their context, which say
+# so without OpenAI's ``"code": "context_length_exceeded"`` (their ``code``
+# is the HTTP status, a number). Each row: the member of the error object,
+# the text that shows it (an exact value for ``type``, a part of the text,
+# compared in lower case, for ``message``), and the name it goes by.
+ENGINE_ERRORS: tuple[tuple[str, str, str], ...] = (
+    # llama-server: 400 {"error": {"code": 400, "type": "exceed_context_size_error",
+    # "message": "request (N tokens) exceeds the available context size (M tokens), ...",
+    # "n_prompt_tokens": N, "n_ctx": M}}
+    ("type", "exceed_context_size_error", CONTEXT_LENGTH_EXCEEDED),
+    # vLLM: 400 {"error": {"code": 400, "type": "BadRequestError", "message": "This
+    # model's maximum context length is N tokens. However, ..."}} (before its
+    # errors were wrapped in "error", the same members at the top level).
+    ("message", "maximum context length is", CONTEXT_LENGTH_EXCEEDED),
+)
+
+
+def error_names(body: bytes) -> tuple[str, ...]:
+    """The names a JSON error answer goes by, for ``--retry-error-codes``.
+
+    Its ``error.code`` where that is a string, its ``error.type``, and the
+    name of an engine's own answer that ``ENGINE_ERRORS`` knows (llama-server's
+    and vLLM's context-length answers are ``context_length_exceeded``), in
+    that order, each once. The error object is OpenAI's ``{"error": {...}}``,
+    or a document whose ``"object"`` is ``"error"`` (older vLLM releases).
+
+    Returns:
+        The names; empty for anything that is no such error.
+    """
+    error = _error_object(body)
+    if error is None:
+        return ()
+    names: list[str] = [
+        str(error[member]) for member in ("code", "type") if isinstance(error.get(member), str)
+    ]
+    for member, shows, name in ENGINE_ERRORS:
+        text = error.get(member)
+        if not isinstance(text, str):
+            continue
+        if (text == shows) if member == "type" else (shows in text.lower()):
+            names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _error_object(body: bytes) -> dict[str, object] | None:
+    """The error object of a JSON error body (see ``error_names``), else None."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):  # as in ``error_field``
+        return None
+    if not isinstance(document, dict):
+        return None
+    error = document.get("error")
+    if isinstance(error, dict):
+        return error
+    if error is None and document.get("object") == "error":
+        return document
+    return None  # Ollama's string, or anything else that is not an object
+
+
+def error_code(body: bytes, listed: Collection[str] = ()) -> str | None:
+    """The error code of a JSON error body that decides and names a retry.
+
+    Args:
+        body: the (small, complete) body of a 4xx or retryable answer.
+        listed: ``--retry-error-codes``.
+
+    Returns:
+        The first of its ``error_names`` that is listed; else its string
+        ``error.code`` (which then only names the answer in the attempt's
+        detail); else None.
+    """
+    names = error_names(body)
+    chosen = next((name for name in names if name in listed), None)
+    if chosen is not None:
+        return chosen
+    error = _error_object(body)
+    code = None if error is None else error.get("code")
+    return code if isinstance(code, str) else None
 
 
 def parse_retry_after(value: str, *, date: str | None = None) -> float | None:

@@ -47,6 +47,7 @@ from ..core.checks import (
     tags_answer,
 )
 from ..core.config import Config, Upstream
+from ..core.engines import Answer as EngineAnswer
 from ..core.inventory import (
     CHECK_ANSWER_TIMEOUT,
     CHECK_PATH,
@@ -91,11 +92,12 @@ class Discovery:
         report: Report,
         *,
         jitter: Callable[[], float] = random.random,
-        on_checked: Callable[[str, bool], None] | None = None,
+        on_checked: Callable[[str, bool, EngineAnswer | None], None] | None = None,
         moving: Callable[[str, float], bool] | None = None,
     ) -> None:
         self.config = config
-        # Told after each check (node, good): the engine reader reads then (SPEC 5c).
+        # Told after each check (node, good, its /v1/models answer): the
+        # engine reader reads then, and detects from it (SPEC 5c).
         self._on_checked = on_checked
         # Whether a stream of the node relayed a byte lately (``SilenceWatch.moving``):
         # then a check that times out proves nothing.
@@ -173,8 +175,9 @@ class Discovery:
                 await board.nodes[node.name].recheck.wait()
             started = trio.current_time()
             board.take_recheck(node.name)  # an ask from now on means "once more"
+            listing: EngineAnswer | None = None
             try:
-                verdict = await self.check(node)
+                verdict, listing = await self.check(node)
             except Exception as exc:
                 # The check's own boundary, like a workload's: a bug in one
                 # check must not end the server (this task is in its nursery).
@@ -186,7 +189,7 @@ class Discovery:
             record = health_check_record(verdict, finished)
             board.check_finished(node.name, verdict, finished, record=record)
             if self._on_checked is not None:
-                self._on_checked(node.name, verdict.health is not Health.DOWN)
+                self._on_checked(node.name, verdict.health is not Health.DOWN, listing)
             down_checks = down_checks + 1 if board.is_down(node.name) else 0
             deadline = next_check_at(
                 started=started,
@@ -196,11 +199,15 @@ class Discovery:
                 down_checks=down_checks,
             )
 
-    async def check(self, node: Upstream) -> CheckVerdict:
+    async def check(self, node: Upstream) -> tuple[CheckVerdict, EngineAnswer | None]:
         """One check of ``node``, judged; never raises an error.
 
         ``/health`` first; ``/v1/models`` and ``/api/tags`` only while no
         attempt of this proxy is in flight at the node (SPEC 5a).
+
+        Returns:
+            The verdict, and the node's answer to ``/v1/models`` where it
+            got one (the engine reader's detection weighs it, SPEC 5c).
         """
         reply = await self._ask(node, HEALTH_PATH, _HEALTH_BODY)
         first = judge_health(
@@ -210,13 +217,13 @@ class Discovery:
             detail=reply.detail,
         )
         if first.final is not None:
-            return first.final
+            return first.final, None
         if self._in_flight(node):
-            return inventory_waits(has_route=first.has_route)
+            return inventory_waits(has_route=first.has_route), None
         # Asked again once connected: no attempt may begin in between.
         reply = await self._ask(node, CHECK_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)
         if not reply.sent:
-            return inventory_waits(has_route=first.has_route)
+            return inventory_waits(has_route=first.has_route), None
         verdict = judge_check(
             failure=reply.failure,
             status=reply.answer.status if reply.answer else None,
@@ -227,7 +234,8 @@ class Discovery:
         )
         if verdict.health is not Health.DOWN and not self._in_flight(node):
             await self._ask_tags(node)
-        return verdict
+        answer = reply.answer
+        return verdict, None if answer is None else EngineAnswer(answer.status, "", answer.body)
 
     async def _ask_tags(self, node: Upstream) -> None:
         reply = await self._ask(node, TAGS_PATH, MAX_LISTING_BYTES + 1, unless_busy=True)

@@ -4,14 +4,19 @@ One task per node, all in the nursery ``EngineReader.run`` opens (the
 server's services nursery starts it, like discovery). Each task:
 
 1. finds its node's engine: a configured kind at once; ``auto`` at the
-   node's first good check (``checked(node, good=True)``, which discovery
-   calls after each check), by asking ``engines.DETECTION_PATHS`` and
-   judging them with ``engine_parsers.detect_engine``. With discovery off
+   node's first good check (``checked(node, good=True, listing)``, which
+   discovery calls after each check), asking ``engines.DETECTION_PATHS``
+   one at a time as ``engine_parsers.next_detection`` says: the first
+   answer that shows an engine ends it (after llama-server's ``/props``,
+   nothing else is asked), and the check's own ``GET /v1/models`` answer
+   (``listing``) is weighed, never asked again. With discovery off
    there is no check, so nothing is read of an ``auto`` node (the proxy
    then asks a node nothing of its own accord but the liveness checks). A
    round where no read got any answer detects nothing and is tried again;
 2. reads its engine's ``SIGNAL_PATHS`` every ``--load-interval`` and with
-   each check (``checked``), on a fresh connection each (``wire.fetch``:
+   each check (``checked``; the round that detected it takes detection's
+   answers, such as ``/props``, rather than ask them twice), on a fresh
+   connection each (``wire.fetch``:
    never a slot, never pooled), within the connect timeout and then
    ``SIGNAL_ANSWER_TIMEOUT`` (2 s), at most ``MAX_SIGNAL_BYTES``;
 3. hands each parsed reading to the one callback, ``on_signal(node,
@@ -37,7 +42,7 @@ import trio
 
 from ..core import errors
 from ..core.config import Config, Upstream
-from ..core.engine_parsers import detect_engine
+from ..core.engine_parsers import next_detection
 from ..core.engine_state import EngineSignal
 from ..core.engines import (
     DETECTION_PATHS,
@@ -46,10 +51,12 @@ from ..core.engines import (
     SIGNAL_PATHS,
     UNKNOWN,
     Answer,
+    Ask,
     Detection,
     EngineKind,
     configured_engine,
 )
+from ..core.inventory import CHECK_PATH
 from ..telemetry.logs import logger
 from ..wire.connect import Connector
 from ..wire.engine_metrics import read_signals
@@ -75,14 +82,22 @@ class EngineReader:
         self.answer_timeout = SIGNAL_ANSWER_TIMEOUT
         self._wake = {node.name: trio.Event() for node in config.upstreams}
         self._good_check = dict.fromkeys(self._wake, False)
+        self._listing: dict[str, Answer] = {}  # each node's last check's GET /v1/models
         self._nursery: trio.Nursery | None = None  # while ``run`` runs
         self._tasks: dict[str, trio.CancelScope] = {}  # the running readers, by node
 
-    def checked(self, node: str, good: bool) -> None:
-        """A check of ``node`` ended (discovery calls this): read with it, detect at a good one."""
+    def checked(self, node: str, good: bool, listing: Answer | None = None) -> None:
+        """A check of ``node`` ended (discovery calls this): read with it, detect at a good one.
+
+        ``listing``: the check's answer to ``GET /v1/models``, where it asked
+        that: detection weighs it (llama-cpp-python's) and never asks it
+        itself, since on llama-cpp-python that read would end a running stream.
+        """
         if node not in self._wake:
             return
         self._good_check[node] = self._good_check[node] or good
+        if listing is not None:
+            self._listing[node] = listing
         self._wake[node].set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -127,6 +142,7 @@ class EngineReader:
         for name in [name for name in self._wake if name not in names or name in restart]:
             del self._wake[name]
             del self._good_check[name]
+            self._listing.pop(name, None)
         for node in config.upstreams:
             if node.name not in self._wake:
                 self._wake[node.name] = trio.Event()
@@ -160,16 +176,19 @@ class EngineReader:
             self._wake[node.name] = trio.Event()
             started = trio.current_time()
             deadline = started + interval if interval else math.inf
+            in_hand: dict[str, Answer] = {}  # detection's answers: not asked again
             if engine is None and self._good_check[node.name]:
-                engine = await self._detect(node)
+                engine, in_hand = await self._detect(node)
             if engine is None:
                 continue
             paths = SIGNAL_PATHS.get(engine.kind, ())
             if not paths:
                 self.on_signal(node.name, EngineSignal(engine, UNKNOWN, trio.current_time()))
                 return
+            answers: dict[str, Answer | str] = {p: a for p, a in in_hand.items() if p in paths}
             try:
-                signals = read_signals(engine.kind, await self._read(node, paths))
+                answers |= await self._read(node, tuple(p for p in paths if p not in answers))
+                signals = read_signals(engine.kind, answers)
             except Exception as exc:
                 # This task's own boundary, like a check's: a bug in one
                 # read must not end the server.
@@ -177,13 +196,24 @@ class EngineReader:
                 signals = read_signals(engine.kind, dict.fromkeys(paths, type(exc).__name__))
             self.on_signal(node.name, EngineSignal(engine, signals, trio.current_time()))
 
-    async def _detect(self, node: Upstream) -> Detection | None:
-        """The engine of an ``auto`` node; None when no read got an answer at all."""
-        answers = await self._read(node, tuple(path for _, path in DETECTION_PATHS))
-        got = {path: answer for path, answer in answers.items() if isinstance(answer, Answer)}
-        if not got:
-            return None
-        return detect_engine(got)
+    async def _detect(self, node: Upstream) -> tuple[Detection | None, dict[str, Answer]]:
+        """The engine of an ``auto`` node (None: no answer decided), and the answers it got.
+
+        One question at a time, as ``next_detection`` asks them: the first
+        answer that shows an engine ends it, and the round's signal read
+        takes the answers it got rather than ask them again.
+        """
+        answers: dict[str, Answer | None] = {}
+        listing = self._listing.get(node.name)
+        if listing is not None:
+            answers[CHECK_PATH] = listing  # the check's: never asked here
+        for _ in range(len(DETECTION_PATHS) + 1):  # each step asks a path not asked yet
+            step = next_detection(answers)
+            if not isinstance(step, Ask):
+                return step, {p: a for p, a in answers.items() if isinstance(a, Answer)}
+            got = (await self._read(node, (step.path,)))[step.path]
+            answers[step.path] = got if isinstance(got, Answer) else None
+        raise AssertionError("detection asked every path and did not end")  # pragma: no cover
 
     async def _read(self, node: Upstream, paths: tuple[str, ...]) -> Mapping[str, Answer | str]:
         """``GET`` each of ``paths`` in turn: its answer, or why there is none."""

@@ -27,6 +27,7 @@ import trio
 from ..core.config import Config
 from ..core.cooldown import ModelCooldowns
 from ..core.engine_book import EngineChange
+from ..core.engines import capacity_at_start
 from ..core.node_change import ChangeKind, NodeChange
 from ..core.slot_ledger import SlotLedger
 from ..core.slots import (
@@ -68,9 +69,10 @@ class SlotQueue:
             models: the board's per-model cooldowns, read only (falsy: none).
         """
         self.scheduler: SlotScheduler[trio.Event] = SlotScheduler(
-            # Capacity auto (None) limits nothing until its engine says
-            # (the engine holder sets it then).
-            {node.name: node.capacity or 0 for node in config.upstreams},
+            # Capacity auto (None) limits nothing until its engine says (the
+            # engine holder sets it then), but where its configured kind
+            # fixes it (llama-cpp-python: 1).
+            {node.name: capacity_at_start(node.capacity, node.engine) for node in config.upstreams},
             balance=config.balance,
             max_queue=config.max_queue,
         )
@@ -248,18 +250,18 @@ class SlotQueue:
 
 
 def _reload_capacities(config: Config, ledger: SlotLedger) -> dict[str, int]:
-    """A reload's capacities: an ``auto`` node keeps what its engine gave (SPEC 5c), a new one 0."""
+    """A reload's capacities: an ``auto`` node keeps what its engine gave (SPEC 5c).
+
+    A new node, or one whose configured kind fixes its capacity
+    (llama-cpp-python), starts as ``capacity_at_start`` says.
+    """
     kept = set(ledger.nodes)
-    return {
-        node.name: (
-            node.capacity
-            if node.capacity is not None
-            else ledger.capacity(node.name)
-            if node.name in kept
-            else 0
-        )
-        for node in config.upstreams
-    }
+    capacities: dict[str, int] = {}
+    for node in config.upstreams:
+        start = capacity_at_start(node.capacity, node.engine)
+        keeps = node.capacity is None and not start and node.name in kept
+        capacities[node.name] = ledger.capacity(node.name) if keeps else start
+    return capacities
 
 
 def gauge_in_flight(metrics: Metrics, nodes: Iterable[str], queue: SlotQueue) -> None:

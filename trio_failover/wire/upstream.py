@@ -418,7 +418,7 @@ async def _error_body(
     if body_scope.cancelled_caught:
         raise errors.HeaderTimeout(name, "error body", "stalled after the head")
     not_found = complete and is_model_not_found(response.status_code, body_bytes)
-    code = error_code(body_bytes) if complete else None
+    code = error_code(body_bytes, config.retry_error_codes) if complete else None
     if not not_found and not fails_over_on(action, code, config.retry_error_codes):
         return body_bytes, complete
     headers = list(response.headers)
