@@ -71,6 +71,9 @@ VENV = "/opt/trio-failover"
 COMMAND_TIMEOUT = 300
 # The proxy's exit after its last stream ends, interpreter teardown included.
 PROMPT = 10.0
+# PID 1 of a new PID namespace, as in a container. --kill-child: if the test
+# kills unshare, the kernel kills its child, and with it the namespace.
+AS_PID_1 = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
 REQUIRE_NAMESPACES = os.environ.get("TRIO_FAILOVER_REQUIRE_NETNS", "") not in ("", "0")
 
 
@@ -420,12 +423,11 @@ def chat_held(held: HeldRequests) -> FakeNode:
 
 def pid_namespace_problem() -> str | None:
     """Why this machine cannot run a process as PID 1 of a new PID namespace, or None."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
+    if shutil.which("unshare") is None:
         return "unshare is not installed"
     try:
         result = subprocess.run(
-            [unshare, "--pid", "--fork", "--mount-proc", "true"],
+            [*AS_PID_1, "true"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -454,14 +456,14 @@ async def health(image: Image, env: dict[str, str]) -> tuple[int, str]:
 
 @pytest.mark.parametrize("as_pid_1", [False, True], ids=["child", "pid-1"])
 async def test_the_entry_point_serves_and_drains_on_sigterm(image: Image, as_pid_1: bool) -> None:
-    prefix = []
+    prefix: list[str] = []
     if as_pid_1:
         problem = pid_namespace_problem()
         if problem and REQUIRE_NAMESPACES:
             pytest.fail(f"TRIO_FAILOVER_REQUIRE_NETNS is set but {problem}")
         if problem:
             pytest.skip(problem)
-        prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+        prefix = AS_PID_1
     held = HeldRequests()
     body = b'{"model": "m", "messages": []}'
     with trio.fail_after(90):
