@@ -30,7 +30,8 @@ COPY --from=build /opt/trio-failover /opt/trio-failover
 COPY deploy/healthcheck.py /opt/trio-failover/healthcheck.py
 # The uid is fixed so that Kubernetes' runAsNonRoot can verify it
 # (deploy/kubernetes/trio-failover.yaml uses the same).
-RUN useradd --system --uid 10001 --user-group --no-create-home \
+RUN groupadd --system --gid 10001 trio-failover \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin trio-failover
 # Inside a container 127.0.0.1 reaches no one: the client listener is on
 # every address. The admin listener stays on loopback (the health check

@@ -322,7 +322,8 @@ def test_dockerfile_runs_the_proxy_as_pid_1_without_root() -> None:
     uid, _, gid = only(final, "USER").args.partition(":")
     assert uid == gid
     assert int(uid) > 0
-    assert f"--uid {uid} " in only(final, "RUN").args
+    assert f"--gid {gid} trio-failover" in only(final, "RUN").args
+    assert f"--uid {uid} --gid {gid} " in only(final, "RUN").args
     (proxy,) = [
         item
         for item in yaml.safe_load_all(KUBERNETES.read_text(encoding="utf-8"))
