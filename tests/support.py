@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -47,23 +47,33 @@ class ProxyProcess:
 
 @asynccontextmanager
 async def serve_process(
-    *options: str, preexec_fn: Callable[[], None] | None = None
+    *options: str,
+    preexec_fn: Callable[[], None] | None = None,
+    command: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[ProxyProcess]:
     """``trio-failover serve`` in a subprocess, listening on a free port.
 
+    ``command`` replaces the whole command line (``options`` then unused),
+    e.g. an installed program whose listeners ``env`` sets.
     Yields once the proxy logged ``listening on``; kills it on the way out.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "trio_failover",
-        "serve",
-        "--listen=127.0.0.1:0",
-        "--admin-listen=off",
-        *options,
-    ]
+    if command is None:
+        command = [
+            sys.executable,
+            "-m",
+            "trio_failover",
+            "serve",
+            "--listen=127.0.0.1:0",
+            "--admin-listen=off",
+            *options,
+        ]
     process = await trio.lowlevel.open_process(
-        command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec_fn
+        list(command),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=preexec_fn,
+        env=env,
     )
     lines = Lines()
     listening = trio.Event()

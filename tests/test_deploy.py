@@ -1,23 +1,30 @@
-"""deploy/ stays in step with the program: the systemd unit and the Kubernetes example.
+"""deploy/ keeps in step with the program: systemd unit, Kubernetes example, health check.
 
 - The unit passes ``systemd-analyze verify`` with nothing to say (where that
   command exists; skipped otherwise), keeps its hardening, and waits longer
   to stop than the drain's ``--shutdown-timeout``.
 - The Kubernetes example is parsed (PyYAML): every flag and
   ``TRIO_FAILOVER_`` variable it uses is the proxy's, its arguments pass
-  ``trio-failover check``, and its probes, ports and grace period agree.
+  ``trio-failover check``, and its probes, ports and grace period agree;
+  its image is the one ``docker build -t trio-failover:VERSION .`` makes.
+- The image's health check (``deploy/healthcheck.py``) finds the admin
+  listener from ``TRIO_FAILOVER_ADMIN_LISTEN``; tests/test_release.py runs
+  it against the proxy the image runs.
 
-Every flag of the example is in the option table: the shared-state flags
-of SPEC section 3 were allowed there before the CLI had them (a
-``PENDING`` list, now gone), and are checked like every other since.
+Every flag of the example is in the option table, the shared-state flags
+included: none is let through because the CLI does not have it yet.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -32,6 +39,10 @@ from trio_failover.core.units import parse_duration
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 UNIT = DEPLOY / "trio-failover.service"
 KUBERNETES = DEPLOY / "kubernetes" / "trio-failover.yaml"
+HEALTHCHECK = DEPLOY / "healthcheck.py"
+VERSION = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+    "version"
+]
 FLAGS = {option.flag: option for option in OPTIONS}
 ENVS = {option.env for option in OPTIONS}
 SHUTDOWN_DEFAULT = parse_duration(FLAGS["--shutdown-timeout"].default_text)
@@ -182,3 +193,66 @@ def test_example_state_url_names_its_redis_service() -> None:
     redis = objects["Service", address.host]["spec"]
     assert [port["port"] for port in redis["ports"]] == [address.port]
     assert redis["selector"] == objects["Deployment", "redis"]["spec"]["selector"]["matchLabels"]
+
+
+def test_example_runs_the_image_this_repository_builds() -> None:
+    # README and docs/deploying.md: docker build -t trio-failover:VERSION .
+    assert proxy_container()["image"] == f"trio-failover:{VERSION}"
+
+
+# -- the image's health check ---------------------------------------------------------------
+
+
+def healthcheck() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("healthcheck", HEALTHCHECK)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("listen", "url"),
+    [
+        ("127.0.0.1:8081", "http://127.0.0.1:8081/healthz"),
+        ("0.0.0.0:8081", "http://127.0.0.1:8081/healthz"),
+        (":9000", "http://127.0.0.1:9000/healthz"),
+        ("[::]:8081", "http://[::1]:8081/healthz"),
+        ("[::1]:8081", "http://[::1]:8081/healthz"),
+        ("admin.internal:8081", "http://admin.internal:8081/healthz"),
+    ],
+)
+def test_healthcheck_asks_the_admin_listener_on_loopback(listen: str, url: str) -> None:
+    assert healthcheck().healthz_url(listen) == url
+
+
+@pytest.mark.parametrize("listen", ["8081", "127.0.0.1:", "127.0.0.1:http"])
+def test_healthcheck_refuses_an_address_without_a_port(listen: str) -> None:
+    with pytest.raises(ValueError, match="TRIO_FAILOVER_ADMIN_LISTEN"):
+        healthcheck().healthz_url(listen)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(
+    ("listen", "why"),
+    [
+        ("off", "the admin listener is off"),
+        ("127.0.0.1:", "is not HOST:PORT"),
+        ("closed", "Connection refused"),
+    ],
+)
+def test_healthcheck_fails_without_an_answer(
+    listen: str, why: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if listen == "closed":
+        listen = f"127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("TRIO_FAILOVER_ADMIN_LISTEN", listen)
+    assert healthcheck().main() == 1
+    assert why in capsys.readouterr().err
