@@ -62,7 +62,7 @@ from ..wire.shared_records import SharedRecords
 from ..wire.slot_lease import SlotLeases
 from .owed_releases import OwedReleases
 
-__all__ = ["HEARTBEAT_MOST", "RemoteRecord", "SharedState"]
+__all__ = ["HEARTBEAT_MOST", "Membership", "RemoteRecord", "SharedState"]
 
 T = TypeVar("T")
 
@@ -265,7 +265,7 @@ class SharedState:
         Cancellation: leaves the replicas' set when it can within
         ``--state-timeout`` and closes both connections.
         """
-        await _Membership(self).run(task_status)
+        await Membership(self).run(task_status)
 
     def _joined(self, link: _Link | None) -> None:
         self._link = link
@@ -289,8 +289,12 @@ class SharedState:
         return probe
 
 
-class _Membership:
-    """``SharedState.run``'s body: join, heartbeat, listen, notice a loss, rejoin."""
+class Membership:
+    """``SharedState.run``'s body: join, heartbeat, listen, notice a loss, rejoin.
+
+    ``beat`` is the heartbeat of a joined replica (its own task); the tests
+    drive it under a mock clock with stand-ins for the two connections' verbs.
+    """
 
     def __init__(self, state: SharedState) -> None:
         self.state = state
@@ -376,7 +380,7 @@ class _Membership:
 
                 nursery.start_soon(watch, lambda: self._listen(subscription))
                 nursery.start_soon(
-                    watch, lambda: self._beat(records, SlotLeases(connection, state.prefix))
+                    watch, lambda: self.beat(records, SlotLeases(connection, state.prefix))
                 )
         finally:
             state._joined(None)
@@ -409,11 +413,14 @@ class _Membership:
                     state.on_record(record)
         raise StateError("subscription", "ended")
 
-    async def _beat(self, records: SharedRecords, leases: SlotLeases) -> None:
-        """The heartbeat, every interval, or at once when a call asks for a probe.
+    async def beat(self, records: SharedRecords, leases: SlotLeases) -> None:
+        """The heartbeat, every interval, or at once when a call asks for a probe; until cancelled.
 
         After each beat: a lapse of its own is told (``SharedState.lapses``),
         and the replicas that stopped beating are reaped.
+
+        Raises:
+            StateError: a beat failed (Redis is lost: ``run`` rejoins).
         """
         state = self.state
         while True:
