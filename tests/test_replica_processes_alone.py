@@ -1,4 +1,4 @@
-"""Real replica processes going on alone while Redis is away: each within its share (SPEC 8).
+"""Real replica processes going on alone while Redis is away: each within its share.
 
 Two replicas of one node of capacity 2 have a share of 1 each while Redis
 is away (the capacity divided by the live replicas each last counted), so
@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -119,6 +120,45 @@ async def first_of(*waits: Callable[[], Any]) -> None:
             nursery.start_soon(one, wait)
 
 
+@attrs.define
+class Scene:
+    """Replica A of two, a node of capacity 2 behind them, and A's waits as they come."""
+
+    a: ProxyProcess
+    gated: Gated
+    waits: Waits
+    nursery: trio.Nursery
+    answers: list[int] = attrs.Factory(list)
+
+    def send(self, number: int) -> None:
+        """Request ``number`` through A, answered in its own task."""
+        self.nursery.start_soon(self._send, number)
+
+    async def _send(self, number: int) -> None:
+        response = await request_tcp(self.a.address, body=body(number))
+        assert response is not None
+        self.answers.append(response.status)
+
+
+@asynccontextmanager
+async def capacity_two(redis_server: RedisServer) -> AsyncIterator[Scene]:
+    """Two replicas that count each other, before a node of capacity 2; ends when all answered."""
+    gated = Gated()
+    async with Fleet({"gpu-1": FakeNode(gated)}) as fleet:
+        node = await fleet.serve_tcp("gpu-1")
+        more = (f"--upstream=gpu-1={node.url}", "--capacity=2", "--queue-timeout=30s")
+        async with joined(*state_options(redis_server, *more)) as (a, b):
+            with trio.fail_after(COUNTED):
+                await until_counted(a, 2)
+                await until_counted(b, 2)
+            waits = Waits()
+            async with trio.open_nursery() as watching:
+                await watching.start(waits.watch, await admin_of(a))
+                async with trio.open_nursery() as nursery:
+                    yield Scene(a, gated, waits, nursery)
+                watching.cancel_scope.cancel()
+
+
 async def test_while_redis_is_away_a_replica_runs_only_its_share_of_a_capacity(
     redis_server: RedisServer,
 ) -> None:
@@ -127,45 +167,26 @@ async def test_while_redis_is_away_a_replica_runs_only_its_share_of_a_capacity(
     Against the whole capacity instead of its share, A would run both, and
     B could do the same: four at a node of two.
     """
-    gated = Gated()
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": FakeNode(gated)}) as fleet:
-            node = await fleet.serve_tcp("gpu-1")
-            more = (f"--upstream=gpu-1={node.url}", "--capacity=2", "--queue-timeout=30s")
-            async with joined(*state_options(redis_server, *more)) as (a, b):
-                admin = await admin_of(a)
-                with trio.fail_after(COUNTED):
-                    await until_counted(a, 2)
-                    await until_counted(b, 2)
-                redis_server.stop()
-                with trio.fail_after(10):
-                    await a.lines.wait_for("shared state unreachable")
-                waits = Waits()
-                answers: list[int] = []
-
-                async def send(number: int) -> None:
-                    response = await request_tcp(a.address, body=body(number))
-                    assert response is not None
-                    answers.append(response.status)
-
-                async with trio.open_nursery() as watching:
-                    await watching.start(waits.watch, admin)
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(send, 1)
-                        await gated.wait_for(lambda: gated.now == 1)
-                        nursery.start_soon(send, 2)
-                        # Either A holds the second back (it waits), or both run.
-                        await first_of(
-                            lambda: waits.wait_for(1),
-                            lambda: gated.wait_for(lambda: gated.now == 2),
-                        )
-                        assert gated.now == 1, "a replica alone ran more than its share"
-                        gated.gates[1].set()
-                        await gated.wait_for(lambda: 2 in gated.started)
-                        gated.gates[2].set()
-                    watching.cancel_scope.cancel()
-                assert answers == [200, 200]
-                assert gated.most == 1
+        async with capacity_two(redis_server) as scene:
+            gated = scene.gated
+            redis_server.stop()
+            with trio.fail_after(10):
+                await scene.a.lines.wait_for("shared state unreachable")
+            scene.send(1)
+            await gated.wait_for(lambda: gated.now == 1)
+            scene.send(2)
+            # Either A holds the second back (it waits), or both run.
+            await first_of(
+                lambda: scene.waits.wait_for(1),
+                lambda: gated.wait_for(lambda: gated.now == 2),
+            )
+            assert gated.now == 1, "a replica alone ran more than its share"
+            gated.gates[1].set()
+            await gated.wait_for(lambda: 2 in gated.started)
+            gated.gates[2].set()
+        assert scene.answers == [200, 200]
+        assert gated.most == 1
 
 
 async def test_a_lease_kept_when_an_attempt_ends_during_an_outage_does_not_pass_the_share(
@@ -179,45 +200,27 @@ async def test_a_lease_kept_when_an_attempt_ends_during_an_outage_does_not_pass_
     away, where A's share is 1 and the second still runs: it waits again,
     and runs once the second has ended.
     """
-    gated = Gated()
     with trio.fail_after(LIMIT):
-        async with Fleet({"gpu-1": FakeNode(gated)}) as fleet:
-            node = await fleet.serve_tcp("gpu-1")
-            more = (f"--upstream=gpu-1={node.url}", "--capacity=2", "--queue-timeout=30s")
-            async with joined(*state_options(redis_server, *more)) as (a, _):
-                admin = await admin_of(a)
-                with trio.fail_after(COUNTED):
-                    await until_counted(a, 2)
-                waits = Waits()
-                answers: list[int] = []
-
-                async def send(number: int) -> None:
-                    response = await request_tcp(a.address, body=body(number))
-                    assert response is not None
-                    answers.append(response.status)
-
-                async with trio.open_nursery() as watching:
-                    await watching.start(waits.watch, admin)
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(send, 1)
-                        nursery.start_soon(send, 2)
-                        await gated.wait_for(lambda: gated.now == 2)  # both leases in Redis
-                        redis_server.stop()
-                        with trio.fail_after(10):
-                            await a.lines.wait_for("shared state unreachable")
-                        nursery.start_soon(send, 3)
-                        await waits.wait_for(1)  # A's node is full: the third waits
-                        gated.gates[1].set()
-                        # The first's end hands its slot to the third: within its share
-                        # (1, the second still runs) it waits again; on a spare it would run.
-                        await first_of(
-                            lambda: waits.wait_for(2),
-                            lambda: gated.wait_for(lambda: 3 in gated.started),
-                        )
-                        assert 3 not in gated.started, "a spare lease let A past its share"
-                        gated.gates[2].set()
-                        await gated.wait_for(lambda: 3 in gated.started)
-                        gated.gates[3].set()
-                    watching.cancel_scope.cancel()
-                assert answers == [200, 200, 200]
-                assert gated.most == 2  # the first two, before Redis went
+        async with capacity_two(redis_server) as scene:
+            gated = scene.gated
+            scene.send(1)
+            scene.send(2)
+            await gated.wait_for(lambda: gated.now == 2)  # both leases in Redis
+            redis_server.stop()
+            with trio.fail_after(10):
+                await scene.a.lines.wait_for("shared state unreachable")
+            scene.send(3)
+            await scene.waits.wait_for(1)  # A's node is full: the third waits
+            gated.gates[1].set()
+            # The first's end hands its slot to the third: within its share
+            # (1, the second still runs) it waits again; on a spare it would run.
+            await first_of(
+                lambda: scene.waits.wait_for(2),
+                lambda: gated.wait_for(lambda: 3 in gated.started),
+            )
+            assert 3 not in gated.started, "a spare lease let A past its share"
+            gated.gates[2].set()
+            await gated.wait_for(lambda: 3 in gated.started)
+            gated.gates[3].set()
+        assert scene.answers == [200, 200, 200]
+        assert gated.most == 2  # the first two, before Redis went

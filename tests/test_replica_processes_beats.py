@@ -1,4 +1,4 @@
-"""Real replica processes and their heartbeat: a dead replica's slots, and the live count (SPEC 8).
+"""Real replica processes and their heartbeat: a dead replica's slots, and the live count.
 
 A replica beats every second, and its beat lasts three; the others free
 the slot leases of one that stopped, within 5 s of its death, and count

@@ -14,6 +14,9 @@ announces its slot (``NODE REPLICA``) only when a waiter may be hoping for
 it: the node was full before it, or the releasing replica saw it full.
 The set itself expires one TTL after its last lease, so nodes that are gone
 leave nothing behind, while a waiter still sees (and announces) the expiry.
+The leases of a replica that stopped beating are freed sooner, by the
+others: ``REAP`` drops it from the replicas' set and frees the leases
+``state_layout.leases_to_free`` picked, each announced as an expiry.
 
 Requires Redis 5 or later: a script that reads ``TIME`` and then writes is
 replicated by its effects, the default since 5.0 (the only way since 7.0).

@@ -12,8 +12,8 @@ by default):
 ``P node:NODE``            hash: the latest record of each field of a node
                            (``FIELD`` -> ``AT_MS JSON-envelope``), what a
                            replica loads when it (re)joins
-``P replicas``             sorted set: each live replica's id, scored by the
-                           expiry of its heartbeat (Redis' ``TIME``, ms)
+``P replicas``             sorted set: each replica's id, scored by the
+                           expiry of its last beat (Redis' ``TIME``, ms)
 =========================  ==================================================
 
 A record is any JSON-serialisable ``dict`` with a ``"kind"`` (the node
