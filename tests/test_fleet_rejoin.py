@@ -16,6 +16,8 @@ from conftest import RedisServer
 from test_replicas import LIMIT, STREAM, leases_at, replicas_at, until_connected
 from test_shared_state import Seen, joined, replica, wait_connected
 
+from trio_failover.core.lease_script import slots_key
+from trio_failover.core.state_layout import replicas_key
 from trio_failover.testing import FakeNode, HeldRequests, request
 from trio_failover.wire.redis import open_redis
 
@@ -86,3 +88,46 @@ async def test_a_release_redis_could_not_hear_goes_out_at_the_next_join(
             again = await a.take_slot("gpu-1", a.new_lease_id(), 1)
             assert again is not None
             assert again.taken
+
+
+async def test_a_replica_whose_beat_lapsed_takes_its_running_attempts_leases_again(
+    redis_server: RedisServer,
+) -> None:
+    """Another replica judged it dead (its beat and its lease gone from Redis), yet it runs.
+
+    Its next beat finds its own gone: it takes the lease of the attempt it
+    runs again, so the others count that attempt again.
+    """
+    gate = HeldRequests()
+    with trio.fail_after(LIMIT):
+        async with (
+            replicas_at(redis_server.address, FakeNode(gate.behaviour()), 2) as (a,),
+            await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
+        ):
+            assert a.fleet is not None
+            state = a.fleet.state
+            retaken = trio.Event()
+            take = state.take_slot
+
+            async def take_slot(node: str, lease: str, capacity: int) -> Any:
+                answer = await take(node, lease, capacity)
+                if capacity == 0:  # the retake, with no limit
+                    retaken.set()
+                return answer
+
+            state.take_slot = take_slot  # type: ignore[method-assign]
+            await until_connected(a, True)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                assert await leases_at(redis_server.address, "gpu-1") == 1
+                # What another replica's reap does: its beat and its lease gone.
+                deadline = trio.current_time() + 5
+                await redis.execute(
+                    "ZREM", replicas_key("trio-failover:"), state.replica_id, deadline=deadline
+                )
+                await redis.execute("DEL", slots_key("trio-failover:", "gpu-1"), deadline=deadline)
+                await retaken.wait()
+                assert state.lapses == 1
+                assert await leases_at(redis_server.address, "gpu-1") == 1
+                gate.let_go()

@@ -16,6 +16,7 @@ import trio.lowlevel
 import trio.testing
 from conftest import RedisServer
 
+from trio_failover.core import state_layout
 from trio_failover.core.errors import StateError
 from trio_failover.core.lease_script import LeaseTake, slots_key
 from trio_failover.wire.redis import (
@@ -25,6 +26,7 @@ from trio_failover.wire.redis import (
     open_redis,
     open_subscription,
 )
+from trio_failover.wire.shared_records import SharedRecords
 from trio_failover.wire.slot_lease import SlotLeases
 
 LIMIT = 10.0
@@ -297,3 +299,69 @@ async def test_the_count_never_passes_capacity_under_churn(
                 for index in range(8):
                     nursery.start_soon(worker, f"w{index}", one if index % 2 else two)
     assert 1 <= most <= capacity
+
+
+async def test_a_replica_that_stopped_beating_has_its_leases_freed_once_each_announced(
+    redis_server: RedisServer,
+) -> None:
+    """Replica b beats once for 0.3 s and holds three leases; a judges it dead and reaps.
+
+    The waits are for b's beat to expire, by what Redis said of it (never guessed).
+    """
+    with trio.fail_after(LIMIT):
+        async with watching_freed(redis_server) as (subscription, leases):
+            records = SharedRecords(leases.connection)
+            first = await records.heartbeat("a", TTL, deadline=soon())
+            assert first.previous_ms is None  # a's first beat
+            assert (await records.heartbeat("b", 0.3, deadline=soon())).live == 2
+            for node, lease in [("gpu-1", "b:1"), ("gpu-1", "b:2"), ("gpu-2", "b:3")]:
+                assert (await leases.take(node, lease, capacity=3, ttl=TTL, deadline=soon())).taken
+            assert (await leases.take("gpu-2", "a:1", capacity=3, ttl=TTL, deadline=soon())).taken
+            beats = await records.heartbeat("a", TTL, deadline=soon())
+            assert not beats.lapsed
+            await trio.sleep((beats.expiries["b"] - beats.now_ms + 2) / 1000)
+            beats = await records.heartbeat("a", TTL, deadline=soon())
+            assert beats.live == 1
+            assert "b" in beats.expiries  # left for the reap, with its leases
+            verdict = state_layout.judge(beats, "a", first.now_ms, 30_000)
+            assert verdict == state_layout.Verdict(dead=("b",))
+            holders = await leases.holders(["gpu-1", "gpu-2", "gpu-3"], deadline=soon())
+            assert {node: sorted(ids) for node, ids in holders.items()} == {
+                "gpu-1": ["b:1", "b:2"],
+                "gpu-2": ["a:1", "b:3"],
+                "gpu-3": [],
+            }
+            freed = state_layout.leases_to_free(verdict.dead, holders)
+            assert await leases.reap(verdict.dead, freed, deadline=soon()) == {"b": 3}
+            for node in (b"gpu-1", b"gpu-1", b"gpu-2"):  # one announcement per lease
+                assert await next_message(subscription) == Message(b"trio-failover:freed", node)
+            assert await leases.in_flight("gpu-1", deadline=soon()) == 0
+            assert await leases.in_flight("gpu-2", deadline=soon()) == 1  # a's own
+            # Another replica that judged the same death frees nothing twice.
+            assert await leases.reap(verdict.dead, freed, deadline=soon()) == {}
+            assert "b" not in (await records.heartbeat("a", TTL, deadline=soon())).expiries
+            assert await leases.take("gpu-2", "a:2", capacity=3, ttl=TTL, deadline=soon())
+            await leases.connection.execute("PING", deadline=soon())
+            with trio.move_on_after(0.1):  # nothing more was announced
+                message = await subscription.__anext__()
+                raise AssertionError(f"announced again: {message}")
+
+
+async def test_a_replica_that_beat_again_since_it_was_judged_keeps_its_leases(
+    redis_server: RedisServer,
+) -> None:
+    with trio.fail_after(LIMIT):
+        async with await open_redis(redis_server.address, deadline=soon()) as redis:
+            leases, records = SlotLeases(redis), SharedRecords(redis)
+            await records.heartbeat("a", TTL, deadline=soon())
+            beats = await records.heartbeat("c", 0.3, deadline=soon())
+            assert (await leases.take("gpu-1", "c:1", capacity=1, ttl=TTL, deadline=soon())).taken
+            await trio.sleep((beats.expiries["c"] - beats.now_ms + 2) / 1000)
+            beats = await records.heartbeat("a", TTL, deadline=soon())
+            assert state_layout.judge(beats, "a", 0, 30_000).dead == ("c",)
+            again = await records.heartbeat("c", TTL, deadline=soon())  # c was only slow
+            assert again.lapsed  # and c knows it: it takes its leases again
+            holders = await leases.holders(["gpu-1"], deadline=soon())
+            freed = state_layout.leases_to_free(["c"], holders)
+            assert await leases.reap(["c"], freed, deadline=soon()) == {}
+            assert await leases.in_flight("gpu-1", deadline=soon()) == 1

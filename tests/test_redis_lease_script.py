@@ -59,3 +59,43 @@ def test_every_script_reads_redis_clock_and_announces(script: str) -> None:
     assert "redis.call('TIME')" in script
     assert "ZREMRANGEBYSCORE" in script
     assert "announce()" in script
+
+
+def test_reap_arguments_name_each_lease_its_slot_set_node_and_owner() -> None:
+    keys, args = lease_script.reap_arguments(
+        "p:replicas",
+        "p:",
+        "p:freed",
+        ["b", "c"],
+        {"gpu-2": ("b:7",), "gpu-1": ("b:1", "c:3")},
+    )
+    assert keys == ["p:replicas", "p:slots:gpu-1", "p:slots:gpu-2"]
+    assert args == [
+        "p:freed",
+        2,
+        "b",
+        "c",
+        *(2, "gpu-1", "b:1", "b"),
+        *(2, "gpu-1", "c:3", "c"),
+        *(3, "gpu-2", "b:7", "b"),
+    ]
+    assert lease_script.reap_arguments("p:replicas", "p:", "p:freed", ["x"], {}) == (
+        ["p:replicas"],
+        ["p:freed", 1, "x"],
+    )
+
+
+def test_read_reap() -> None:
+    assert lease_script.read_reap([]) == {}
+    assert lease_script.read_reap([b"b", 2, b"c", 0]) == {"b": 2, "c": 0}
+
+
+@pytest.mark.parametrize("reply", [None, 1, [b"b"], [b"b", -1], ["b", 1], [b"b", b"1"]])
+def test_read_reap_refuses_other_replies(reply: object) -> None:
+    with pytest.raises(ValueError, match="reap"):
+        lease_script.read_reap(reply)
+
+
+def test_the_reap_reads_redis_clock_and_announces_each_lease() -> None:
+    assert "redis.call('TIME')" in lease_script.REAP
+    assert "redis.call('PUBLISH', ARGV[1], node)" in lease_script.REAP

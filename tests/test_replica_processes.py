@@ -212,7 +212,8 @@ async def test_capacity_one_across_two_replica_processes_one_waits_and_runs_at_o
                         watching.start_soon(two_at_once)
                         nursery.start_soon(send, a)
                         nursery.start_soon(send, b)
-                    assert held.most == 1, "both requests ran at the node at once"
+                    # The waiter's event can come before the other request reaches the node.
+                    assert held.most <= 1, "both requests ran at the node at once"
                     await held.wait_for(lambda: held.now == 1)
                     # One runs at the node, the other waits in its replica's queue.
                     waiting = await status_of(queued[0])

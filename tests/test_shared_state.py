@@ -21,7 +21,11 @@ from test_redis_wire import SilentServer
 
 from trio_failover.core.lease_script import LeaseTake
 from trio_failover.core.redis_url import RedisAddress
+from trio_failover.core.state_layout import replicas_key
 from trio_failover.proxy.shared_state import RemoteRecord, SharedState
+from trio_failover.wire.redis import open_redis
+from trio_failover.wire.shared_records import SharedRecords
+from trio_failover.wire.slot_lease import SlotLeases
 
 LIMIT = 15.0
 SLACK = 1.0  # how late a deadline may fire on a busy two-core machine
@@ -268,3 +272,60 @@ async def test_a_clean_stop_leaves_the_live_count(redis_server: RedisServer) -> 
             with trio.fail_after(5):
                 while b.replicas != 1:
                     await b.wait_changed()
+
+
+async def test_the_leases_of_a_replica_that_stopped_beating_are_freed_and_announced(
+    redis_server: RedisServer, logged: LogRecords
+) -> None:
+    """x beats once (for 0.3 s) and takes two leases, as a replica killed right after would.
+
+    a and b beat every 0.1 s: the first of them to beat after x's beat
+    expired frees x's leases and announces each; both hear it.
+    """
+    seen_a, seen_b = Seen(), Seen()
+    a = replica(redis_server.address, seen_a, "a", heartbeat_interval=0.1)
+    b = replica(redis_server.address, seen_b, "b", heartbeat_interval=0.1)
+    with trio.fail_after(LIMIT):
+        async with (
+            joined(a, b),
+            await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
+        ):
+            leases = SlotLeases(redis)
+            beat = await SharedRecords(redis).heartbeat("x", 0.3, deadline=trio.current_time() + 5)
+            for node in NODES:
+                take = await leases.take(
+                    node, "x:1", capacity=1, ttl=30.0, deadline=trio.current_time() + 5
+                )
+                assert take.taken
+            expired = trio.current_time() + (beat.expiries["x"] - beat.now_ms) / 1000
+            for seen in (seen_a, seen_b):
+                await seen.wait_for(lambda seen=seen: len(seen.freed) == 2)  # type: ignore[misc]
+                assert sorted(seen.freed) == [("gpu-1", False), ("gpu-2", False)]
+            # Within a beat of the expiry (and the machine's slack), not the lease's 30 s.
+            assert trio.current_time() - expired < 0.1 + SLACK
+            for node in NODES:
+                assert await leases.in_flight(node, deadline=trio.current_time() + 5) == 0
+            with trio.fail_after(5):
+                while a.replicas != 2 or b.replicas != 2:
+                    await a.wait_changed()
+            told = [m for m in logged.messages(logging.WARNING) if "stopped beating" in m]
+            assert len(told) == 1  # by whichever reaped it; the other found it gone
+
+
+async def test_a_replica_whose_own_beat_lapsed_says_so(redis_server: RedisServer) -> None:
+    """Another replica dropped it (judged it dead): its next beat finds itself gone."""
+    a = replica(redis_server.address, Seen(), "a", heartbeat_interval=0.1)
+    with trio.fail_after(LIMIT):
+        async with (
+            joined(a),
+            await open_redis(redis_server.address, deadline=trio.current_time() + 5) as redis,
+        ):
+            await wait_connected(a, True)
+            assert a.lapses == 0
+            key = replicas_key("trio-failover:")
+            assert await redis.execute("ZREM", key, "a", deadline=trio.current_time() + 5) == 1
+            with trio.fail_after(5):
+                while a.lapses == 0:
+                    await a.wait_changed()
+            assert a.lapses == 1
+            assert a.connected

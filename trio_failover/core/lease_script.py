@@ -14,6 +14,9 @@ announces its slot (``NODE REPLICA``) only when a waiter may be hoping for
 it: the node was full before it, or the releasing replica saw it full.
 The set itself expires one TTL after its last lease, so nodes that are gone
 leave nothing behind, while a waiter still sees (and announces) the expiry.
+The leases of a replica that stopped beating are freed sooner, by the
+others: ``REAP`` drops it from the replicas' set and frees the leases
+``state_layout.leases_to_free`` picked, each announced as an expiry.
 
 Requires Redis 5 or later: a script that reads ``TIME`` and then writes is
 replicated by its effects, the default since 5.0 (the only way since 7.0).
@@ -26,11 +29,15 @@ the reading of the replies, so that all of it is tested without Redis.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import attrs
 
+from .state_layout import lease_owner
+
 __all__ = [
     "IN_FLIGHT",
+    "REAP",
     "RELEASE",
     "RENEW",
     "TAKE",
@@ -38,7 +45,9 @@ __all__ = [
     "freed_channel",
     "lease_ms",
     "read_freed",
+    "read_reap",
     "read_take",
+    "reap_arguments",
     "slots_key",
     "wanted_channel",
 ]
@@ -135,6 +144,46 @@ return redis.call('ZCARD', key)
 """
 )
 
+# KEYS[1] the replicas' set (state_layout.HEARTBEAT), KEYS[2..] slot sets.
+# ARGV[1] the freed channel, ARGV[2] n, ARGV[3..2+n] the replicas to drop,
+# then one row of four per lease to free: the index of its slot set in
+# KEYS, the node's name, the lease id, the replica that took it.
+# A replica is dropped only if its beat is still past its expiry: one that
+# beat again since it was judged is alive. Only a dropped replica's leases
+# are freed, each announced as an expiry (the node's name alone) so that
+# the waiters of every replica ask again; the replicas that judged the same
+# death meanwhile find it gone and free nothing twice.
+# Returns {id, leases freed, ...} for each replica dropped.
+REAP = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[2])
+local dropped, freed, order = {}, {}, {}
+for i = 3, 2 + n do
+  local id = ARGV[i]
+  local expiry = redis.call('ZSCORE', KEYS[1], id)
+  if expiry and tonumber(expiry) <= now then
+    redis.call('ZREM', KEYS[1], id)
+    dropped[id] = true
+    freed[id] = 0
+    order[#order + 1] = id
+  end
+end
+for i = 3 + n, #ARGV, 4 do
+  local key, node, lease, owner = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if dropped[owner] and redis.call('ZREM', key, lease) == 1 then
+    redis.call('PUBLISH', ARGV[1], node)
+    freed[owner] = freed[owner] + 1
+  end
+end
+local result = {}
+for _, id in ipairs(order) do
+  result[#result + 1] = id
+  result[#result + 1] = freed[id]
+end
+return result
+"""
+
 
 @attrs.frozen
 class LeaseTake:
@@ -204,3 +253,50 @@ def read_take(reply: object) -> LeaseTake:
         raise ValueError(f"unexpected reply to the take script: {reply!r}")
     taken, count, wait_ms = reply
     return LeaseTake(taken=taken == 1, in_flight=count, retry_after=max(0, wait_ms) / 1000)
+
+
+def reap_arguments(
+    replicas_key: str,
+    prefix: str,
+    freed: str,
+    drop: Sequence[str],
+    leases: Mapping[str, Sequence[str]],
+) -> tuple[list[str], list[str | int]]:
+    """``REAP``'s keys and arguments: drop the replicas ``drop``, free ``leases`` (node -> ids).
+
+    Each lease's owner is ``state_layout.lease_owner`` of its id; the script
+    frees it only if that owner is dropped in the same step.
+
+    Args:
+        replicas_key: the replicas' set (``state_layout.replicas_key``).
+        prefix: ``--state-prefix``, for the nodes' slot sets.
+        freed: the freed channel (``freed_channel``).
+        drop: the replicas to drop, if their beat is still expired.
+        leases: the leases to free at each node.
+    """
+    nodes = sorted(leases)
+    keys = [replicas_key, *(slots_key(prefix, node) for node in nodes)]
+    args: list[str | int] = [freed, len(drop), *drop]
+    for index, node in enumerate(nodes, start=2):
+        for lease in leases[node]:
+            args += [index, node, lease, lease_owner(lease)]
+    return keys, args
+
+
+def read_reap(reply: object) -> dict[str, int]:
+    """The ``REAP`` script's reply: each replica dropped -> the leases freed of it.
+
+    Raises:
+        ValueError: the reply is not ``[id, count, ...]``.
+    """
+    if not (
+        isinstance(reply, list)
+        and len(reply) % 2 == 0
+        and all(type(item) is bytes for item in reply[::2])
+        and all(type(item) is int and item >= 0 for item in reply[1::2])
+    ):
+        raise ValueError(f"unexpected reply to the reap script: {reply!r}")
+    return {
+        replica.decode(errors="replace"): count
+        for replica, count in zip(reply[::2], reply[1::2], strict=True)
+    }

@@ -12,8 +12,8 @@ by default):
 ``P node:NODE``            hash: the latest record of each field of a node
                            (``FIELD`` -> ``AT_MS JSON-envelope``), what a
                            replica loads when it (re)joins
-``P replicas``             sorted set: each live replica's id, scored by the
-                           expiry of its heartbeat (Redis' ``TIME``, ms)
+``P replicas``             sorted set: each replica's id, scored by the
+                           expiry of its last beat (Redis' ``TIME``, ms)
 =========================  ==================================================
 
 A record is any JSON-serialisable ``dict`` with a ``"kind"`` (the node
@@ -26,15 +26,19 @@ time of its writing (``AT_MS``), so that a replica loading it later learns
 its age (``age_s``) and can take it off the remaining seconds.
 
 The heartbeat is a sorted set rather than a key per replica with a TTL:
-counting keys needs ``SCAN``, while the set's one script drops the expired
-members, adds ours and counts, in one round trip (the lease's design).
+counting keys needs ``SCAN``, while the set's one script adds ours and
+reads every member, in one round trip (the lease's design). A member past
+its expiry is left in the set for the replicas that watched it stop
+(``judge``): one of them frees its slot leases and drops it, in one
+script (``lease_script.REAP``), so a dead replica's slots are free within
+seconds rather than one lease TTL.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -43,9 +47,14 @@ __all__ = [
     "HEARTBEAT",
     "PUBLISH",
     "SNAPSHOT",
+    "Beats",
     "RemoteRecord",
+    "Verdict",
     "decode_envelope",
     "encode_envelope",
+    "judge",
+    "lease_owner",
+    "leases_to_free",
     "node_key",
     "read_heartbeat",
     "read_snapshot",
@@ -79,19 +88,29 @@ return result
 """
 
 # KEYS[1] the replicas' set; ARGV[1] our id, ARGV[2] ttl ms (0 = leave).
-# Returns the live replicas, ours included (0 after leaving, if alone).
+# Returns {now_ms, our expiry before this beat or -1, id, expiry_ms, ...}:
+# every member after ours was added (or taken out), the expired ones too,
+# which only REAP drops (with their leases). The set outlives the last beat
+# by that beat's TTL (a shorter beat never shortens it): nothing is left of
+# a fleet that stopped.
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local previous = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
 else
   redis.call('ZREM', KEYS[1], ARGV[1])
 end
-return redis.call('ZCARD', KEYS[1])
+local result = {now, previous and tonumber(previous) or -1}
+local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #members, 2 do
+  result[#result + 1] = members[i]
+  result[#result + 1] = tonumber(members[i + 1])
+end
+return result
 """
 
 
@@ -195,15 +214,128 @@ def read_snapshot(reply: object) -> list[RemoteRecord]:
     return records
 
 
-def read_heartbeat(reply: object) -> int:
-    """The ``HEARTBEAT`` script's reply: the live replicas.
+@attrs.frozen
+class Beats:
+    """What one heartbeat saw of the replicas' set, by Redis' clock (milliseconds).
+
+    Attributes:
+        now_ms: Redis' clock when the beat was written.
+        previous_ms: this replica's own expiry before the beat; None when it
+            was not in the set (its first beat, or another replica dropped it).
+        expiries: every member's id -> the expiry of its last beat (this
+            replica's new one included), the expired ones too.
+    """
+
+    now_ms: int
+    previous_ms: int | None
+    expiries: Mapping[str, int]
+
+    @property
+    def live(self) -> int:
+        """The replicas whose last beat has not expired, this one included."""
+        return sum(expiry > self.now_ms for expiry in self.expiries.values())
+
+    @property
+    def lapsed(self) -> bool:
+        """This replica's own beat had expired (or was gone) before this one.
+
+        Another replica may have judged it dead and freed its slot leases:
+        it takes its running attempts' leases again (as at a join).
+        """
+        return self.previous_ms is None or self.previous_ms <= self.now_ms
+
+
+def read_heartbeat(reply: object) -> Beats:
+    """The ``HEARTBEAT`` script's reply: ``[now_ms, previous_ms | -1, id, expiry_ms, ...]``.
 
     Raises:
-        ValueError: not a count.
+        ValueError: the reply is not of that shape.
     """
-    if type(reply) is not int or reply < 0:
+    if not (
+        isinstance(reply, list)
+        and len(reply) % 2 == 0
+        and all(type(item) is int for item in reply[:2])
+        and all(type(item) is bytes for item in reply[2::2])
+        and all(type(item) is int for item in reply[3::2])
+    ):
         raise ValueError(f"unexpected reply to the heartbeat script: {reply!r}")
-    return reply
+    now_ms, previous_ms = reply[0], reply[1]
+    expiries = {
+        member.decode(errors="replace"): expiry
+        for member, expiry in zip(reply[2::2], reply[3::2], strict=True)
+    }
+    return Beats(now_ms, None if previous_ms < 0 else previous_ms, expiries)
+
+
+@attrs.frozen
+class Verdict:
+    """Which members of the replicas' set one replica drops (``judge``).
+
+    Attributes:
+        dead: replicas whose beat expired while this one watched: their slot
+            leases are freed, and announced, now.
+        forgotten: replicas whose beat had expired before this one watched,
+            longer ago than a lease TTL: their leases have run out on their
+            own; only their ids leave the set.
+    """
+
+    dead: tuple[str, ...] = ()
+    forgotten: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.dead or self.forgotten)
+
+
+def judge(beats: Beats, me: str, since_ms: int, lease_ttl_ms: int) -> Verdict:
+    """Which replicas stopped beating, and which of those this one may declare dead.
+
+    A replica is dead once its last beat has expired (``expiry <= now``),
+    but only one that expired after ``since_ms``, the moment this replica
+    began to watch (its join, or its own last lapse, by Redis' clock), is
+    judged by it: when Redis was away or frozen every beat lapsed, those
+    of live replicas too, and a replica that has just come back cannot
+    tell them from the dead. Those are left to their lease TTL (and to the
+    replicas that watched them stop), and their ids are forgotten once
+    their leases have run out (one lease TTL after their expiry).
+
+    Args:
+        beats: this replica's heartbeat's reply.
+        me: this replica's id (never judged).
+        since_ms: when this replica began to watch, by Redis' clock.
+        lease_ttl_ms: ``--lease-ttl`` in milliseconds.
+    """
+    now, dead, forgotten = beats.now_ms, [], []
+    for replica, expiry in sorted(beats.expiries.items()):
+        if replica == me or expiry > now:
+            continue
+        if expiry > since_ms:
+            dead.append(replica)
+        elif expiry <= now - lease_ttl_ms:
+            forgotten.append(replica)
+    return Verdict(tuple(dead), tuple(forgotten))
+
+
+def lease_owner(lease_id: str) -> str:
+    """The replica that took a lease: its id is the lease id's part before the last ``:``.
+
+    ``SharedState.new_lease_id`` makes them ``REPLICA:COUNTER``.
+    """
+    return lease_id.rpartition(":")[0]
+
+
+def leases_to_free(
+    dead: Iterable[str], holders: Mapping[str, Sequence[str]]
+) -> dict[str, tuple[str, ...]]:
+    """The leases of the ``dead`` replicas among each node's ``holders``: node -> lease ids.
+
+    Nodes where none of them held one are left out.
+    """
+    gone = set(dead)
+    freed = {
+        node: tuple(lease for lease in leases if lease_owner(lease) in gone)
+        for node, leases in holders.items()
+    }
+    return {node: leases for node, leases in freed.items() if leases}
 
 
 def share_of(capacity: int, replicas: int) -> int:

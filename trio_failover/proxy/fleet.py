@@ -315,15 +315,17 @@ class FleetSlots:
         At a join, every running attempt's lease is taken again, with no
         limit: one taken while Redis was away never was, and a restarted
         Redis kept none; taking a held lease again only renews it. So the
-        other replicas count those attempts from the join on.
+        other replicas count those attempts from the join on. The same at a
+        lapse of this replica's heartbeat: another replica may have judged
+        it dead and freed its leases.
         """
-        joins = self.state.joins
+        joins = (self.state.joins, self.state.lapses)
         while True:
             await self.state.wait_changed()
             # A kept lease may have gone with Redis (a restart saves nothing).
             await self.spares.give_back_all()
-            if self.state.connected and self.state.joins != joins:
-                joins = self.state.joins
+            if self.state.connected and (self.state.joins, self.state.lapses) != joins:
+                joins = (self.state.joins, self.state.lapses)
                 for lease, (node, _) in list(self.held.items()):
                     if lease in self.held:
                         await self.state.take_slot(node, lease, 0)
@@ -352,6 +354,7 @@ class Fleet:
             prefix=config.state_prefix,
             lease_ttl=config.lease_ttl,
             state_timeout=config.state_timeout,
+            lease_nodes=lambda: queue.scheduler.ledger.nodes,
             on_record=self._on_record,
             on_freed=self._on_freed,
             on_wanted=self._on_wanted,

@@ -16,7 +16,10 @@ records and the freed-slot announcements. What it offers:
   replica's own release), ``on_wanted(node)`` for each take refused at a
   node (any replica's), ``on_snapshot(records)`` once per join;
 - ``status()``, the ``/status`` document's ``state``; ``replicas``, the live
-  count it last saw; ``share(capacity)``, its share while Redis is away.
+  count it last saw; ``share(capacity)``, its share while Redis is away;
+  ``lapses``, how often it found its own heartbeat expired while joined
+  (another replica may have freed its leases: ``fleet.py`` takes its
+  running attempts' leases again, as at a join).
 
 Bounds: every call on a request's path waits at most ``--state-timeout``
 and never raises a ``StateError``: it returns None when Redis did not
@@ -26,6 +29,13 @@ keeps the heartbeat, listens, notices Redis going away (a lost connection,
 or a heartbeat or request-path call that timed out and a probe that then
 timed out too), logs that once, and rejoins by itself with a bounded
 backoff (``core/state_layout.rejoin_delay``).
+
+The heartbeat, every second: the replica's beat lasts three, and each
+beat reads every member of the replicas' set. A member whose beat expired
+while this replica watched (``state_layout.judge``) died, or lost Redis:
+its slot leases are freed at once, announced, in one script
+(``SlotLeases.reap``), so its slots are free within five seconds of its
+last beat rather than one ``--lease-ttl`` (30 s by default).
 """
 
 from __future__ import annotations
@@ -41,20 +51,22 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ..core import state_layout
-from ..core.errors import StateError
+from ..core import lease_script, state_layout
+from ..core.errors import StateError, StateReplyError
 from ..core.lease_script import LeaseTake, freed_channel, read_freed, wanted_channel
 from ..core.redis_url import RedisAddress
-from ..core.state_layout import RemoteRecord
+from ..core.state_layout import Beats, RemoteRecord
 from ..telemetry.logs import logger
 from ..wire.redis import RedisConnection, Subscription, open_redis, open_subscription
 from ..wire.shared_records import SharedRecords
 from ..wire.slot_lease import SlotLeases
 from .owed_releases import OwedReleases
 
-__all__ = ["RemoteRecord", "SharedState"]
+__all__ = ["HEARTBEAT_MOST", "Membership", "RemoteRecord", "SharedState"]
 
 T = TypeVar("T")
+
+HEARTBEAT_MOST = 1.0  # seconds between heartbeats, at most; a beat lasts three
 
 
 def _ignore(*_: object) -> None:
@@ -82,8 +94,10 @@ class SharedState:
             on a request's path, and of each connect.
         replica_id: this replica's id (default: a random one).
         heartbeat_interval: seconds between heartbeats (default: a third of
-            ``lease_ttl``, at most 5 s); a replica counts as live for three.
+            ``lease_ttl``, at most 1 s); a replica counts as live for three.
         ssl_context: for ``rediss://`` (default: the system's).
+        lease_nodes: the nodes whose leases a dead replica may hold, now
+            (default: ``nodes``; the proxy's follow a reload).
         on_record, on_freed, on_wanted, on_snapshot: the callbacks (module docstring).
     """
 
@@ -98,6 +112,7 @@ class SharedState:
         replica_id: str | None = None,
         heartbeat_interval: float | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        lease_nodes: Callable[[], Sequence[str]] | None = None,
         on_record: Callable[[RemoteRecord], None] = _ignore,
         on_freed: Callable[[str, bool], None] = _ignore,
         on_wanted: Callable[[str], None] = _ignore,
@@ -109,14 +124,17 @@ class SharedState:
         self.lease_ttl = lease_ttl
         self.state_timeout = state_timeout
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
-        self.heartbeat_interval = heartbeat_interval or min(lease_ttl / 3, 5.0)
+        self.heartbeat_interval = heartbeat_interval or min(lease_ttl / 3, HEARTBEAT_MOST)
         self.ssl_context = ssl_context
+        self.lease_nodes = lease_nodes or (lambda: self.nodes)
         self.on_record, self.on_freed, self.on_snapshot = on_record, on_freed, on_snapshot
         self.on_wanted = on_wanted
         self.replicas = 1
         """Live replicas (this one included) as last seen; kept while Redis is away."""
         self.joins = 0
         """How many times this replica has joined (1 after the first)."""
+        self.lapses = 0
+        """How many times, while joined, it found its own heartbeat expired."""
         self.channels = (
             state_layout.records_channel(prefix),
             freed_channel(prefix),
@@ -247,7 +265,7 @@ class SharedState:
         Cancellation: leaves the replicas' set when it can within
         ``--state-timeout`` and closes both connections.
         """
-        await _Membership(self).run(task_status)
+        await Membership(self).run(task_status)
 
     def _joined(self, link: _Link | None) -> None:
         self._link = link
@@ -260,18 +278,30 @@ class SharedState:
             self._changed.set()
             self._changed = trio.Event()
 
+    def _lapsed(self) -> None:
+        self.lapses += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
     def _take_probe(self) -> trio.Event:
         """The event a failed call sets, fresh for the next one."""
         probe, self._probe = self._probe, trio.Event()
         return probe
 
 
-class _Membership:
-    """``SharedState.run``'s body: join, heartbeat, listen, notice a loss, rejoin."""
+class Membership:
+    """``SharedState.run``'s body: join, heartbeat, listen, notice a loss, rejoin.
+
+    ``beat`` is the heartbeat of a joined replica (its own task); the tests
+    drive it under a mock clock with stand-ins for the two connections' verbs.
+    """
 
     def __init__(self, state: SharedState) -> None:
         self.state = state
         self.outage: str | None = "not joined yet"
+        # When this replica began to watch the others' beats (its join, or
+        # its own last lapse), by Redis' clock: it judges only what expired since.
+        self.since_ms = 0
 
     async def run(self, task_status: trio.TaskStatus[None]) -> None:
         failures = 0
@@ -310,7 +340,8 @@ class _Membership:
                 # Subscribed first: a record told meanwhile waits in the socket
                 # and is applied after the snapshot, which it is newer than.
                 records = SharedRecords(connection, state.prefix)
-                await self._heartbeat(records)
+                beats = await self._heartbeat(records)
+                self.since_ms = beats.now_ms
                 snapshot = await records.snapshot(state.nodes, deadline=deadline)
             except BaseException:
                 await connection.aclose()
@@ -348,7 +379,9 @@ class _Membership:
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(watch, lambda: self._listen(subscription))
-                nursery.start_soon(watch, lambda: self._beat(records))
+                nursery.start_soon(
+                    watch, lambda: self.beat(records, SlotLeases(connection, state.prefix))
+                )
         finally:
             state._joined(None)
             if reason is None and connection.closed_reason is None:
@@ -380,23 +413,90 @@ class _Membership:
                     state.on_record(record)
         raise StateError("subscription", "ended")
 
-    async def _beat(self, records: SharedRecords) -> None:
-        """The heartbeat, every interval, or at once when a call asks for a probe."""
-        while True:
-            with trio.move_on_after(self.state.heartbeat_interval):
-                await self.state._probe.wait()
-            self.state._take_probe()
-            await self._heartbeat(records)
+    async def beat(self, records: SharedRecords, leases: SlotLeases) -> None:
+        """The heartbeat, every interval, or at once when a call asks for a probe; until cancelled.
 
-    async def _heartbeat(self, records: SharedRecords) -> None:
+        After each beat: a lapse of its own is told (``SharedState.lapses``),
+        and the replicas that stopped beating are reaped.
+
+        Raises:
+            StateError: a beat failed (Redis is lost: ``run`` rejoins).
+        """
         state = self.state
+        while True:
+            with trio.move_on_after(state.heartbeat_interval):
+                await state._probe.wait()
+            state._take_probe()
+            before = state.replicas
+            beats = await self._heartbeat(records)
+            if beats.lapsed:
+                # Another replica may have judged this one dead and freed its
+                # leases: they are taken again, and what expired meanwhile is
+                # not this replica's to judge.
+                self.since_ms = beats.now_ms
+                logger.warning(
+                    "shared state: this replica's heartbeat had expired: "
+                    "its running attempts' slots are taken again",
+                    extra={"fields": self._fields()},
+                )
+                state._lapsed()
+            if state.replicas != before:
+                logger.info(
+                    "shared state: live replicas",
+                    extra={"fields": {**self._fields(), "before": before}},
+                )
+            lease_ttl_ms = lease_script.lease_ms(state.lease_ttl)
+            verdict = state_layout.judge(beats, state.replica_id, self.since_ms, lease_ttl_ms)
+            if verdict:
+                await self._reap(leases, verdict)
+
+    async def _heartbeat(self, records: SharedRecords) -> Beats:
+        state = self.state
+        deadline = trio.current_time() + self._beat_timeout()
+        ttl = 3 * state.heartbeat_interval
+        beats = await records.heartbeat(state.replica_id, ttl, deadline=deadline)
+        state._counted(max(1, beats.live))
+        return beats
+
+    def _beat_timeout(self) -> float:
         # Off the request path: a little more room than a request gets, so
         # that one slow answer on a busy host is not an outage.
-        deadline = trio.current_time() + max(
-            state.state_timeout, min(1.0, state.heartbeat_interval)
-        )
-        ttl = 3 * state.heartbeat_interval
-        state._counted(max(1, await records.heartbeat(state.replica_id, ttl, deadline=deadline)))
+        state = self.state
+        return max(state.state_timeout, min(1.0, state.heartbeat_interval))
+
+    async def _reap(self, leases: SlotLeases, verdict: state_layout.Verdict) -> None:
+        """Free the dead replicas' leases and drop them (and the forgotten) from the set.
+
+        Two round trips: the leases held at the nodes, then one script that
+        frees those of the dead and announces each (``SlotLeases.reap``).
+        Several replicas may judge the same death: the first script drops
+        it, the others find it gone and free nothing.
+        """
+        state = self.state
+        deadline = trio.current_time() + self._beat_timeout()
+        freed: Mapping[str, Sequence[str]] = {}
+        if verdict.dead:
+            holders = await leases.holders(state.lease_nodes(), deadline=deadline)
+            freed = state_layout.leases_to_free(verdict.dead, holders)
+        try:
+            dropped = await leases.reap(
+                (*verdict.dead, *verdict.forgotten), freed, deadline=deadline
+            )
+        except StateReplyError as exc:  # not an outage: the next beat tries again
+            logger.debug("shared state: a reap failed", extra={"fields": {"error": str(exc)}})
+            return
+        for replica in verdict.dead:
+            if replica in dropped:
+                logger.warning(
+                    "shared state: a replica stopped beating: its slots are freed",
+                    extra={
+                        "fields": {
+                            **self._fields(),
+                            "dead": replica,
+                            "freed": dropped[replica],
+                        }
+                    },
+                )
 
     def _went_down(self, reason: str) -> None:
         """Redis is away: say it once per outage (and at the first failed join)."""

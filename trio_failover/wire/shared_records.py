@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from ..core import state_layout
 from ..core.errors import StateReplyError
-from ..core.state_layout import RemoteRecord
+from ..core.state_layout import Beats, RemoteRecord
 from .redis import Arg, RedisConnection, Script
 
 __all__ = ["NODE_KEEP", "SharedRecords"]
@@ -58,8 +58,8 @@ class SharedRecords:
         except ValueError as exc:
             raise StateReplyError("snapshot", str(exc)) from exc
 
-    async def heartbeat(self, replica_id: str, ttl: float, *, deadline: float) -> int:
-        """Say this replica is live for ``ttl`` s more; the live replicas (``ttl`` 0: leave)."""
+    async def heartbeat(self, replica_id: str, ttl: float, *, deadline: float) -> Beats:
+        """Say this replica is live for ``ttl`` s more (``ttl`` 0: leave); what the set holds."""
         key = [state_layout.replicas_key(self.prefix)]
         reply = await self.connection.run_script(
             _HEARTBEAT, key, [replica_id, round(ttl * 1000)], deadline=deadline

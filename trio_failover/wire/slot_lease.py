@@ -9,9 +9,9 @@ take that timed out, finds the same lease.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
-from ..core import lease_script
+from ..core import lease_script, state_layout
 from ..core.errors import StateError, StateReplyError
 from ..core.lease_script import LeaseTake
 from .redis import Arg, RedisConnection, Script
@@ -22,6 +22,7 @@ __all__ = ["LeaseTake", "SlotLeases"]
 _TAKE = Script(lease_script.TAKE)
 _RENEW = Script(lease_script.RENEW)
 _IN_FLIGHT = Script(lease_script.IN_FLIGHT)
+_REAP = Script(lease_script.REAP)
 
 
 class SlotLeases:
@@ -123,6 +124,48 @@ class SlotLeases:
         """
         command: list[Arg] = ["PUBLISH", self.wanted_channel, node]
         return await self.connection.post([command], deadline=deadline, on_replies=_ignore)
+
+    async def holders(self, nodes: Sequence[str], *, deadline: float) -> dict[str, list[str]]:
+        """Every lease held at each of ``nodes`` now (expired ones not yet dropped too).
+
+        One pipeline of ``ZRANGE``; for ``state_layout.leases_to_free``.
+        """
+        if not nodes:
+            return {}
+        keys = [lease_script.slots_key(self.prefix, node) for node in nodes]
+        replies = await self.connection.pipeline(
+            [("ZRANGE", key, 0, -1) for key in keys], deadline=deadline
+        )
+        holders: dict[str, list[str]] = {}
+        for node, reply in zip(nodes, replies, strict=True):
+            if not isinstance(reply, list):
+                raise StateReplyError("holders", f"unexpected reply {reply!r}")
+            holders[node] = []
+            for item in reply:
+                if not isinstance(item, bytes):
+                    raise StateReplyError("holders", f"unexpected member {item!r}")
+                holders[node].append(item.decode(errors="replace"))
+        return holders
+
+    async def reap(
+        self, drop: Sequence[str], leases: Mapping[str, Sequence[str]], *, deadline: float
+    ) -> dict[str, int]:
+        """Drop the replicas ``drop`` from the live set and free ``leases``, in one step.
+
+        A replica is dropped only if its beat is still expired, and only a
+        dropped replica's leases are freed, each announced on the freed
+        channel (``lease_script.REAP``). Returns each replica dropped here
+        -> the leases freed of it (a replica another one dropped first is
+        not in it).
+        """
+        keys, args = lease_script.reap_arguments(
+            state_layout.replicas_key(self.prefix), self.prefix, self.freed_channel, drop, leases
+        )
+        reply = await self.connection.run_script(_REAP, keys, args, deadline=deadline)
+        try:
+            return lease_script.read_reap(reply)
+        except ValueError as exc:
+            raise StateReplyError("reap", f"{exc}") from exc
 
     async def in_flight(self, node: str, *, deadline: float) -> int:
         """The leases held at ``node`` now, by every replica."""
