@@ -313,7 +313,9 @@ def test_a_failed_read_keeps_the_last_good_one_until_it_goes_stale() -> None:
     assert not told[-1].fresh  # a failed read keeps the old anchor
     board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 7.0), 7.0)
     assert "auto" not in board.engines.signals  # older than three intervals: unknown
-    assert told[-1] == EngineChange("auto", Signals(), 0, True)
+    # The load goes stale, the capacity does not: a frozen engine's slots
+    # do not vanish (the last total_slots holds until it says another).
+    assert told[-1] == EngineChange("auto", Signals(), 2, True)  # the load changed
 
 
 def test_a_remote_read_counts_its_age_and_an_unknown_node_is_ignored() -> None:

@@ -119,8 +119,11 @@ async def test_sighup_reloads_every_worker_and_a_restarted_one_keeps_the_reload(
             write_fleet(config, ["a", "b", "c"], listen="127.0.0.1:1")
             seen = len(sup.lines)
             sup.process.send_signal(signal.SIGHUP)
+            # Each worker says why once (its error line), then its refusal.
+            why = await wait_count(sup.lines, "needs a restart", 2, seen)
             refused = await wait_count(sup.lines, "reload refused", 2, seen)
-            assert all("needs a restart" in line for line in refused), refused
+            assert all("ERROR" in line for line in why), why
+            assert all("mistakes=1" in line for line in refused), refused
             assert await node_names(admin) == ["a", "b"]
 
 
