@@ -1,4 +1,4 @@
-"""Scenario 9: a frozen engine with the defaults, before and after commit (issue 40).
+"""Scenario 10: a frozen engine with the defaults, before and after commit (issue 40).
 
 Two llama-servers and a proxy given no flags at all. A stream runs on ``a``;
 then ``a`` is stopped with SIGSTOP (its kernel still accepts connections,
@@ -122,7 +122,7 @@ def test_a_frozen_engine_with_the_defaults_costs_one_interval_and_a_check(
     }
     print(figures)
     report.record(
-        "9 frozen engine (SIGSTOP), the defaults: two waiting requests, one stream",
+        "10 frozen engine (SIGSTOP), the defaults: two waiting requests, one stream",
         "llama-server",
         **figures,
     )
