@@ -24,7 +24,8 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,29 @@ class Proxy(Process):
                 return dict(node)
         raise HarnessError(f"no node {name} in /status")
 
+    def wait_auto_capacity(self, names: tuple[str, ...], slots: int) -> int:
+        """Until /status shows every node's capacity from its own ``/props``; ms it took."""
+        started = time.monotonic()
+
+        def all_auto() -> bool:
+            nodes = {node["name"]: node for node in self.status()["nodes"]}
+            return all(
+                nodes[name]["capacity"] == slots
+                and nodes[name]["capacity_source"].startswith("auto (")
+                and nodes[name]["capacity_source"] != "auto (the engine gives none)"
+                for name in names
+            )
+
+        wait_for(all_auto, 15, interval=0.1, what=f"capacity auto = {slots} on {names}")
+        return round((time.monotonic() - started) * 1000)
+
+    def workload(self, rid: str) -> dict[str, Any]:
+        """The workload of request id ``rid`` in /status."""
+        for workload in self.status()["workloads"]:
+            if workload["id"] == rid:
+                return dict(workload)
+        raise HarnessError(f"no workload {rid} in /status")
+
 
 # -- HTTP ---------------------------------------------------------------------------------------
 
@@ -425,6 +449,7 @@ class Exchange:
     truncated: bool = False
     started: float = 0.0
     head_at: float = 0.0
+    ended_at: float = 0.0
     peeked: bytes = b""
 
     @classmethod
@@ -493,6 +518,7 @@ class Exchange:
         if isinstance(event, h11.Data):
             self.chunks.append((time.monotonic() - self.started, bytes(event.data)))
             return bytes(event.data)
+        self.ended_at = time.monotonic() - self.started
         if isinstance(event, h11.EndOfMessage):
             self.complete = True
         elif event is not None and not isinstance(event, h11.ConnectionClosed):
@@ -553,6 +579,18 @@ class Exchange:
 
     def json(self) -> Any:
         return json.loads(self.body_bytes)
+
+
+def read_in_threads(streams: list[Exchange]) -> Callable[[], list[Exchange]]:
+    """Read every stream to its end in a thread of its own; the result waits for all."""
+    pool = ThreadPoolExecutor(len(streams))
+    futures = [pool.submit(stream.read_all) for stream in streams]
+    pool.shutdown(wait=False)
+
+    def results() -> list[Exchange]:
+        return [future.result(timeout=120) for future in futures]
+
+    return results
 
 
 def token_times(exchange: Exchange) -> tuple[float, list[float]]:

@@ -17,9 +17,6 @@ and waits on what the engines and the proxy say (``/slots``, ``/status``).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conftest import Fleet
@@ -28,6 +25,7 @@ from harness import (
     HarnessError,
     Proxy,
     chat_body,
+    read_in_threads,
     request_id,
     token_times,
     wait_for,
@@ -42,23 +40,6 @@ STREAM_TOKENS = 160
 # Far below the 8.3 s of a stream deferred inside an engine (issue 30), far
 # above a first token on this machine under load (under 2 s).
 FIRST_TOKEN_BOUND_S = 6.0
-
-
-def wait_auto_capacity(proxy: Proxy, names: tuple[str, ...], slots: int) -> int:
-    """Until /status shows every node's capacity from its own ``/props``; ms it took."""
-    started = time.monotonic()
-
-    def all_auto() -> bool:
-        nodes = {node["name"]: node for node in proxy.status()["nodes"]}
-        return all(
-            nodes[name]["capacity"] == slots
-            and nodes[name]["capacity_source"].startswith("auto (")
-            and nodes[name]["capacity_source"] != "auto (the engine gives none)"
-            for name in names
-        )
-
-    wait_for(all_auto, 15, interval=0.1, what=f"capacity auto = {slots} on {names}")
-    return round((time.monotonic() - started) * 1000)
 
 
 def post_streams(proxy: Proxy, count: int, tokens: int) -> dict[str, Exchange]:
@@ -80,18 +61,6 @@ def nodes_running(proxy: Proxy, ids: list[str]) -> dict[str, str]:
     return found
 
 
-def read_in_threads(streams: list[Exchange]) -> Callable[[], list[Exchange]]:
-    """Read every stream to its end in a thread of its own; the result waits for all."""
-    pool = ThreadPoolExecutor(len(streams))
-    futures = [pool.submit(stream.read_all) for stream in streams]
-    pool.shutdown(wait=False)
-
-    def results() -> list[Exchange]:
-        return [future.result(timeout=120) for future in futures]
-
-    return results
-
-
 def first_token_ms(stream: Exchange) -> int:
     return round(token_times(stream)[0] * 1000)
 
@@ -105,7 +74,7 @@ def check_complete(stream: Exchange) -> None:
 def test_four_streams_two_on_each_engine_none_waiting_inside(fleet: Fleet, report: Report) -> None:
     a, b = fleet.engines("llama-server", "a", "b", parallel=2)
     proxy = fleet.proxy([("a", a.url), ("b", b.url)], "--load-interval", LOAD_INTERVAL)
-    auto_after = wait_auto_capacity(proxy, ("a", "b"), 2)
+    auto_after = proxy.wait_auto_capacity(("a", "b"), 2)
 
     by_id = post_streams(proxy, 4, STREAM_TOKENS)
     streams = list(by_id.values())
@@ -148,7 +117,7 @@ def test_engine_kept_busy_directly_sends_proxied_streams_to_the_other(
 ) -> None:
     a, b = fleet.engines("llama-server", "a", "b", parallel=2)
     proxy = fleet.proxy([("a", a.url), ("b", b.url)], "--load-interval", LOAD_INTERVAL)
-    wait_auto_capacity(proxy, ("a", "b"), 2)
+    proxy.wait_auto_capacity(("a", "b"), 2)
 
     # Two streams straight to a, past the proxy: only a's /slots says so.
     direct = [Exchange.post(a.port, CHAT, chat_body(2000), timeout=120) for _ in "12"]
