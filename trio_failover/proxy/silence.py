@@ -360,6 +360,8 @@ class SilenceWatch:
             if timer.stopped:
                 self._stale -= 1
                 continue
+            if timer.scope.cancel_called:  # ended (a down node, its timeout): asks nothing more
+                continue
             if timer.timeout != math.inf and timer.expiry(now) is None:
                 timer.scope.cancel()
                 continue
