@@ -1,4 +1,4 @@
-"""Scenario 7: the discovery checks do no harm to a running generation (issue 27, SPEC 5a).
+"""Scenario 7: the discovery checks do no harm to a running generation (issue 27).
 
 llama-cpp-python, with its default settings (``interrupt_requests`` True),
 ends a running stream when any request that needs its model arrives --

@@ -1,4 +1,4 @@
-"""Liveness checks on real engines (SPEC 5.5): a stopped engine is left, a slow one is kept.
+"""Liveness checks on real engines: a stopped engine is left, a slow one is kept.
 
 A request answered whole (``"stream": false``, the OpenAI SDKs' default)
 gets its head only with the whole answer. The proxy asks a node that keeps

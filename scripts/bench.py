@@ -1437,7 +1437,7 @@ def run_failover(s: Setup) -> None:
     stalls, afters = [], []
     nodes = [f"frozen=http://127.0.0.1:{s.frozen_port}", fast]
     # The JSON request says "stream": false, whose head deadline is
-    # --unstreamed-timeout (SPEC 5.5), not --response-header-timeout.
+    # --unstreamed-timeout, not --response-header-timeout.
     deadline = f"{STALL_DEADLINE_MS}ms"
     extra = [
         "--response-header-timeout",

@@ -69,7 +69,7 @@ def fleet(
     """``trio-failover serve --workers N``; yields (port, supervisor pid) once it serves.
 
     ``capacity`` above 0: ``--capacity``, so that with a shared state every
-    attempt takes and releases its slot's lease in Redis (SPEC 8).
+    attempt takes and releases its slot's lease in Redis.
     """
     port = bench.free_port()
     command = [sys.executable, "-m", "trio_failover", "serve", "--listen", f"127.0.0.1:{port}"]

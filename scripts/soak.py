@@ -61,8 +61,8 @@ REQUEST_TIMEOUT = 30.0
 RESPONSE_HEADER_TIMEOUT = 1.0  # short, so a run stays short
 # The soak's requests are unstreamed (no "stream": true), so a stalled node
 # is waited for up to --unstreamed-timeout (10 min by default), not the
-# header timeout (SPEC 5.5: an unstreamed answer's head comes only when the
-# whole answer is ready; SPEC's liveness check would not cut it either, as
+# header timeout (an unstreamed answer's head comes only when the whole
+# answer is ready; a liveness check would not cut it either, as
 # the stalled node's /health answers). Left at 10 min, every stall outlived
 # the client's REQUEST_TIMEOUT and counted as a lost response.
 UNSTREAMED_TIMEOUT = 2.0  # what a stall costs
@@ -213,7 +213,7 @@ async def read_request(
             return None
 
 
-# What a node says to the proxy's checks (SPEC 5a): ready, with an empty
+# What a node says to the proxy's checks: ready, with an empty
 # model list (inventory unknown: a candidate for every model); any other
 # route (/api/tags, an engine's signal routes) is not there.
 CHECK_ANSWERS = {

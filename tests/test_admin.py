@@ -23,7 +23,7 @@ from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request, slow_head
 
 # Streamed: the response-header timeout bounds the wait for its head (an
-# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+# unstreamed request would wait --unstreamed-timeout).
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 ).encode()
@@ -102,7 +102,7 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "state": "cooling",
             "cooldown_remaining_s": 7.0,
             "reason": "header_timeout",
-            "models_cooling": {},  # SPEC 5c: a node serving one model cools whole
+            "models_cooling": {},  # a node serving one model cools whole
             "in_flight": 0,
             "capacity": 0,
             "served": 0,
@@ -110,8 +110,8 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "models": None,  # no models configured, no inventory: discovery is not running
             "last_outcome": "header_timeout",
             "last_error": "a: head: no complete response head in 10.0s",
-            "last_check": None,  # a streamed request's head: no liveness check (SPEC 5.5)
-            # SPEC 5c: an auto engine not detected yet (no check ran), nothing read
+            "last_check": None,  # a streamed request's head: no liveness check
+            # an auto engine not detected yet (no check ran), nothing read
             "engine": None,
             "capacity_source": "auto (the engine gives none)",
             "engine_signals": None,

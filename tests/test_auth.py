@@ -1,4 +1,4 @@
-"""Client API keys and the admin token (SPEC 5b and 6), over real sockets.
+"""Client API keys and the admin token, over real sockets.
 
 With keys configured, every request on the client listener needs one
 (``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``): without, ``401``

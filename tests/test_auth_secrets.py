@@ -1,4 +1,4 @@
-"""Client keys and the admin token appear nowhere the proxy writes (SPEC 5b).
+"""Client keys and the admin token appear nowhere the proxy writes.
 
 One run with keys and a token configured sends what could leak them:
 right keys in both headers, wrong keys, a right key in the wrong scheme, a

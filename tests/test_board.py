@@ -272,7 +272,7 @@ def test_listeners_hear_in_the_order_they_were_added() -> None:
     assert order == ["first", "second"]
 
 
-# -- the engine verbs (SPEC 5c) ------------------------------------------------------
+# -- the engine verbs ----------------------------------------------------------------
 
 
 def engine_board() -> tuple[NodeBoard, list[EngineChange]]:

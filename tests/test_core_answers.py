@@ -1,4 +1,4 @@
-"""Table tests of the proxy's own error answers (trio_failover.core.answers), SPEC 5.1, 5.7."""
+"""Table tests of the proxy's own error answers (trio_failover.core.answers)."""
 
 from __future__ import annotations
 

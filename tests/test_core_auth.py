@@ -1,4 +1,4 @@
-"""Table tests of client keys and the admin token (trio_failover.core.auth), SPEC 5b and 6."""
+"""Table tests of client keys and the admin token (trio_failover.core.auth)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Table tests of a discovery check's questions and schedule (core.checks), SPEC 5a."""
+"""Table tests of a discovery check's questions and schedule (core.checks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure: a node's engine state between reads, and the slot decisions that read it (SPEC 5c)."""
+"""Pure: a node's engine state between reads, and the slot decisions that read it."""
 
 from __future__ import annotations
 

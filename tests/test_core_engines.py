@@ -1,4 +1,4 @@
-"""Table tests of engine kinds, signal parsers and the decisions made from them (SPEC 5c).
+"""Table tests of engine kinds, signal parsers and the decisions made from them.
 
 The parsers run over answers recorded from the real llama-server and over
 the other engines' shapes from their source and docs (tests/data/engines/),

@@ -1,4 +1,4 @@
-"""Table tests of inventories, health and model lists (trio_failover.core.inventory), SPEC 5a."""
+"""Table tests of inventories, health and model lists (trio_failover.core.inventory)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_inventory_of(ids: tuple[str, ...] | None, expected: tuple[str, ...] | N
 MAPPING = {"qwen3:32b": "Qwen/Qwen3-32B"}
 MAPPING_STAR = {"qwen3:32b": "Qwen/Qwen3-32B", "*": "Qwen/Qwen3-32B"}
 
-# (model, configured, inventory) -> does the node *list* the name? (SPEC 5 item 4)
+# (model, configured, inventory) -> does the node *list* the name?
 LISTS = [
     # Configured names always win over the inventory.
     pytest.param("a", ["a"], None, True, id="list-hit"),

@@ -1,4 +1,4 @@
-"""Table tests of model-name matching (trio_failover.core.names), SPEC 5 item 4.
+"""Table tests of model-name matching (trio_failover.core.names).
 
 Ollama's rule and nothing else: a name without a ``:tag`` is ``NAME:latest``.
 """

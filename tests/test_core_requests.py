@@ -1,4 +1,4 @@
-"""Table tests of request facts (trio_failover.core.requests), SPEC 5.3 and 5.5."""
+"""Table tests of request facts (trio_failover.core.requests)."""
 
 from __future__ import annotations
 

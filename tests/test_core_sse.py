@@ -1,4 +1,4 @@
-"""Table tests of the SSE progress scanner (trio_failover.core.sse), SPEC 5.5 and 5.6."""
+"""Table tests of the SSE progress scanner (trio_failover.core.sse)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The discovery loop (SPEC 5a) under MockClock over the in-memory connector.
+"""The discovery loop under MockClock over the in-memory connector.
 
 Exact virtual times: the first check of node ``i`` of ``n`` at ``i/n``, the
 next ones one interval after the last began (less jitter), one check per
@@ -263,7 +263,7 @@ async def test_a_stale_inventory_404_fails_over_uncooled_and_rechecks_at_once(
 
 
 async def test_every_node_404_gives_the_last_node_answer(autojump_clock: trio.abc.Clock) -> None:
-    # model_not_found is a retryable answer (SPEC 5.7): the client gets the
+    # model_not_found is a retryable answer: the client gets the
     # last node's 404 as the node sent it, not a 502 of the proxy's.
     body = b'{"error": {"message": "no such model", "code": "model_not_found"}}'
     nodes = {name: FakeNode(healthy(body, status=404)) for name in "ab"}
@@ -356,7 +356,7 @@ async def test_down_outranks_cooling_and_an_expiry_is_no_ready_news(
     assert board.is_demoted("a", trio.current_time())
 
 
-# -- names the engines serve (issue 27, SPEC 5 item 4) ------------------------------
+# -- names the engines serve (issue 27) ---------------------------------------------
 
 
 def served_models(node: FakeNode) -> list[str]:

@@ -1,4 +1,4 @@
-"""The questions of one discovery check, through a whole proxy (SPEC 5a), under MockClock.
+"""The questions of one discovery check, through a whole proxy, under MockClock.
 
 ``GET /health`` every time; ``GET /v1/models`` and ``GET /api/tags`` only
 while this proxy has no attempt in flight at the node (a stream through the
@@ -405,7 +405,7 @@ async def test_an_attempt_that_begins_while_the_check_connects_stops_its_models_
 async def test_the_fleets_tags_come_from_the_last_check_without_asking_the_node_again(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    # SPEC 5a: /api/tags from each node's last check; asked live only of a
+    # /api/tags from each node's last check; asked live only of a
     # node with none yet. After the first check, a frozen /api/tags route
     # would hold the list for 2 s if the node were asked again.
     node = FakeNode(

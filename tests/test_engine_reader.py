@@ -1,4 +1,4 @@
-"""The engine reader (SPEC 5c) under MockClock, over the in-memory connector, with the fake engines.
+"""The engine reader under MockClock, over the in-memory connector, with the fake engines.
 
 Exact virtual times: a configured engine is read at once and then every
 ``--load-interval``; an ``auto`` one is detected at its first good check and

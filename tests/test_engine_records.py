@@ -1,4 +1,4 @@
-"""core/fleet_records.py: an engine read as a shared record (SPEC 5c, 8), table-tested."""
+"""core/fleet_records.py: an engine read as a shared record, table-tested."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Engine signals in the proxy's decisions (SPEC 5c), whole proxy under MockClock with fake engines.
+"""Engine signals in the proxy's decisions, whole proxy under MockClock with fake engines.
 
 Discovery and the engine reader run as ``serve()`` runs them; the fake
 engines keep their own slots and loaded models and answer the reads from

@@ -2,7 +2,7 @@
 unstreamed answers, Ollama-shaped errors, and the cooldown after a client error.
 
 Whole-proxy tests over in-memory streams under the autojump clock, so every
-asserted time is exact (SPEC 5.3, 5.5, 5.6, 5.7).
+asserted time is exact.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def outcomes(proxy: Proxy) -> list[list[tuple[str, str]]]:
     return [[(a["node"], a["outcome"]) for a in w["attempts"]] for w in proxy.recent]
 
 
-# -- workload ids (SPEC 5.3) ----------------------------------------------------------------
+# -- workload ids ---------------------------------------------------------------------------
 
 
 def uuid_ids_only(behaviour: Behaviour) -> Behaviour:
@@ -95,7 +95,7 @@ async def test_generated_ids_are_canonical_uuids_that_a_strict_engine_accepts(
 async def test_a_clients_own_valid_id_passes_through_unchanged(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    own = "ebede0e35c12c79a29d38a34"  # valid for SPEC 5.3, though not a UUID
+    own = "ebede0e35c12c79a29d38a34"  # a valid client id, though not a UUID
     async with Fleet({"strict": FakeNode(uuid_ids_only(healthy())), "b": FakeNode()}) as fleet:
         proxy = make_proxy(fleet)
         with trio.fail_after(LIMIT):
@@ -107,7 +107,7 @@ async def test_a_clients_own_valid_id_passes_through_unchanged(
         assert fleet["b"].received == []
 
 
-# -- SSE pings before the first token (SPEC 5.5) ---------------------------------------------
+# -- SSE pings before the first token --------------------------------------------------------
 
 
 async def test_pings_do_not_satisfy_the_first_body_deadline(
@@ -294,7 +294,7 @@ async def test_an_empty_event_stream_with_a_valid_end_commits(
         assert fleet["peer"].received == []
 
 
-# -- the stream-idle timer and pings (SPEC 5.6) ------------------------------------------------
+# -- the stream-idle timer and pings -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("first_body_timeout", [0.0, 900.0])
@@ -342,7 +342,7 @@ async def test_other_streams_keep_their_idle_timer_per_chunk(
         assert (response.body, response.complete, response.at) == (b"abc", True, 400.0)
 
 
-# -- the unstreamed deadline (SPEC 5.5) --------------------------------------------------------
+# -- the unstreamed deadline -------------------------------------------------------------------
 
 
 async def test_an_unstreamed_answer_after_five_minutes_is_served_by_its_first_node(
@@ -401,7 +401,7 @@ async def test_an_unstreamed_stall_costs_one_header_timeout_and_a_check_then_dow
         assert proxy.board.nodes["frozen"].down_reason == "unresponsive"
 
 
-# -- Ollama's error shape on /api/ (SPEC 5.7) ----------------------------------------------------
+# -- Ollama's error shape on /api/ ---------------------------------------------------------------
 
 
 def assert_ollama_error(document: object, code: str) -> None:

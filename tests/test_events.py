@@ -28,7 +28,7 @@ from trio_failover.telemetry.events import EventBus
 from trio_failover.testing import FakeNode, Fleet, frozen, healthy, request
 
 # Streamed: the response-header timeout bounds the wait for its head (an
-# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+# unstreamed request would wait --unstreamed-timeout).
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 ).encode()

@@ -30,7 +30,7 @@ from trio_failover.testing import (
 )
 
 # Streamed: the response-header timeout bounds the wait for its head (an
-# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+# unstreamed request would wait --unstreamed-timeout).
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi " * 50}]}
 ).encode()

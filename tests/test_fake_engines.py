@@ -1,4 +1,4 @@
-"""The fake engines of the test kit answer as the real ones do (SPEC 5c).
+"""The fake engines of the test kit answer as the real ones do (docs/engines.md).
 
 Their signal reads are checked against the recorded and documented answers
 in tests/data/engines/ (same fields, parsed by the same parsers), and their

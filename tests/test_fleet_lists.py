@@ -1,4 +1,4 @@
-"""The fleet's model lists and health over real 127.0.0.1 sockets (SPEC 5a).
+"""The fleet's model lists and health over real 127.0.0.1 sockets.
 
 Fake nodes of several shapes (OpenAI-style ``/v1/models``, Ollama's
 ``/api/tags``, one that never answers, one that answers garbage) behind the
@@ -295,7 +295,7 @@ async def test_inventories_route_and_a_closed_port_is_down_then_ready_within_an_
         assert down["models"] == ["m1"]  # a node going away keeps its inventory
         assert await post(chat()) == (200, "b", "1", "from b")
         # Down: not asked, but its known inventory is still listed, as it is
-        # still a candidate (SPEC 5a: "answered or was known").
+        # still a candidate (the lists show every node that answered or is known).
         _, models = await get_json(bound.client, "/v1/models")
         assert [(m["id"], m["nodes"]) for m in models["data"]] == [("m1", ["a"]), ("m2", ["b"])]
 

@@ -1,4 +1,4 @@
-"""A rejoin takes the leases of the attempts that run (SPEC 8: nothing lost or doubled).
+"""A rejoin takes the leases of the attempts that run: nothing lost or doubled.
 
 An attempt that began while Redis was away holds no lease there, and a
 restarted Redis kept none: without the rejoin's take the other replicas

@@ -29,7 +29,7 @@ from trio_failover.testing import (
 )
 
 # Streamed: the response-header timeout bounds the wait for its head (an
-# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+# unstreamed request would wait --unstreamed-timeout).
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 ).encode()
@@ -236,7 +236,7 @@ async def test_each_node_gets_its_own_model_name_after_a_failover(
     assert sent == {"a": ["a-name"], "b": ["m"], "c": ["c-name"]}
 
 
-# -- SPEC 5 item 7: the last retryable answer wins ----------------------------
+# -- the last retryable answer wins -------------------------------------------
 
 
 async def test_of_two_retryable_answers_the_client_gets_the_last(

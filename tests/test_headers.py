@@ -1,4 +1,4 @@
-"""Table-driven tests of header hygiene (trio_failover.headers), SPEC 5.3 and 5.8.
+"""Table-driven tests of header hygiene (trio_failover.headers).
 
 Headers are h11's form throughout: ``(name, value)`` byte pairs with
 lower-case names, as h11 hands them to the proxy.

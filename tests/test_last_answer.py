@@ -1,4 +1,4 @@
-"""When every attempt fails, the client gets the *last* retryable answer (SPEC 5.7).
+"""When every attempt fails, the client gets the *last* retryable answer.
 
 A mutation run (issue 27) relayed the first one instead and no test saw it
 but through the 404 path: these mix two retryable statuses from two nodes,

@@ -163,7 +163,7 @@ def _package_files() -> list[Path]:
 
 
 # The one function that reads the wall clock (STYLE 2: "wall-clock time only
-# through one replaceable function"): the traces' epoch timestamps (SPEC 9).
+# through one replaceable function"): the traces' epoch timestamps.
 WALL_CLOCK = ("telemetry/tracing.py", "wall_clock_ns")
 
 

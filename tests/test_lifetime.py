@@ -115,7 +115,7 @@ async def test_nursery_start_gives_the_running_proxy_until_cancelled(
 async def test_a_proxy_nobody_runs_serves_with_its_tasks_lent_while_connections_last(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    """SPEC 7: ``Proxy(config, connector=...)`` serves a stream handed to it, tasks and all."""
+    """``Proxy(config, connector=...)`` serves a stream handed to it, tasks and all."""
     behave = {"a": FakeNode(stream_then_silence(chunks=1, silence=1000.0))}
     async with Fleet(behave) as fleet:
         proxy = Proxy(config_for(fleet, stream_idle_timeout=30.0), connector=fleet.connector)

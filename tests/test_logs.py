@@ -37,7 +37,7 @@ from trio_failover.testing import (
 )
 
 # Streamed: the response-header timeout bounds the wait for its head (an
-# unstreamed request would wait --unstreamed-timeout, SPEC 5.5).
+# unstreamed request would wait --unstreamed-timeout).
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 ).encode()
@@ -325,7 +325,7 @@ async def test_access_line_counts_the_body_of_a_401(
 async def test_commit_ms_counts_to_the_first_body_byte_not_the_head(
     autojump_clock: trio.abc.Clock, captured: io.StringIO
 ) -> None:
-    # The commit waits for the first body byte (SPEC 5.5), so the head at
+    # The commit waits for the first body byte, so the head at
     # t=0 and the body at t=3 make a 3 s commit, whatever the head's time.
     configure_logging("json", "info", stream=captured)
     async with Fleet({"late": FakeNode(headers_then_silence(3.0))}) as fleet:

@@ -1,4 +1,4 @@
-"""Per-model cooldowns (SPEC 5c), whole proxy under MockClock over fake nodes.
+"""Per-model cooldowns, whole proxy under MockClock over fake nodes.
 
 On a node that serves more than one model a head stall, a first-body stall
 or a 429 demotes that node for the model asked for only; a node gone quiet

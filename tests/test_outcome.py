@@ -1,4 +1,4 @@
-"""Table-driven tests of attempt verdicts (trio_failover.outcome), SPEC 5.5-5.7."""
+"""Table-driven tests of attempt verdicts (trio_failover.outcome)."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from trio_failover.wire.pool import ConnectionPool, is_reusable, put_idle, take_
 
 BODY = b'{"model": "m"}'
 # Streamed: the response-header timeout bounds its head. BODY is unstreamed,
-# so --unstreamed-timeout (10 min) bounds its head instead (SPEC 5.5), and
+# so --unstreamed-timeout (10 min) bounds its head instead, and
 # no test of a header deadline may use it.
 STREAMED = b'{"model": "m", "stream": true}'
 

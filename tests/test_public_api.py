@@ -1,4 +1,4 @@
-"""The library API of SPEC section 7: the names, their types and their behaviour.
+"""The library API (docs/embedding.md): the names, their types and their behaviour.
 
 ``__all__`` is pinned here on purpose: adding or removing a public name is a
 decision, and this test makes it a visible one.

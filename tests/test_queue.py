@@ -1,4 +1,4 @@
-"""Capacity and the queue in the whole proxy, in virtual time (SPEC 4b, issue 17).
+"""Capacity and the queue in the whole proxy, in virtual time (issue 17).
 
 Every test runs the proxy over in-memory streams with fake nodes under
 ``MockClock(autojump_threshold=0)``; workloads are started one after another,

@@ -3,7 +3,7 @@
 Every case is plain data: a ranking, the request's model, the set of nodes
 cooling at the request's ``now``, an optional ``X-Failover-Node`` and an
 optional affinity winner. The expected order is the one the attempts go in
-(SPEC 2's candidates): ``resolve_candidates``' order, split by readiness at
+(the candidates): ``resolve_candidates``' order, split by readiness at
 each attempt by ``slot_ledger.choose_node``, as the proxy does. No clock, no I/O.
 """
 
@@ -86,7 +86,7 @@ CASES = [
     Case("star-serves-any", "aqmv", "av", model="mistral"),
     Case("no-node-serves", "qm", "", model="gpt-4o"),
     Case("filtered-then-partitioned", "aqmv", "vaq", model="qwen3:32b", cooling="aq"),
-    # Inventories narrow, never refuse (SPEC 5 item 4): when some node lists
+    # Inventories narrow, never refuse: when some node lists
     # the name, a node without models takes it only if its inventory lists
     # it or is unknown; when no node lists it, every node configuration
     # does not exclude.

@@ -1,4 +1,4 @@
-"""The slot lease's Lua scripts against a real redis-server (SPEC 8: capacity holds fleet-wide).
+"""The slot lease's Lua scripts against a real redis-server: capacity holds fleet-wide.
 
 Real sockets and the real clock: a lease's expiry is Redis' own ``TIME``,
 so the TTL tests wait for it (a fraction of a second, told by the refused

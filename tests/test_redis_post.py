@@ -1,6 +1,6 @@
 """``RedisConnection.post``: commands written and not waited for, against a real redis-server.
 
-The slot's release is posted (SPEC 8: the take is the request path's one
+The slot's release is posted (the take is the request path's one
 round trip); its answer is read by the next call on the connection.
 """
 

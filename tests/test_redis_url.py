@@ -1,4 +1,4 @@
-"""The shared state's address, ``redis://[USER:PASS@]HOST:PORT[/DB]`` (SPEC 8): a table."""
+"""The shared state's address, ``redis://[USER:PASS@]HOST:PORT[/DB]``: a table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A reload of the running proxy, in virtual time (SPEC 9, issue 32).
+"""A reload of the running proxy, in virtual time (issue 32).
 
 The proxy runs over in-memory streams with fake nodes under
 ``MockClock(autojump_threshold=0)``; ``Proxy.reload`` gets a new ``Config``

@@ -1,4 +1,4 @@
-"""Engine signals shared between replicas over one real redis-server (SPEC 5c, 8).
+"""Engine signals shared between replicas over one real redis-server.
 
 Replica A reads the fake engines (discovery and the engine reader run);
 replica B runs neither, so whatever it knows of an engine came from A

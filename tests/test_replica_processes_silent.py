@@ -1,4 +1,4 @@
-"""Real replica processes over a redis-server that stops answering (SPEC 8: no request waits).
+"""Real replica processes over a redis-server that stops answering: no request waits.
 
 ``SIGSTOP`` freezes the server: the kernel still accepts connections and
 takes the replicas' writes, nothing answers. Each request then waits at

@@ -1,4 +1,4 @@
-"""Replicas over one real redis-server (SPEC 8): two ``Proxy`` objects in one process.
+"""Replicas over one real redis-server: two ``Proxy`` objects in one process.
 
 The nodes are fake ones over in-memory streams, the shared state is real
 (127.0.0.1 sockets, the real clock: no autojump). Every wait is for an

@@ -186,7 +186,7 @@ def test_every_option_follows_the_naming_rule() -> None:
         assert opt.flag == "--" + opt.name.replace("_", "-")
         if opt.name not in ("upstream", "api_key", "engine"):
             assert opt.env == "TRIO_FAILOVER_" + opt.flag[2:].upper().replace("-", "_")
-    # The two lists take the plural (SPEC section 3).
+    # The two lists take the plural.
     assert option("upstream").env == "TRIO_FAILOVER_UPSTREAMS"
     assert option("api_key").env == "TRIO_FAILOVER_API_KEYS"
     assert option("engine").env == "TRIO_FAILOVER_ENGINES"

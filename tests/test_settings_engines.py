@@ -1,4 +1,4 @@
-"""Engine settings (SPEC 3, 5c): --engine, --load-interval, --cold-start-timeout, auto."""
+"""Engine settings: --engine, --load-interval, --cold-start-timeout, auto."""
 
 from __future__ import annotations
 

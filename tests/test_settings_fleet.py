@@ -40,7 +40,7 @@ def test_library_config_gets_every_spec_default() -> None:
     assert config.unstreamed_timeout == 600.0
     assert config.clients == ()
     assert config.admin_token is None
-    assert config.upstreams[0].capacity is None  # auto (SPEC 5c)
+    assert config.upstreams[0].capacity is None  # auto
     assert config.upstreams[0].engine == "auto"
     assert (config.load_interval, config.cold_start_timeout) == (2.0, 300.0)
     assert Upstream("a", URL, capacity=2).capacity == 2
@@ -101,7 +101,7 @@ def _assert_mistake(got: ConfigError, error: tuple[str, str, object, str]) -> No
 # --- Capacity: precedence -------------------------------------------------------------------------
 
 # The six places a capacity for node "a" may come from, most binding first
-# (SPEC section 3), each with its own value so the winner is visible.
+# (docs/configuration.md#capacity), each with its own value so the winner is visible.
 TIERS = ("flag NAME=N", "env NAME=N", "node in file", "bare flag", "bare env", "top-level file")
 TIER_SOURCES = (
     "flag --capacity",
@@ -152,7 +152,7 @@ def test_capacity_precedence_every_combination(tiers: set[int]) -> None:
         assert (b.capacity, str(sources["capacity:b"])) == (None, "default")
 
 
-# The cases SPEC and the docs spell out, by name.
+# The cases the docs spell out, by name.
 NAMED_CASES: list[tuple[str, dict[str, object], dict[str, str], str, dict[str, int | None]]] = [
     ("nothing anywhere", {}, {}, "", {"a": None, "b": None}),
     ("auto undoes a bare flag", {"capacity": ["4", "a=auto"]}, {}, "", {"a": None, "b": 4}),

@@ -1,4 +1,4 @@
-"""``--otel-endpoint`` (SPEC 3, 9): its sources, OpenTelemetry's own variable, bad values."""
+"""``--otel-endpoint``: its sources, OpenTelemetry's own variable, bad values."""
 
 from __future__ import annotations
 

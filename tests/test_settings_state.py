@@ -1,4 +1,4 @@
-"""The shared state's settings (SPEC 3, 8): --state, --state-prefix, --lease-ttl,
+"""The shared state's settings: --state, --state-prefix, --lease-ttl,
 --state-timeout, --workers; their sources, bad values, and ``check``'s listing."""
 
 from __future__ import annotations

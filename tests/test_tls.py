@@ -327,7 +327,7 @@ def test_tls_warnings_name_weakened_and_ignored_settings(logged: LogRecords) -> 
 async def test_slow_tls_handshake_is_bounded_by_the_connect_timeout() -> None:
     # The head deadline is far away: only the connect timeout can end the
     # handshake in time. Streamed, so that the 60 s header timeout is the
-    # deadline in force (an unstreamed body would have 10 min, SPEC 5.5).
+    # deadline in force (an unstreamed body would have 10 min).
     connect_timeout = 0.5
     with trio.fail_after(LIMIT):
         async with (

@@ -1,4 +1,4 @@
-"""Traces (SPEC 9): the exact span tree of a workload, in virtual time.
+"""Traces: the exact span tree of a workload, in virtual time.
 
 The whole proxy over in-memory streams under ``MockClock`` (pytest-trio's
 ``autojump_clock``), its spans handed to the SDK's ``InMemorySpanExporter``

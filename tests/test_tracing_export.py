@@ -1,4 +1,4 @@
-"""Traces over the wire (SPEC 9): ``trio-failover serve --otel-endpoint`` to a real receiver.
+"""Traces over the wire: ``trio-failover serve --otel-endpoint`` to a real receiver.
 
 The proxy runs as the real command in a subprocess, in front of two fake
 nodes on real sockets (``a`` answers 503, ``b`` streams), and exports to

@@ -1,4 +1,4 @@
-"""``--workers N`` with real processes on real loopback (SPEC 8): one port, lines printed once,
+"""``--workers N`` with real processes on real loopback: one port, lines printed once,
 a dead worker started again, SIGTERM drains them all; and the pure decisions (core/workers.py).
 
 Every wait is for a log line or a process's exit, bounded by ``trio.fail_after``.

@@ -1,4 +1,4 @@
-"""A reload of ``--workers N`` (SPEC 8, 9), with real processes on real loopback.
+"""A reload of ``--workers N``, with real processes on real loopback.
 
 ``SIGHUP`` to the supervisor reaches every worker, each of which reads the
 config file again; a listener change is refused by all of them alike; a

@@ -1,6 +1,6 @@
 """trio-failover: a failover reverse proxy for self-hosted LLM inference fleets.
 
-The library API (SPEC section 7; see docs/embedding.md):
+The library API (see docs/embedding.md):
 
 - ``Config``, ``Upstream`` and ``ClientKey``: the settings, frozen and validated.
 - ``serve(config, ...)``: run the listeners in your nursery

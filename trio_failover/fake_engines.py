@@ -406,7 +406,7 @@ class FakeVllm(FakeEngine):
         return 400, {"error": error}
 
     def metrics_text(self) -> str:
-        """The ``GET /metrics`` text (the three series SPEC 5c reads)."""
+        """The ``GET /metrics`` text (the three series the proxy reads)."""
         labels = f'engine="0",model_name="{self.models[0]}"'
         gauges = [
             (

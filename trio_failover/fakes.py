@@ -198,7 +198,7 @@ def slow_head(delay: float, body: bytes = b'{"ok": true}') -> Behaviour:
 def slow_prefill(delay: float, body: bytes = b'{"ok": true}') -> Behaviour:
     """A node busy with a long prefill: silent for ``delay`` seconds, then a normal answer.
 
-    The name SPEC section 7 uses; the same node as ``slow_head`` (it answers
+    Another name for ``slow_head``: the same node (it answers
     ``GET /health`` at once).
     """
     return slow_head(delay, body)

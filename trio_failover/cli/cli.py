@@ -97,7 +97,7 @@ def _text(value: Any) -> Any:
     return ("true" if value else "false") if isinstance(value, bool) else value
 
 
-# The modules --otel-endpoint needs, from the ``otel`` extra (SPEC 9).
+# The modules --otel-endpoint needs, from the ``otel`` extra.
 OTEL_MODULES = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
 
 
@@ -157,7 +157,7 @@ def _root(
 def serve(**flags: Any) -> None:
     """Run the proxy in the foreground; Ctrl-C or SIGTERM drains it."""
     config, sources = _settings(flags)
-    # SIGHUP and --watch-config read the same sources again (SPEC 9).
+    # SIGHUP and --watch-config read the same sources again.
     path = sources["config"].raw
     loader = SettingsLoader(_given(flags), str(path) if path is not None else None)
     if _as_program:

@@ -1,4 +1,4 @@
-"""How a serving process reads its settings again, for a reload (SPEC 9).
+"""How a serving process reads its settings again, for a reload (docs/configuration.md).
 
 ``serve`` resolves the flags, environment and config file once at startup;
 a ``SettingsLoader`` keeps the flags it was given, so that ``SIGHUP`` and

@@ -74,9 +74,9 @@ def error_document(
         status: the HTTP status of the answer.
         code: the machine-readable code (``model_not_found``, ...).
         message: for humans; never a key, a token or a header line.
-        attempts: the ``{"node", "outcome", "elapsed_ms"}`` records of SPEC
-            5.7 (``AttemptRecord.to_json()``); None leaves the field out, an
-            empty list sends ``[]``.
+        attempts: the ``{"node", "outcome", "elapsed_ms"}`` records of
+            the attempts (``AttemptRecord.to_json()``); None leaves the field
+            out, an empty list sends ``[]``.
         admin: the error is the admin listener's (always OpenAI's shape).
 
     Returns:

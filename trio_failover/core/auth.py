@@ -1,4 +1,4 @@
-"""Pure: client keys and the admin token (SPEC 5b and 6).
+"""Pure: client keys and the admin token (docs/security.md).
 
 Keys are a tuple of ``(name, key)`` pairs in configuration order; an empty
 tuple means no key is configured and nothing is checked. A client presents
@@ -110,7 +110,7 @@ def _match(presented: Iterable[bytes], secrets: Iterable[bytes]) -> int | None:
 
 
 def check_client(headers: Iterable[tuple[bytes, bytes]], keys: Keys) -> ClientCheck:
-    """Which client a request authenticates as (SPEC 5b).
+    """Which client a request authenticates as.
 
     Args:
         headers: the request headers as h11 gives them (lowercase names).
@@ -143,7 +143,7 @@ def forwarded_headers(headers: Iterable[tuple[bytes, bytes]], keys: Keys) -> Hea
 
 
 def admin_allowed(headers: Iterable[tuple[bytes, bytes]], target: bytes, token: str | None) -> bool:
-    """Whether an admin request carries the admin token (SPEC 6).
+    """Whether an admin request carries the admin token.
 
     Args:
         headers: the request headers (lowercase names).

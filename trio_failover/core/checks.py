@@ -1,4 +1,4 @@
-"""Pure: the questions of one discovery check and what their answers mean (SPEC 5a).
+"""Pure: the questions of one discovery check and what their answers mean (docs/discovery.md).
 
 A check of a node asks, in this order, on a fresh connection each:
 

@@ -1,4 +1,4 @@
-"""Pure: the client API keys of the settings (SPEC 5b), and their checks.
+"""Pure: the client API keys of the settings, and their checks.
 
 ``config.py`` builds ``Config.clients`` with these; the checks' errors name
 the client, never its key.

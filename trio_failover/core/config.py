@@ -190,8 +190,8 @@ class Upstream:
     ca_file: str | None = attrs.field(default=None, kw_only=True)
     insecure_skip_verify: bool = attrs.field(default=False, kw_only=True)
     capacity: int | None = attrs.field(default=None, kw_only=True, validator=_check_capacity)
-    """Most attempts in flight here; 0 = no limit, None = ``auto`` (the engine's, SPEC 5c)."""
-    # -- engines (SPEC 5c) --
+    """Most attempts in flight here; 0 = no limit, None = ``auto`` (the engine's own)."""
+    # -- engines (docs/engines.md) --
     engine: str = attrs.field(default="auto", kw_only=True, validator=check_engine_kind)
     """The node's engine kind (``engines.ENGINE_KINDS``); ``auto`` = detected."""
 
@@ -392,12 +392,12 @@ class Config(StateSettings):
     log_format: LogFormat = attrs.field(default="text", validator=_choice(LOG_FORMAT_CHOICES))
     log_level: str = attrs.field(default="info", validator=_choice(LOG_LEVEL_CHOICES))
     watch_config: bool = False
-    """Reload the config file when it changes, as on ``SIGHUP`` (SPEC 9); the CLI's."""
+    """Reload the config file when it changes, as on ``SIGHUP``; the CLI's."""
     otel_endpoint: str | None = attrs.field(
         default=None, validator=_check_endpoint, repr=lambda url: repr(url and redact_url(url))
     )
-    """The OTLP/HTTP collector that gets the traces (SPEC 9); None = no traces."""
-    # -- engines (SPEC 5c) --
+    """The OTLP/HTTP collector that gets the traces; None = no traces."""
+    # -- engines (docs/engines.md) --
     load_interval: float = attrs.field(default=2.0, validator=_non_negative)
     """Seconds between reads of the engines' signals; 0 = only with each check."""
     cold_start_timeout: float = attrs.field(default=300.0, validator=_non_negative)

@@ -95,7 +95,7 @@ class CooldownTable:
 
 
 class ModelCooldowns:
-    """The per-model demotions of one proxy's nodes (SPEC 5c): node x model -> ``Cooldown``.
+    """The per-model demotions of one proxy's nodes: node x model -> ``Cooldown``.
 
     A node that serves more than one model may stall on one (its load, its
     prompt) and serve the others: such a demotion is kept here, by the

@@ -1,4 +1,4 @@
-"""Pure: every node's engine as last read, and what the slot decisions read of it (SPEC 5c).
+"""Pure: every node's engine as last read, and what the slot decisions read of it.
 
 The node board (``proxy/board.py``) owns one ``EngineBook`` and changes it
 only through its engine verbs; the book folds each read into the
@@ -127,7 +127,7 @@ class EngineBook:
         """What ``node``'s reading is at ``now``, without a read (None: no such node).
 
         A reading that went stale since leaves ``signals``, as at a read: a
-        replica fed by another's reads (SPEC 8) has no read of its own to
+        replica fed by another's reads has no read of its own to
         drop it. Never ``fresh``.
         """
         if node not in self.states:
@@ -179,7 +179,7 @@ class EngineBook:
         return loaded_nodes(model, self.signals)
 
     def head_timeout(self, node: str, model: str | None) -> float:
-        """The head deadline of an attempt at ``node`` for ``model`` (SPEC 5c)."""
+        """The head deadline of an attempt at ``node`` for ``model``."""
         return attempt_head_timeout(
             self.signals.get(node),
             model,

@@ -1,4 +1,4 @@
-"""Pure: the engines' own answers, parsed into ``Signals`` (SPEC 5c); never raises.
+"""Pure: the engines' own answers, parsed into ``Signals`` (docs/engines.md); never raises.
 
 One function per read, from an ``Answer`` (status, content type, body) to a
 ``Signals`` record: a malformed, partial or refused answer gives a record

@@ -1,4 +1,4 @@
-"""Pure: what the proxy keeps of each node's engine between reads (SPEC 5c).
+"""Pure: what the proxy keeps of each node's engine between reads (docs/engines.md).
 
 The reader (``proxy/engine_reader.py``) hands over one ``EngineSignal`` per
 read: the node's engine kind, the parsed ``Signals`` and the time of the
@@ -93,8 +93,8 @@ def next_state(state: EngineState, signal: EngineSignal) -> EngineState:
     field the read did give (llama-server's ``/props`` when its ``/slots``
     failed) over them.
 
-    A good read older than the state's (another replica's, come late: SPEC
-    8) changes nothing: the newest reading wins, whoever took it.
+    A good read older than the state's (another replica's, come late)
+    changes nothing: the newest reading wins, whoever took it.
     """
     error = signal.signals.last_error
     if not error:

@@ -1,4 +1,4 @@
-"""Pure: engine kinds, their detection, and what their signals decide (SPEC 5c).
+"""Pure: engine kinds, their detection, and what their signals decide (docs/engines.md).
 
 A node's *engine* says which cheap reads it answers besides the OpenAI API:
 llama-server its slots, vLLM its Prometheus gauges, Ollama and LM Studio the
@@ -43,7 +43,7 @@ from .names import find_name
 
 
 class EngineKind(enum.StrEnum):
-    """The values of ``--engine NAME=KIND`` (SPEC 3, 5c)."""
+    """The values of ``--engine NAME=KIND``."""
 
     AUTO = "auto"
     OPENAI = "openai"
@@ -87,7 +87,7 @@ DETECTION_PATHS: tuple[tuple[EngineKind, str], ...] = (
 )
 ASKED_BY_THE_CHECK = frozenset({CHECK_PATH})
 
-# The reads of each engine's signals, every --load-interval (SPEC 5c's table).
+# The reads of each engine's signals, every --load-interval.
 SIGNAL_PATHS: Mapping[EngineKind, tuple[str, ...]] = {
     # /slots last: the proxy anchors the reading to its own count when the
     # read ends (SlotLedger.note_reading), the closer to the engine's answer
@@ -97,7 +97,7 @@ SIGNAL_PATHS: Mapping[EngineKind, tuple[str, ...]] = {
     EngineKind.OLLAMA: ("/api/ps",),
     EngineKind.LMSTUDIO: ("/api/v0/models",),
     # None: it serves one request at a time, and a read that needs its model
-    # would end the running one (SPEC 5a); its capacity is 1 (``resolve_capacity``).
+    # would end the running one; its capacity is 1 (``resolve_capacity``).
     EngineKind.LLAMA_CPP_PYTHON: (),
     EngineKind.OPENAI: (),
 }
@@ -278,7 +278,7 @@ def resolve_capacity(
     *,
     kind: EngineKind | None = None,
 ) -> Capacity:
-    """Capacity ``auto`` or a configured number (SPEC 5c).
+    """Capacity ``auto`` or a configured number.
 
     Args:
         configured: the configured number, or None for ``auto``.
@@ -359,7 +359,7 @@ def loaded_first(candidates: Sequence[T], loaded: Sequence[bool | None]) -> list
         loaded: ``model_loaded`` of each, in the same order.
 
     Unknown and not-loaded nodes keep their order after the loaded ones:
-    SPEC 5c puts only "have it loaded" first.
+    only "have it loaded" goes first.
     """
     if len(candidates) != len(loaded):
         raise ValueError("one loaded answer per candidate")
@@ -379,9 +379,8 @@ def head_timeout(
     """The head deadline of an attempt: ``--cold-start-timeout`` for a cold load.
 
     A cold load is work, not a stall: a node that must load the model gets
-    the cold-start timeout *instead of* the header timeout (SPEC 5c's
-    words, so also when it is set shorter). ``0`` turns it off: every
-    attempt gets the header timeout.
+    the cold-start timeout *instead of* the header timeout (also when it is
+    set shorter). ``0`` turns it off: every attempt gets the header timeout.
     """
     if cold_start_timeout and needs_cold_start(loaded):
         return cold_start_timeout
@@ -398,7 +397,7 @@ class Scope(enum.StrEnum):
     NODE = "node"
 
 
-# SPEC 5c: on a node serving more than one model, these stall one model
+# On a node serving more than one model, these stall one model
 # (its load, its prompt) and say nothing of the others.
 PER_MODEL_OUTCOMES = frozenset({"header_timeout", "first_body_timeout"})
 PER_MODEL_STATUSES = frozenset({429})

@@ -60,7 +60,7 @@ class UpstreamError(FailoverError):
     """
 
     outcome: Outcome
-    # Liveness checks the attempt waited on before it failed (SPEC 5.5);
+    # Liveness checks the attempt waited on before it failed (docs/failover.md);
     # set on the instance only when there were any.
     checks: int = 0
 
@@ -154,7 +154,7 @@ class RetryableResponse(UpstreamError):
 
 
 class ModelNotFound(RetryableResponse):
-    """The node answered ``404`` "model not found": its inventory is stale (SPEC 5.5)."""
+    """The node answered ``404`` "model not found": its inventory is stale; fail over."""
 
     outcome = Outcome.MODEL_NOT_FOUND
 
@@ -169,7 +169,7 @@ class IllegalTransition(FailoverError, RuntimeError):
 
 
 class StateError(FailoverError):
-    """The shared state (Redis, SPEC 8) failed one operation; ``operation`` names it.
+    """The shared state (Redis, docs/replicas.md) failed one operation; ``operation`` names it.
 
     Raised by ``wire/redis.py`` only, where Trio, OS, TLS and RESP errors are
     mapped once. The callers of the shared state decide what it means (go on

@@ -1,4 +1,4 @@
-"""Pure: the node board's news as the records replicas share (SPEC 8).
+"""Pure: the node board's news as the records replicas share (docs/replicas.md).
 
 Three kinds of record travel between replicas (``proxy/fleet.py`` sends
 and applies them; ``core/state_layout.py`` carries them):
@@ -152,7 +152,7 @@ def snapshot_order(records: Iterable[RemoteRecord]) -> list[RemoteRecord]:
     return sorted(records, key=lambda record: -record.age)
 
 
-# -- engine reads (SPEC 5c, 8) -------------------------------------------------
+# -- engine reads ---------------------------------------------------------------
 
 
 def engine_record(read: EngineRead) -> dict[str, Any]:

@@ -37,7 +37,7 @@ PROXY_OWNED_DOWN = frozenset({b"x-request-id", b"x-failover-node", b"x-failover-
 # or the framing of one message, or carry the workload id.
 NODE_RESERVED = HOP_BY_HOP | FRAMING | frozenset({b"x-request-id"})
 # W3C Trace Context (https://www.w3.org/TR/trace-context/): with traces on,
-# the node gets the attempt's own, in place of the client's (SPEC 9).
+# the node gets the attempt's own, in place of the client's.
 TRACE_CONTEXT = frozenset({b"traceparent", b"tracestate"})
 
 
@@ -97,7 +97,7 @@ def upstream_request_headers(
     case-insensitively: the client's (a node key replaces the client's
     ``Authorization``, never doubles it) and the proxy's own ``Host`` and
     ``X-Forwarded-*``. Configured hop-by-hop, framing and ``X-Request-Id``
-    headers are ignored: the connection, h11 and SPEC 5.3 own those.
+    headers are ignored: the connection, h11 and the workload id own those.
     ``X-Forwarded-For`` extends the client's chain (all its field lines).
     """
     configured: Headers = []

@@ -1,4 +1,4 @@
-"""Pure: inventories, health checks and the fleet-wide model lists (SPEC 5a).
+"""Pure: inventories, health checks and the fleet-wide model lists (docs/discovery.md).
 
 The discovery loop of the shell checks each node on its own schedule
 (``checks.py``: the questions of a check, ``/health`` first, and when the
@@ -20,7 +20,7 @@ Use, in the shell:
 - routing: ``ranking.model_filter`` keeps the nodes whose configuration
   takes the name (``names.accepts``), then narrows the others to those
   whose inventory lists it or is unknown, but only when some node
-  ``lists_model`` it (SPEC 5 item 4: inventories narrow, never refuse);
+  ``lists_model`` it (inventories narrow, never refuse);
 - discovery (``checks.py`` says the order): after ``checks.judge_health``
   of the ``/health`` answer, ask ``GET CHECK_PATH`` (connect timeout, then
   ``CHECK_ANSWER_TIMEOUT``, read at most ``MAX_LISTING_BYTES + 1`` bytes)
@@ -138,7 +138,7 @@ def advertised_ids(configured: Configured, inventory: Inventory) -> tuple[str, .
 
     The keys of a mapping other than ``"*"``, the entries of a list, else
     the inventory: also for a mapping of ``"*"`` alone, which names no id of
-    its own (SPEC 5a). None when neither is known: then the fleet's
+    its own. None when neither is known: then the fleet's
     ``/v1/models`` asks the node live.
     """
     if configured is not None:
@@ -224,7 +224,7 @@ def judge_check(
     detail: str = "",
     health_route: bool = False,
 ) -> CheckVerdict:
-    """Decide what a check's ``GET /v1/models`` answer means (SPEC 5a).
+    """Decide what a check's ``GET /v1/models`` answer means.
 
     Args:
         failure: set when the question got no answer.
@@ -333,7 +333,7 @@ def models_document(
     if not answered:
         return None
     data = [
-        # "created" is not in SPEC; strict OpenAI clients want the field.
+        # "created" (0) only because strict OpenAI clients want the field.
         {"id": shown[key], "object": "model", "created": 0, "owned_by": owned_by, "nodes": names}
         for key, names in serving.items()
     ]

@@ -1,4 +1,4 @@
-"""Pure: the slot lease of the shared state (SPEC 8), as Lua run inside Redis.
+"""Pure: the slot lease of the shared state, as Lua run inside Redis.
 
 A node's slots held by all replicas are one sorted set, ``PREFIX slots:NODE``:
 each member a lease id, scored by its expiry in Redis' own milliseconds

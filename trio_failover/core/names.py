@@ -1,4 +1,4 @@
-"""Pure: model names compared as the engines resolve them (SPEC 5 item 4).
+"""Pure: model names compared as the engines resolve them (docs/discovery.md).
 
 One rule, Ollama's: a name without a ``:tag`` is the same model as
 ``NAME:latest``, so ``llama3.2`` and ``llama3.2:latest`` are one model. The

@@ -32,7 +32,7 @@ class Outcome(enum.StrEnum):
     TLS_ERROR = "tls_error"
     HEADER_TIMEOUT = "header_timeout"
     # A liveness check (GET /health) found no answer while the attempt waited
-    # for a head or a first body byte (SPEC 5.5).
+    # for a head or a first body byte (docs/failover.md).
     UNRESPONSIVE = "unresponsive"
     FIRST_BODY_TIMEOUT = "first_body_timeout"
     RESET = "reset"
@@ -68,7 +68,7 @@ class Rule:
         status: the proxy's own answer when every attempt ended like this
             (504 for a deadline before commit, else 502); None where the
             proxy never answers for the node (after commit, client gone).
-        rechecks: the node's inventory is checked again at once (SPEC 5a).
+        rechecks: the node's inventory is checked again at once.
     """
 
     fails_over: bool
@@ -159,7 +159,7 @@ def judge(
 def retry_after_of(status: int, headers: Headers) -> float | None:
     """Seconds a retryable answer asks the proxy to leave its node alone, if any.
 
-    Only a 429's ``Retry-After`` demotes the node (SPEC 5); other
+    Only a 429's ``Retry-After`` demotes the node; other
     retryable answers fail over without a cooldown.
     """
     value = get(headers, b"retry-after")
@@ -198,7 +198,7 @@ def classify_head(
     """Classify a final response status.
 
     A ``404`` is always inspected: its body may say "model not found"
-    (``inventory.is_model_not_found``), which fails over (SPEC 5.5).
+    (``inventory.is_model_not_found``), which fails over.
     """
     if status in retry_status:
         return HeadAction.RETRY
@@ -345,7 +345,7 @@ def _http_date(value: str) -> float | None:
 
 @attrs.frozen
 class SavedResponse:
-    """A complete, small retryable answer, kept in case it is the last one (SPEC 5.7)."""
+    """A complete, small retryable answer, kept in case it is the last one."""
 
     node: str
     status: int
@@ -370,7 +370,7 @@ class AttemptRecord:
         return RULES[self.outcome].status == 504
 
     def to_json(self) -> dict[str, object]:
-        """The ``{"node", "outcome", "elapsed_ms"}`` form of SPEC 5.7."""
+        """The ``{"node", "outcome", "elapsed_ms"}`` form of an error body's ``attempts``."""
         item: dict[str, object] = {
             "node": self.node,
             "outcome": str(self.outcome),
@@ -384,7 +384,7 @@ class AttemptRecord:
 
 
 def failure_status(attempts: Iterable[AttemptRecord]) -> int:
-    """504 if any attempt ran into a deadline, else 502 (SPEC 5.7)."""
+    """504 if any attempt ran into a deadline, else 502."""
     return 504 if any(record.timed_out for record in attempts) else 502
 
 

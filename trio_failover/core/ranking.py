@@ -3,7 +3,7 @@
 The ranking from configuration is immutable. For each request it is
 resolved in three steps, each a plain function of data:
 
-1. model filter (``model_filter``, SPEC 5 item 4): a node with ``models``
+1. model filter (``model_filter``): a node with ``models``
    only takes requests naming one of them (or any, with ``"*"``); a node
    without is narrowed by its inventory, but only when some node lists the
    name: inventories narrow, they never refuse a name an engine would
@@ -13,7 +13,7 @@ resolved in three steps, each a plain function of data:
    and the start of the prompt moves one node to the front;
 3. manual selection (``X-Failover-Node``) moves the named node to the front.
 
-Readiness is not applied here. SPEC 2's stable partition (ready nodes
+Readiness is not applied here. The stable partition (ready nodes
 first, demoted ones after, each group in this order) is taken at each
 attempt by ``slot_ledger.choose_node``, so that a node that recovers while
 a workload waits or fails over regains its place. Because the partition
@@ -52,7 +52,7 @@ def resolve_candidates(
         model: the ``"model"`` of the request body, if any.
         selected: the node named by ``X-Failover-Node``, if any.
         affinity_key: from ``affinity_key()``, when prefix affinity is on.
-        inventories: the known inventories by node name (SPEC 5a); a node
+        inventories: the known inventories by node name (discovery's); a node
             missing from it, or with None, has none yet.
 
     Returns:
@@ -70,7 +70,7 @@ def resolve_candidates(
 def model_filter(
     ranking: Sequence[Upstream], model: str | None, inventories: Mapping[str, Inventory]
 ) -> list[Upstream]:
-    """The nodes that may serve ``model``, in ranking order (SPEC 5 item 4).
+    """The nodes that may serve ``model``, in ranking order.
 
     Configuration excludes: a node with ``models`` is kept only when they
     take the name (``names.accepts``: either spelling, or ``"*"``). The

@@ -1,4 +1,4 @@
-"""Pure: the address of the shared state, ``redis://[USER:PASS@]HOST:PORT[/DB]`` (SPEC 8).
+"""Pure: the address of the shared state, ``redis://[USER:PASS@]HOST:PORT[/DB]``.
 
 ``rediss://`` is the same over TLS. The parser raises ``ValueError`` whose
 message says what was expected, as ``units.py`` does; ``cli/settings/`` will

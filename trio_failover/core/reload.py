@@ -1,4 +1,4 @@
-"""Pure: what a reload of the configuration changes, and what it refuses (SPEC 9).
+"""Pure: what a reload of the configuration changes, and what it refuses (docs/configuration.md).
 
 ``diff_configs(old, new)`` compares the running ``Config`` with one read
 again from the same sources. Its ``ConfigDiff`` says, in words fit for a
@@ -48,7 +48,7 @@ NEEDS_RESTART: tuple[str, ...] = (
     "log_level",
     "max_connections",
     "watch_config",
-    # The shared state (SPEC 8) is joined once, with these.
+    # The shared state is joined once, with these.
     "state",
     "state_prefix",
     "lease_ttl",

@@ -1,4 +1,4 @@
-"""Pure: facts of a client request that its handling depends on (SPEC 5.3, 5.5).
+"""Pure: facts of a client request that its handling depends on (docs/failover.md).
 
 - ``request_document``: the JSON object of a request body, if it is one;
 - ``is_unstreamed``: whether the node will send its head only once the whole
@@ -17,7 +17,7 @@ import random
 import re
 from collections.abc import Iterable
 
-# The client's id is passed on unchanged when it is this (SPEC 5.3): no
+# The client's id is passed on unchanged when it is this: no
 # spaces, quotes or control bytes that could break a log line or a node's
 # header parser.
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")

@@ -80,10 +80,10 @@ class Slot:
 class SlotLedger:
     """Capacity and in-flight count per node; take and release in O(1).
 
-    Counts this proxy's attempts; the engines' own counts (SPEC 5c: work of
-    other clients and proxies) come in through ``signals``, a mapping of
-    node name -> ``Signals`` that its owner keeps current (fresh readings
-    only: a stale one is removed, never left to limit). With it empty, as
+    Counts this proxy's attempts; the engines' own counts (work of other
+    clients and proxies, docs/engines.md) come in through ``signals``, a
+    mapping of node name -> ``Signals`` that its owner keeps current (fresh
+    readings only: a stale one is removed, never left to limit). With it empty, as
     by default, every answer is the proxy's own count alone, at no extra
     cost. Every name passed in must be one of ``capacities`` (``KeyError``
     otherwise).
@@ -115,7 +115,7 @@ class SlotLedger:
         self._retired: set[str] = set()
         # node -> this proxy's in-flight count when its reading was taken.
         self._at_reading: dict[str, int] = {}
-        # Nodes full across the replicas (SPEC 8): the shared state refused
+        # Nodes full across the replicas: the shared state refused
         # a slot there, until a freed one is announced. Empty without one.
         self.elsewhere: set[str] = set()
 
@@ -124,7 +124,7 @@ class SlotLedger:
         self._at_reading[node] = self._in_flight[node]
 
     def ended_elsewhere(self, node: str) -> bool:
-        """Another replica's attempt at ``node`` ended (SPEC 8): one fewer busy in the reading.
+        """Another replica's attempt at ``node`` ended: one fewer busy in the reading.
 
         The engine's count holds the other replicas' attempts among its
         "others"; the freed slot is announced at once, the engine's next
@@ -146,7 +146,7 @@ class SlotLedger:
 
         The reading's work of others, ``max(busy - in_flight_then, 0)``,
         plus this proxy's attempts now. At the moment of the reading that
-        is ``max(in_flight, busy)`` (SPEC 5c); without ``note_reading`` it
+        is ``max(in_flight, busy)``; without ``note_reading`` it
         stays exactly that.
         """
         reading = self.signals.get(node) if self.signals else None
@@ -157,7 +157,7 @@ class SlotLedger:
         return in_flight + others if others > 0 else in_flight
 
     def full_by_others(self, node: str) -> bool:
-        """Whether the engine's count fills ``node`` with work besides this proxy's (SPEC 8).
+        """Whether the engine's count fills ``node`` with work besides this proxy's.
 
         Another replica whose waiters wait for such a node asks Redis
         nothing (its ledger sees the node full): it hears of a slot only
@@ -322,7 +322,7 @@ def choose_node(
     The untried candidates are split, stably, into those ready now and the
     rest (cooling or down). If any is ready, only the ready ones count: the
     first that is not full by ``balance``, else ``Wait`` for them. Otherwise
-    the rest count, in ``order`` whatever ``balance`` says (SPEC: an
+    the rest count, in ``order`` whatever ``balance`` says (an
     all-cooling fleet is used in ranking order), else ``Wait`` for them.
     ``preferred`` goes first while it has a free slot and is in the group
     that counts; when it is full the next free node is taken (availability
@@ -345,7 +345,7 @@ def choose_node(
             else the prefix-affinity winner), or None. ``priority`` alone
             would find it first anyway; ``least-loaded`` needs to be told.
         loaded: the nodes whose engine holds the request's model loaded now
-            (SPEC 5c, Ollama and LM Studio; ``engines.model_loaded``). Among
+            (Ollama and LM Studio; ``engines.model_loaded``). Among
             the ready nodes that are not full, these come first: when any
             of them is free, the choice (``preferred``, then ``balance``)
             is made among them alone. Empty (the default): as without it.

@@ -55,7 +55,7 @@ def _asked_once(ready: Readiness) -> Callable[[str], bool]:
     return is_ready
 
 
-# A node's readiness for one model (per-model cooldowns, SPEC 5c): model -> predicate.
+# A node's readiness for one model (per-model cooldowns): model -> predicate.
 ReadyFor: TypeAlias = Callable[[str], Readiness]
 
 
@@ -162,7 +162,7 @@ class SlotScheduler(Generic[T]):
             raise ValueError(f"max_queue must be an int >= 0, not {max_queue!r}")
         self.ledger = SlotLedger(capacities, signals)
         # A waiter with a ``model`` is handed off by ``ready_for(model)``
-        # (per-model cooldowns, SPEC 5c); None: by ``ready`` alone.
+        # (per-model cooldowns); None: by ``ready`` alone.
         self.ready_for: ReadyFor | None = None
         self.balance: Balance = balance
         self.max_queue = max_queue

@@ -1,4 +1,4 @@
-"""Pure: what a workload's trace says (SPEC 9), as plain names and values.
+"""Pure: what a workload's trace says (docs/observability.md#traces), as plain names and values.
 
 ``telemetry/tracing.py`` hands these to the OpenTelemetry SDK; nothing here
 imports it. Attribute names follow OpenTelemetry's semantic conventions

@@ -1,4 +1,4 @@
-"""Pure: which bytes of a ``text/event-stream`` body are progress (SPEC 5.5, 5.6).
+"""Pure: which bytes of a ``text/event-stream`` body are progress (docs/failover.md).
 
 An engine that reads a long prompt keeps its connection alive with SSE
 comment lines (``: ping``) and blank lines. Neither is an answer: before

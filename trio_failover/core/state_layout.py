@@ -1,4 +1,4 @@
-"""Pure: what the replicas' shared state looks like in Redis (SPEC 8), and its small decisions.
+"""Pure: what the replicas' shared state looks like in Redis, and its small decisions.
 
 Every name starts with ``--state-prefix`` (``P`` below, ``trio-failover:``
 by default):
@@ -339,7 +339,7 @@ def leases_to_free(
 
 
 def share_of(capacity: int, replicas: int) -> int:
-    """A replica's share of a node's ``capacity`` while it goes on alone (SPEC 8).
+    """A replica's share of a node's ``capacity`` while it goes on alone.
 
     ``capacity`` divided by the live replicas it last saw, rounded down, at
     least 1; ``0`` (no limit) stays ``0``.

@@ -1,4 +1,4 @@
-"""Pure: the settings of the replicas' shared state (SPEC 8), a base of ``Config``.
+"""Pure: the settings of the replicas' shared state, a base of ``Config``.
 
 ``Config`` (core/config.py) inherits these five fields, so that they are
 ``Config``'s own (``attrs.fields``, ``evolve``, the option table) while

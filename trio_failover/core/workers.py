@@ -1,4 +1,4 @@
-"""Pure: the decisions of ``--workers N`` (SPEC 8): each worker's settings, and restarts.
+"""Pure: the decisions of ``--workers N``: each worker's settings, and restarts.
 
 The supervisor (``service/workers.py``) binds the listeners once and hands
 them to its workers; these functions say what each worker is told and how

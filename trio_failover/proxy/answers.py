@@ -24,7 +24,7 @@ from .report import Report
 
 
 async def send_saved(client: ClientConnection, work: Workload, saved: SavedResponse) -> bool:
-    """Relay the last retryable answer as the node sent it (SPEC 5.7)."""
+    """Relay the last retryable answer as the node sent it."""
     headers = client_response_headers(
         saved.headers,
         saved.status,
@@ -56,7 +56,7 @@ async def send_failure(
     """Answer ``status`` with the proxy's JSON error and the attempt records."""
     work.status = status
     attempts = [record.to_json() for record in work.attempts]
-    # Ollama's shape under /api/, OpenAI's elsewhere (SPEC 5.7).
+    # Ollama's shape under /api/, OpenAI's elsewhere.
     document = error_document(work.path, status, code, message, attempts)
     headers = [
         (b"x-request-id", work.id.encode()),

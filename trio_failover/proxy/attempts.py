@@ -59,7 +59,7 @@ MOVED = "moved"
 
 
 class FleetSlots(Protocol):
-    """The slot leases across replicas (``fleet.FleetSlots``; SPEC 8); None with ``memory``."""
+    """The slot leases across replicas (``fleet.FleetSlots``); None with ``memory``."""
 
     async def take(self, node: str) -> str | None: ...  # None: full across the fleet
 
@@ -75,7 +75,7 @@ Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Await
 class Attempts:
     """Tries the candidates of a workload one after another."""
 
-    # The fleet step (SPEC 8): set by the proxy with ``--state redis://``.
+    # The fleet step: set by the proxy with ``--state redis://``.
     fleet: FleetSlots | None = None
 
     def __init__(
@@ -91,7 +91,7 @@ class Attempts:
         engines: EngineBook | None = None,
     ) -> None:
         self.config = config
-        # The engines' signals (SPEC 5c): loaded models first; None = none.
+        # The engines' signals: loaded models first; None = none.
         self.engines = engines
         # Times each attempt's wait for its node: a silent node is asked
         # whether it is alive, and a node found down ends the attempt.
@@ -111,7 +111,7 @@ class Attempts:
         a workload waits or fails over regains its place.
         """
         # Parsed for every request: whether it streams picks the head
-        # deadline (SPEC 5.5). Only a body that starts with "{" is parsed.
+        # deadline. Only a body that starts with "{" is parsed.
         document = request_document(request.body)
         model = request_model(document)
         header = get(request.headers, b"x-failover-node")
@@ -142,7 +142,7 @@ class Attempts:
         last_answer: SavedResponse | None = None
         engines = self.engines
         loaded: frozenset[str] = frozenset()
-        if engines is not None and engines.signals:  # SPEC 5c; nothing to ask without
+        if engines is not None and engines.signals:  # nothing to ask without
             loaded = engines.loaded(plan.model)
         resolved, first = self.config, True
         while len(tried) < limit:
@@ -191,7 +191,7 @@ class Attempts:
                 )
                 work.attempt = len(tried)
                 outgoing = request_for(node, plan, work)
-                if engines is not None and engines.signals:  # SPEC 5c: a cold load
+                if engines is not None and engines.signals:  # a cold load
                     cold = engines.head_timeout(node.name, plan.model)
                     if cold != self.config.response_header_timeout:
                         outgoing = attrs.evolve(outgoing, head_timeout=cold)
@@ -323,8 +323,8 @@ async def take_slot(
     attempt if it never waits, one with ``position`` each time it waits.
 
     ``now``: the Trio clock, if read since the caller's last checkpoint.
-    ``loaded``: the nodes holding the request's model loaded (SPEC 5c).
-    ``fleet``: the replicas' slots (SPEC 8), told when the workload waits.
+    ``loaded``: the nodes holding the request's model loaded.
+    ``fleet``: the replicas' slots, told when the workload waits.
 
     Returns:
         The slot; None when every candidate was tried; ``MOVED`` when a

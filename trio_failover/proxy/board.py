@@ -26,7 +26,7 @@ The contract, for this board and for one over a shared store (issue 31):
   ``cooldown``, ``is_down``, ``inventories``, ``nodes`` (the per-node view
   of ``/status``), ``wake_at`` (the next cooldown's end, for the ticker).
 
-``model=``: a cooldown for one model of a node (SPEC 5c), by the name
+``model=``: a cooldown for one model of a node, by the name
 the client asked for (``llama3`` and ``llama3:latest`` are one model:
 ``names.spellings``; the caller decides the scope with
 ``engines.cooldown_scope``). Kept in ``model_cooldowns``
@@ -37,7 +37,7 @@ it, or its expiry on a node not down) and ``COOLED`` (its expiry on a down
 node) end it; node-wide records never touch model cooldowns; ``DOWN``
 and ``UP`` with a model are ignored.
 
-Engines (SPEC 5c): ``engine_read(node, signal, now)``, the reader's
+Engines (docs/engines.md): ``engine_read(node, signal, now)``, the reader's
 callback, makes a ``core.engine_book.EngineRead`` record (node, engine,
 ``Signals``, ``age`` in seconds: no clock time), folds it into ``engines``
 (an ``EngineBook``: states, the ledger's fresh ``signals``, ``auto``
@@ -83,7 +83,7 @@ class NodeState:
     failed: int = 0
     down: bool = False
     down_reason: str | None = None  # why it is down: a health check, or a liveness check
-    # The node's last finished check (liveness, SPEC 5.5; or discovery's).
+    # The node's last finished check (a liveness check, or discovery's).
     last_check: CheckRecord | None = None
     inventory: tuple[str, ...] | None = None
     # The entries of its last /api/tags answer; None: it gave none (yet).
@@ -144,7 +144,7 @@ class _OwnParts:
 
 
 class _EngineParts:
-    """The board's engine verbs (SPEC 5c): each read folded into ``engines``, then told.
+    """The board's engine verbs: each read folded into ``engines``, then told.
 
     Told to the engine listeners (``listen_engines``), not the readiness
     ones: a read changes no node's readiness, only its load and capacity.
@@ -192,14 +192,14 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
         # empty (nothing to parse a body for) until a check lists models.
         self.inventories: dict[str, tuple[str, ...]] = {}
         self.cooldowns = CooldownTable()  # node-wide; read it, never write it
-        # By node and model (SPEC 5c); the slot queue reads its ``by_model``.
+        # By node and model; the slot queue reads its ``by_model``.
         self.model_cooldowns = ModelCooldowns()
         self._listeners: list[Listener] = []
         self.engines = EngineBook(EngineSettings())  # read it; ``engine_read`` changes it
         self._engine_listeners: list[EngineListener] = []
-        # After a check: (node, inventory replaced?); the fleet tells it (SPEC 8).
+        # After a check: (node, inventory replaced?); the fleet tells the replicas.
         self.on_check: Callable[[str, bool], None] = _unheard
-        self.on_engine_read = _unheard  # likewise, each engine read (SPEC 8)
+        self.on_engine_read = _unheard  # likewise, each engine read
 
     def listen(self, listener: Listener) -> None:
         """Have ``listener`` called with every change the board applies."""
@@ -410,7 +410,7 @@ def shared_check(
     inventory: tuple[str, ...] | None = None,
     replace_inventory: bool = False,
 ) -> None:
-    """Keep another replica's check of ``node`` (SPEC 8): its ``last_check``, its inventory.
+    """Keep another replica's check of ``node``: its ``last_check``, its inventory.
 
     The board's verb for the shared state (``fleet.py``), beside the class to
     keep it within its size. Readiness is not changed here: that comes as

@@ -97,7 +97,7 @@ class Discovery:
     ) -> None:
         self.config = config
         # Told after each check (node, good, its /v1/models answer): the
-        # engine reader reads then, and detects from it (SPEC 5c).
+        # engine reader reads then, and detects from it.
         self._on_checked = on_checked
         # Whether a stream of the node relayed a byte lately (``SilenceWatch.moving``):
         # then a check that times out proves nothing.
@@ -108,7 +108,7 @@ class Discovery:
         self.report = report
         # Random in [0, 1]: each proxy's checks drift apart from the others'.
         self._jitter = jitter
-        # From connection made to whole answer read (SPEC 5a: 10 s); tests shorten it.
+        # From connection made to whole answer read (10 s); tests shorten it.
         self.answer_timeout = CHECK_ANSWER_TIMEOUT
         # While ``run`` runs: its nursery, and each node's checker's scope.
         self._nursery: trio.Nursery | None = None
@@ -203,11 +203,12 @@ class Discovery:
         """One check of ``node``, judged; never raises an error.
 
         ``/health`` first; ``/v1/models`` and ``/api/tags`` only while no
-        attempt of this proxy is in flight at the node (SPEC 5a).
+        attempt of this proxy is in flight at the node (llama-cpp-python
+        ends a running generation for any request that needs its model).
 
         Returns:
             The verdict, and the node's answer to ``/v1/models`` where it
-            got one (the engine reader's detection weighs it, SPEC 5c).
+            got one (the engine reader's detection weighs it).
         """
         reply = await self._ask(node, HEALTH_PATH, _HEALTH_BODY)
         first = judge_health(

@@ -1,4 +1,4 @@
-"""The engine reader: each node's own load and loaded models, every --load-interval (SPEC 5c).
+"""The engine reader: each node's own load and loaded models, every --load-interval.
 
 One task per node, all in the nursery ``EngineReader.run`` opens (the
 server's services nursery starts it, like discovery). Each task:

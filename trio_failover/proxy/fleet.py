@@ -1,4 +1,4 @@
-"""One replica in a fleet of replicas (SPEC 8): the node board and the slots over Redis.
+"""One replica in a fleet of replicas: the node board and the slots over Redis.
 
 Only a proxy with ``--state redis://...`` imports this module (it pulls in
 the Redis client, ``hiredis``); with ``memory`` nothing here exists and

@@ -1,4 +1,4 @@
-"""The client listener's key check (SPEC 5b), before anything else of a request.
+"""The client listener's key check (docs/security.md), before anything else of a request.
 
 ``Proxy.handle_connection`` passes every request through ``ClientGate.admit``
 first, so that no route of the client listener (the workloads, and any the
@@ -67,7 +67,7 @@ class ClientGate:
             await self._refuse(client, request)
             return None
         # The client's Authorization and X-Api-Key were the proxy's key: a
-        # node gets only its own configured headers (SPEC 5b).
+        # node gets only its own configured headers.
         stripped = attrs.evolve(request, headers=forwarded_headers(request.headers, self.keys))
         return Admitted(stripped, check.name)
 

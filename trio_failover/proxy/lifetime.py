@@ -6,8 +6,8 @@ What the tasks are is the proxy's (``Proxy._start_own_tasks``); this
 module only keeps the one rule about them: a proxy serves only while they
 run, and whatever ends them, its pooled connections close.
 
-A proxy nobody runs still serves a connection handed to it (SPEC 7:
-``Proxy(config, connector=...)`` serves any stream): ``lent`` runs its
+A proxy nobody runs still serves a connection handed to it
+(``Proxy(config, connector=...)`` serves any stream): ``lent`` runs its
 tasks, without discovery, in the task of the first such connection, for as
 long as any connection so served lasts (the first one's task waits for the
 others before it stops them).
@@ -58,9 +58,9 @@ class OwnTasks:
 
         ``proxy = await nursery.start(Proxy(config).run)`` gives the proxy
         once they run: the cooldown ticker (``ticker.py``), the pool's
-        watcher (SPEC 5 item 11), the watch of every committed stream's
-        ``--stream-idle-timeout`` (``silence.py``), discovery (SPEC 5a) and
-        the engines' reader (SPEC 5c).
+        watcher (of idle connections), the watch of every committed stream's
+        ``--stream-idle-timeout`` (``silence.py``), discovery and the engines'
+        reader.
 
         Args:
             discovery: False: no checks and no engine reads whatever the

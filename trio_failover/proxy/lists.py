@@ -1,4 +1,4 @@
-"""The fleet-wide model lists the client listener answers itself (SPEC 5a).
+"""The fleet-wide model lists the client listener answers itself (docs/discovery.md).
 
 - ``GET /v1/models``: from the configured ``models`` and the inventories at
   hand (``inventory.advertised_ids``, a down node's included: it is still a
@@ -55,7 +55,7 @@ from .report import Report, log_listed
 
 MODELS_PATH = b"/v1/models"
 TAGS_PATH = b"/api/tags"
-LIST_ANSWER_TIMEOUT = 2.0  # SPEC 5a: per live question, after the connect
+LIST_ANSWER_TIMEOUT = 2.0  # per live question, after the connect
 NO_LIST_CODE = "upstream_unavailable"
 
 # Whether a 2xx body is a list of the route's kind.
@@ -129,7 +129,7 @@ class FleetLists:
         self.board = board
         self.queue = queue
         self.report = report
-        # Per node asked, after the connect (SPEC 5a: 2 s).
+        # Per node asked, after the connect (2 s).
         self.answer_timeout = LIST_ANSWER_TIMEOUT
         # Each node's last live answer to GET /v1/models: what a node that is
         # busy now (not asked, below) still lists.
@@ -172,7 +172,7 @@ class FleetLists:
         inventories = self.board.inventories
         # Not while an attempt of this proxy runs there: llama-cpp-python ends
         # a running generation for any request that needs its model, this
-        # one included (SPEC 5a says so of the checks). Such a node lists
+        # one included (as for the checks). Such a node lists
         # what it answered last time, if it ever did.
         ledger = self.queue.scheduler.ledger
         live = [
@@ -208,7 +208,7 @@ class FleetLists:
         return Built(tags_document(bodies), tuple(asked.values()))
 
     def known_tags(self, node: Upstream) -> bytes | None:
-        """The node's last ``/api/tags`` answer from discovery, as a body, if any (SPEC 5a).
+        """The node's last ``/api/tags`` answer from discovery, as a body, if any.
 
         A node with one is not asked live; None (discovery off, no check
         yet, or an engine without the route) has it asked now.

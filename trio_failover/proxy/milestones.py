@@ -7,7 +7,7 @@ the node board (node state) and ``Report`` (telemetry). The workload
 shell (``workload.py``, ``attempts.py``) calls these; nothing here waits.
 
 A demotion covers the node, or on a node serving more than one model only
-the workload's model (SPEC 5c, ``engines.cooldown_scope``); a served
+the workload's model (``engines.cooldown_scope``); a served
 answer ends its model's cooldown as well as the node's.
 """
 
@@ -101,7 +101,7 @@ class Milestones:
         status: int | None,
         now: float,
     ) -> None:
-        """Cool ``node`` down, or only the workload's model of it (SPEC 5c)."""
+        """Cool ``node`` down, or only the workload's model of it."""
         model = work.model
         if model is not None:
             many = serves_many(node.models, self.board.inventories.get(node.name))

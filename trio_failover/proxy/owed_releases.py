@@ -1,4 +1,4 @@
-"""The slot releases one replica posts, and those it owes to its next join (SPEC 8).
+"""The slot releases one replica posts, and those it owes to its next join.
 
 A release is written and not waited for (``SlotLeases.release``). One that
 could not be written (Redis away, or the write did not go out within

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Proxy", "open_proxy"]
 
-# ``/status``'s ``state`` with ``--state memory`` (SPEC 8): this process alone.
+# ``/status``'s ``state`` with ``--state memory``: this process alone.
 MEMORY_STATE = {"backend": "memory", "connected": True, "replicas": 1}
 
 
@@ -92,7 +92,7 @@ class Proxy(OwnTasks):
         self.silence.ask = self.liveness.ask
         # A node marked down, by any check, ends every wait on it.
         self.board.listen(self.silence.board_changed)
-        # The engines' signals (SPEC 5c): read by engine_reader, kept by the
+        # The engines' signals: read by engine_reader, kept by the
         # board (``engines``), read by the slot ledger and the attempts.
         board = self.board
         self.engine_reader = EngineReader(
@@ -110,7 +110,7 @@ class Proxy(OwnTasks):
             self.silence,
             self.board.engines,
         )
-        # The fleet's GET /v1/models and /api/tags, and the checks (SPEC 5a).
+        # The fleet's GET /v1/models and /api/tags, and the checks (docs/discovery.md).
         self.lists = FleetLists(config, self.connector, self.board, self.queue, self.report)
         self.discovery = Discovery(
             config,
@@ -121,7 +121,7 @@ class Proxy(OwnTasks):
             on_checked=self.engine_reader.checked,
             moving=self.silence.moving,
         )
-        # The replicas' shared state (SPEC 8): None with ``--state memory``.
+        # The replicas' shared state (docs/replicas.md): None with ``--state memory``.
         self.fleet: Fleet | None = None
         if parse_state(config.state) is not None:
             from .fleet import Fleet  # only then: it pulls in the Redis client
@@ -176,7 +176,7 @@ class Proxy(OwnTasks):
             await nursery.start(self.fleet.run)
         if discovery:
             await nursery.start(self.discovery.run)  # returns at once when off
-            await nursery.start(self.engine_reader.run)  # SPEC 5c; likewise
+            await nursery.start(self.engine_reader.run)  # likewise
 
     async def handle_connection(
         self, stream: trio.abc.Stream, *, client_address: str | None = None, scheme: str = "http"
@@ -208,11 +208,11 @@ class Proxy(OwnTasks):
 
         async def handler(client: ClientConnection, request: ClientRequest) -> bool:
             # Every request of the client listener passes the key check
-            # first, whatever route answers it (SPEC 5b).
+            # first, whatever route answers it.
             admitted = await self._gate.admit(client, request)
             if admitted is None:
                 return client.reusable
-            if is_list_route(admitted.request):  # the fleet's lists, answered here (SPEC 5a)
+            if is_list_route(admitted.request):  # the fleet's lists, answered here
                 return await self.lists.answer(client, admitted.request, admitted.client)
             return await self._workloads.run(
                 client, admitted.request, client_address, scheme, client_name=admitted.client
@@ -221,7 +221,7 @@ class Proxy(OwnTasks):
         await client.serve(handler)
 
     def known_tags(self, node: str) -> list[dict[str, object]] | None:
-        """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check (SPEC 5a).
+        """The ``models`` entries of ``node``'s last ``/api/tags`` answer to a check.
 
         None while it has given none (discovery off, not asked yet, or an
         engine without the route); see ``NodeBoard.known_tags``.
@@ -244,7 +244,7 @@ class Proxy(OwnTasks):
     async def reload(
         self, config: Config, *, tls_files_changed: bool = False, dry_run: bool = False
     ) -> ReloadResult:
-        """Take a new configuration for new attempts; running workloads keep their node (SPEC 9).
+        """Take a new configuration for new attempts; running workloads keep their node.
 
         Refused (nothing changes, ``ok`` False) when a setting that needs
         a restart differs (a listener address, ...). Every reload but a
@@ -256,10 +256,10 @@ class Proxy(OwnTasks):
         )
 
     def status(self) -> dict[str, Any]:
-        """The ``GET /status`` document (SPEC 6)."""
+        """The ``GET /status`` document."""
         document = self.view.document()
         now = trio.current_time()
-        for node in document["nodes"]:  # SPEC 5c: kind, capacity source, last reading
+        for node in document["nodes"]:  # the engine: kind, capacity source, last reading
             node.update(self.engines.describe(node["name"], now))
         document["state"] = self._state_status()
         return document
@@ -273,7 +273,7 @@ def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQue
     """The node board and the slot queue, and what listens to the board.
 
     The queue's dispatch and the node news (events, logs, gauges) hear its
-    readiness changes, the queue its engine readings (SPEC 5c).
+    readiness changes, the queue its engine readings.
     """
     board = NodeBoard(node.name for node in config.upstreams)
     queue = SlotQueue(config, board.is_demoted, board.model_cooldowns)

@@ -8,7 +8,7 @@ runs per waiter. The waiter's own ``move_on_at`` is its queue timeout.
 
 Readiness comes from one predicate, ``NodeBoard.is_demoted`` (cooling, and
 whatever else demotes a node), asked lazily with the current time. While
-some model of some node cools (``ModelCooldowns.by_model``: SPEC 5c),
+some model of some node cools (``ModelCooldowns.by_model``),
 it is asked with the workload's model too; otherwise it is asked as
 before, at no extra cost to the request path. Whoever
 changes a node between ready and demoted calls ``dispatch()``: that can let
@@ -120,7 +120,7 @@ class SlotQueue:
         or ``leave`` it. After ``close()`` nobody is queued any more.
         ``now``, when the caller read the clock since its last checkpoint,
         spares the readiness test a reading of its own. ``loaded``: the
-        nodes holding the request's model loaded, tried first (SPEC 5c).
+        nodes holding the request's model loaded, tried first.
         ``model``: the one it asks for, for its per-model cooldowns.
         """
         ready = self.is_ready
@@ -250,7 +250,7 @@ class SlotQueue:
 
 
 def _reload_capacities(config: Config, ledger: SlotLedger) -> dict[str, int]:
-    """A reload's capacities: an ``auto`` node keeps what its engine gave (SPEC 5c).
+    """A reload's capacities: an ``auto`` node keeps what its engine gave.
 
     A new node, or one whose configured kind fixes its capacity
     (llama-cpp-python), starts as ``capacity_at_start`` says.

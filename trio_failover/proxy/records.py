@@ -43,7 +43,7 @@ class Workload:
     _state: State = attrs.field(default=State.QUEUED, alias="state")
     status: int | None = None
     body_bytes: int = 0
-    checks: int = 0  # liveness checks its attempts waited on (SPEC 5.5)
+    checks: int = 0  # liveness checks its attempts waited on (docs/failover.md)
     resends: int = 0  # requests sent again because a pooled connection was stale
     client_left: Closed | None = None
     client: str | None = None  # the name of the client's key; None: no keys configured

@@ -4,7 +4,7 @@
 the rest chunk by chunk, unbuffered. A ``SilenceTimer`` (``silence.py``)
 times ``--stream-idle-timeout``, watched by the proxy's one ``SilenceWatch``
 task. After commit nothing is replayed: a
-failure cuts the client's response short (SPEC 5.6).
+failure cuts the client's response short (docs/failover.md).
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ class Relay:
         from it that the node's stream moves: no deadline is moved per chunk. It
         bounds only the waits for the node, not the writes to the client,
         whose pace is not the node's silence. In an event stream only a chunk
-        that begins a line other than a comment or a blank one ends a silence
-        (SPEC 5.6), and before the first such line the timer is not armed: the
+        that begins a line other than a comment or a blank one ends a silence,
+        and before the first such line the timer is not armed: the
         wait is still the first-body wait, unbounded (a long prefill with
         pings is never cut, an engine that only pings after its first token
         is).

@@ -1,4 +1,4 @@
-"""A reload in the shell: a running ``Proxy`` takes a new ``Config`` (SPEC 9).
+"""A reload in the shell: a running ``Proxy`` takes a new ``Config`` (docs/configuration.md).
 
 ``core/reload.py`` says what changes and what is refused; ``apply_reload``
 carries a diff without refusals out, in an order that cannot half-apply:
@@ -96,7 +96,7 @@ class ReloadResult:
     error: str | None = None
 
     def event(self) -> dict[str, Any]:
-        """The ``reload`` event (SPEC 9)."""
+        """The ``reload`` event."""
         return {"type": "reload", "ok": self.ok, "changes": list(self.changes), "error": self.error}
 
 

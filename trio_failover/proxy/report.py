@@ -50,7 +50,7 @@ class Report:
         self.recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
         self.live: dict[int, Workload] = {}
-        # The traces' sink (SPEC 9). None: traces off, OpenTelemetry not even imported.
+        # The traces' sink. None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
         if config.otel_endpoint is not None:
             from ..telemetry.tracing import Tracing
@@ -62,7 +62,7 @@ class Report:
     def attempt_started(self, work: Workload, node: Upstream, request: OutgoingRequest) -> None:
         """An attempt begins: its ``workload`` event; with traces on, its span.
 
-        The span's ``traceparent`` goes into ``request.headers`` (SPEC 9).
+        The span's ``traceparent`` goes into ``request.headers``.
         """
         self.publish_workload(work)
         if work.trace is not None:

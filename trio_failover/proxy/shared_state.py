@@ -1,4 +1,4 @@
-"""The replicas' shared state in Redis (SPEC 8): one ``SharedState`` per replica.
+"""The replicas' shared state in Redis (docs/replicas.md): one ``SharedState`` per replica.
 
 It owns two connections (``wire/redis.py``): one for commands, shared by
 every task, and one subscription that receives the other replicas' change

@@ -1,4 +1,4 @@
-"""Spare slot leases: an ended attempt's lease kept for the node's next attempt (SPEC 8).
+"""Spare slot leases: an ended attempt's lease kept for the node's next attempt.
 
 With ``--state redis://`` every attempt at a node with a capacity holds a
 lease in Redis: a take (a round trip the attempt waits for) and a release

@@ -1,4 +1,4 @@
-"""The JSON forms of the books: ``GET /status`` (SPEC 6), recent workloads, events.
+"""The JSON forms of the books: ``GET /status``, recent workloads, events.
 
 ``StatusView`` reads what the node board (``board.py``), the slot queue and
 ``Report`` keep (node state and counters, cooldowns, the slot ledger, the
@@ -47,7 +47,7 @@ class StatusView:
         return [work.summary(ended) for work, ended in self._recent]
 
     def document(self) -> dict[str, Any]:
-        """The ``GET /status`` document (SPEC 6)."""
+        """The ``GET /status`` document."""
         now = trio.current_time()
         board = self.board
         board.expire(now)

@@ -5,7 +5,7 @@ listener, so exposing the proxy never exposes the admin API. Requests are
 read as the client listener reads its own (``wire/client.py``: keep-alive,
 the same screen, limits and deadlines), answered for GET and HEAD only. ``GET /events`` with
 ``Upgrade: websocket`` hands the connection to trio-websocket, which
-streams one JSON text message per event (SPEC 6).
+streams one JSON text message per event (docs/observability.md).
 
 The event stream never slows the proxy: the proxy publishes into a bounded
 per-subscriber buffer (``events.EventBus``), and a subscriber that falls
@@ -248,7 +248,7 @@ def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History |
 
 def _status_reply(proxy: Proxy) -> Reply:
     document = proxy.status()
-    workers = roster.listed()  # a --workers fleet's first worker lists them all (SPEC 8)
+    workers = roster.listed()  # a --workers fleet's first worker lists them all
     if workers is not None:
         document["workers"] = workers
     return Reply(200, json.dumps(document).encode())

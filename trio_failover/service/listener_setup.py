@@ -74,7 +74,7 @@ def log_tls_warnings(config: Config) -> None:
 
 def log_exposure_warning(config: Config, hosts: list[str]) -> None:
     """Warn, once at startup, when the client listener is reachable beyond this
-    machine and no client key is set (SPEC 5b): anyone on that network can
+    machine and no client key is set: anyone on that network can
     then run generations on every node.
 
     Args:

@@ -1,4 +1,4 @@
-"""What sets a served proxy's reload off, and the parts of it outside the proxy (SPEC 9).
+"""What sets a served proxy's reload off, and the parts of it outside the proxy.
 
 ``Reloader.reload`` reads the settings again through the loader the
 command line gave (``cli/loader.py``: the same flags, the environment and

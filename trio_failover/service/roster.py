@@ -1,4 +1,4 @@
-"""The workers of a ``--workers`` fleet, as the first worker's ``/status`` lists them (SPEC 8).
+"""The workers of a ``--workers`` fleet, as the first worker's ``/status`` lists them.
 
 Only the supervisor knows its workers (their pids, how often each was
 started again, whether each serves); only the first worker answers

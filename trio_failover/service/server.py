@@ -374,7 +374,7 @@ async def _main(
             async def watch_signals() -> None:
                 nonlocal forced
                 async for signum in signals:
-                    if signum == signal.SIGHUP:  # reload (SPEC 9); one waits at most
+                    if signum == signal.SIGHUP:  # reload; one waits at most
                         if loader is None:
                             logger.warning("SIGHUP: nothing to reload from, ignored")
                         else:

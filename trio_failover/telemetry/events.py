@@ -6,9 +6,9 @@ reason kept on the subscription) instead of slowing the proxy down. A
 proxy with a stuck dashboard attached must serve exactly as fast as one
 without.
 
-The event shapes are the contract of SPEC section 6 and are built in
-``proxy/`` (``workload`` and ``node`` events; ``check`` events of the
-liveness checks, SPEC 5.5, in ``report.py``); this module only moves them.
+The event shapes are a public interface (docs/observability.md) and are
+built in ``proxy/`` (``workload`` and ``node`` events; ``check`` events of
+the liveness checks in ``report.py``); this module only moves them.
 """
 
 from __future__ import annotations

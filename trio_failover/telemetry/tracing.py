@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of the workloads (SPEC 9): the sink ``Report`` calls.
+"""OpenTelemetry traces of the workloads (docs/observability.md#traces): the sink ``Report`` calls.
 
 ``Report`` imports this module only when ``--otel-endpoint`` is set, so a
 proxy without it imports nothing of OpenTelemetry, and its request path
@@ -62,7 +62,7 @@ from ..core.workload import State
 __all__ = ["Tracing", "WorkloadTrace", "wall_clock_ns"]
 
 WallClock = Callable[[], int]
-# The W3C propagator itself, not the global one: SPEC 9 names traceparent.
+# The W3C propagator itself, not the global one: traceparent is the header.
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 

@@ -149,7 +149,7 @@ class RequestReader:
         Read from the raw head's request line (the whole head once screened,
         else as far as it came), so that a head refused before h11 parsed it
         (a bad header, too large, too slow) still names its path when that
-        line is well-formed (SPEC 5.1, 5.7).
+        line is well-formed (Ollama's shape under ``/api/``).
         """
         head = self._screen.head
         return request_line_path(self._reader.pending if head is None else head)

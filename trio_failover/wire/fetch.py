@@ -138,8 +138,9 @@ async def fetch_head(
 ) -> int:
     """``GET path`` on a fresh connection to ``node``; the status of its answer's head.
 
-    Only the head is waited for, not the body: the liveness checks of SPEC
-    5.5 ask whether the process answers at all, and any status says so.
+    Only the head is waited for, not the body: the liveness checks
+    (docs/failover.md) ask whether the process answers at all, and any
+    status says so.
 
     Raises:
         UpstreamError: ``ConnectFailed``, ``ConnectTimeout`` or ``TLSError``

@@ -1,4 +1,4 @@
-"""The wait for a committing response's first body bytes (SPEC 5.5).
+"""The wait for a committing response's first body bytes (docs/failover.md).
 
 After the head of an answer that commits, ``upstream.py`` waits here for
 the first body bytes: under ``first_body_timeout`` when the operator set
@@ -18,8 +18,9 @@ from .http1 import EarlyClose, read_body
 from .upstream_errors import IO_ERRORS, map_error, mapped
 
 # Comment and blank lines of an event stream held before its first event
-# (SPEC 5.5). Pings are a few bytes every few seconds; a node that sends this
-# much and no event is not pinging, and holding more would be unbounded.
+# (they are not a first body byte). Pings are a few bytes every few seconds;
+# a node that sends this much and no event is not pinging, and holding more
+# would be unbounded.
 HELD_LIMIT = 65536
 
 
@@ -49,7 +50,7 @@ async def first_body(
 async def first_event(
     name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config, scanner: SseScanner
 ) -> tuple[bytes, bool]:
-    """The first body bytes of an event stream, up to its first event line (SPEC 5.5).
+    """The first body bytes of an event stream, up to its first event line.
 
     Comment and blank lines (an engine's ``: ping`` during a long prefill)
     are held, not counted as the first body byte: the deadline runs on. The

@@ -24,9 +24,9 @@ path of every request. The rules, which ``upstream.open_response`` and
   and urllib3 make at checkout. The sockets are watched through one epoll
   set (Linux) whose own descriptor the watcher waits on. A released
   connection joins that set at the watcher's next look, within
-  ``WATCH_DELAY`` of its release (SPEC 5.11 asks for a node's close to be
-  noticed within a second): one taken again before that, as on a busy
-  keep-alive path, costs no ``epoll_ctl`` at all, where registering at
+  ``WATCH_DELAY`` of its release (a node's close must be noticed within
+  a second): one taken again before that, as on a
+  busy keep-alive path, costs no ``epoll_ctl`` at all, where registering at
   release and unregistering at checkout cost two system calls a request.
 - At most ``max_idle`` idle connections per node; a release beyond that
   closes the oldest one.
@@ -208,7 +208,7 @@ class IdleConnection:
 
 
 # How long a released connection may wait, unwatched, for the watcher's next
-# look: a node's close is then noticed within this (SPEC 5.11: a second).
+# look: a node's close is then noticed within this (the rule: a second).
 WATCH_DELAY = 0.25
 
 

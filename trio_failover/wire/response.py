@@ -46,7 +46,7 @@ class UpstreamResponse:
     other bodies). ``first_chunk`` then holds, in order, the comment lines
     held before the first event.
 
-    ``checks``: the liveness checks the attempt waited on (SPEC 5.5); set
+    ``checks``: the liveness checks the attempt waited on; set
     on the instance only when there were any.
     """
 

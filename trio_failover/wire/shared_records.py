@@ -1,4 +1,4 @@
-"""The shared state's records and heartbeat in Redis: publish, snapshot, heartbeat (SPEC 8).
+"""The shared state's records and heartbeat in Redis: publish, snapshot, heartbeat.
 
 A thin shell over ``core/state_layout.py``'s Lua, as ``slot_lease.py`` is
 over the lease's: one script, one round trip, per verb. The key and channel

@@ -1,4 +1,4 @@
-"""The slot lease in the shared state: take, renew, release (SPEC 8).
+"""The slot lease in the shared state: take, renew, release (docs/replicas.md).
 
 A thin shell over ``core/lease_script.py``'s Lua: one script, one round
 trip, per verb; the release is posted, its answer read later. Lease ids

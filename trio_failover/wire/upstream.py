@@ -89,7 +89,7 @@ class OutgoingRequest:
     for it instead of ``response_header_timeout``.
 
     ``head_timeout``, when set, replaces ``response_header_timeout`` for
-    this attempt (SPEC 5c: ``--cold-start-timeout`` at a node that must load
+    this attempt (``--cold-start-timeout`` at a node that must load
     the model first).
     """
 

@@ -3,7 +3,7 @@
 ``--capacity`` and ``--engine`` take ``NAME=VALUE`` for one node and a bare
 ``VALUE`` for the rest, from flags (repeat, or comma-separate), the
 environment and the file (the node's own key, and a top-level default).
-Per node, the first that is set wins (SPEC 3's capacity row): flag
+Per node, the first that is set wins (docs/configuration.md#capacity): flag
 ``NAME=V``, env ``NAME=V``, the node's key in the file, bare flag, bare env,
 the file's top-level key, the default.
 """

@@ -224,7 +224,7 @@ def existing_file(text: str) -> str:
     return text
 
 
-# -- per-node engine settings (SPEC 5c) --
+# -- per-node engine settings (docs/engines.md) --
 
 
 def capacity_toml(value: object) -> int | None:
@@ -310,7 +310,7 @@ def _bool_toml(value: object) -> bool:
 BOOL = Kind("bool", _bool_text, _bool_toml, lambda value: "on" if value else "off")
 """A switch: a flag without a value (``--watch-config``), ``true``/``false`` elsewhere.
 
-``check`` shows it as SPEC 3 writes its default: ``on`` or ``off``.
+``check`` shows it as docs/configuration.md writes its default: ``on`` or ``off``.
 """
 CONFIG_PATH = Kind("path", str, str, show_path)
 NODES = Kind("nodes", str, str, str)

@@ -194,7 +194,7 @@ OPTIONS: tuple[Option, ...] = (
             "On SIGTERM/SIGINT, in-flight workloads get this long to finish."),
     _option("pool_idle_timeout", "timeouts.pool_idle", DURATION, "DUR",
             "Idle upstream connections are closed after this."),
-    # -- engines (SPEC 5c) --
+    # -- engines (docs/engines.md) --
     _option("engine", "engine", ENGINES, "NAME=KIND",
             "A node's engine: " + ", ".join(ENGINE_KINDS) + "; KIND alone for the rest. Repeat.",
             field=None, env=ENV_PREFIX + "ENGINES", repeat=True, default_note="auto"),
@@ -218,7 +218,7 @@ OPTIONS: tuple[Option, ...] = (
             fallback_env="OTEL_EXPORTER_OTLP_ENDPOINT"),
     _option("watch_config", "watch_config", BOOL, "",
             "Reload the config file when it changes, as on SIGHUP (polled each second)."),
-    # The replicas' shared state (SPEC 8, docs/replicas.md).
+    # The replicas' shared state (docs/replicas.md).
     _option("state", "state", STATE, "memory|URL",
             "Shared state of several replicas: memory (this process alone) or "
             "redis://[USER:PASS@]HOST:PORT[/DB] (rediss:// for TLS); needs the redis extra."),
