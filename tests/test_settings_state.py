@@ -130,4 +130,4 @@ def test_a_redis_state_without_hiredis_exits_2_naming_the_extra() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.startswith("trio-failover: error: --state: invalid value")
-    assert "pip install 'trio-failover[redis]'" in done.stderr
+    assert "the redis extra: pip install hiredis" in done.stderr

@@ -118,7 +118,8 @@ def test_the_option_without_the_extra_exits_2_naming_it() -> None:
     assert done.returncode == 2
     assert done.stderr == (
         "trio-failover: error: --otel-endpoint: invalid value 'http://127.0.0.1:4318' for "
-        "otel-endpoint: traces need the OpenTelemetry SDK: pip install 'trio-failover[otel]'\n"
+        "otel-endpoint: traces need the OpenTelemetry SDK: the otel extra: pip install"
+        " opentelemetry-sdk opentelemetry-exporter-otlp-proto-http\n"
     )
 
 

@@ -112,12 +112,19 @@ def _check_extras(config: Config, sources: Mapping[str, Source]) -> None:
         _missing_extra(sources, "state", "a Redis state needs hiredis", "redis")
 
 
+# What each extra of the project installs, by the names a package index has
+# (the project itself is installed from its own wheel, docs/deploying.md).
+_EXTRAS = {
+    "otel": "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http",
+    "redis": "hiredis",
+}
+
+
 def _missing_extra(sources: Mapping[str, Source], field: str, what: str, extra: str) -> None:
     source = sources[field]
     label = field if source.kind == "file" else field.replace("_", "-")
-    raise ConfigError(
-        label, source.raw, f"{what}: pip install 'trio-failover[{extra}]'", source.where
-    )
+    hint = f"{what}: the {extra} extra: pip install {_EXTRAS[extra]}"
+    raise ConfigError(label, source.raw, hint, source.where)
 
 
 def _installed(module: str) -> bool:
