@@ -112,6 +112,18 @@ def test_the_core_package_init_imports_nothing() -> None:
     assert [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)] == []
 
 
+def test_every_folder_says_what_it_holds_and_may_import() -> None:
+    # The package's map, folder by folder, in the place a reader opens first.
+    folders = sorted(path.parent for path in PACKAGE_DIR.rglob("__init__.py"))
+    assert PACKAGE_DIR / "testing" in folders
+    silent = []
+    for folder in folders[1:]:  # not the package's own: the public names
+        source = (folder / "__init__.py").read_text(encoding="utf-8")
+        if "import" not in (ast.get_docstring(ast.parse(source)) or ""):
+            silent.append(folder.relative_to(PACKAGE_DIR).as_posix())
+    assert silent == []
+
+
 # -- the OS clock ---------------------------------------------------------------------------
 
 CLOCK_FUNCTIONS = frozenset(
