@@ -33,12 +33,12 @@ from trio_failover.testing import FakeNode, Fleet, healthy, request
 
 # The package imported (PYTHONPATH may point at another checkout, for a "before").
 PACKAGE = Path(trio_failover.__file__).resolve().parent
-OUTSIDE = {"testing.py", "fakes.py", "fake_engines.py"}  # the client's and nodes' side
+OUTSIDE = "testing"  # the test kit's folder: the client's and nodes' side
 
 
 def _module(frame: FrameType) -> str | None:
     path = Path(frame.f_code.co_filename)
-    if not path.is_relative_to(PACKAGE) or path.name in OUTSIDE:
+    if not path.is_relative_to(PACKAGE) or path.relative_to(PACKAGE).parts[0] == OUTSIDE:
         return None
     return path.relative_to(PACKAGE).as_posix()
 

@@ -400,6 +400,20 @@ def test_demo_runs_the_demo(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [True, False]
 
 
+def test_serve_imports_neither_the_demo_nor_the_test_kit() -> None:
+    # The layers keep them out of service/ and below; the command line may
+    # import the demo, but only inside the demo command.
+    probe = (
+        "import sys, trio_failover.cli.cli, trio_failover.cli.reexec, "
+        "trio_failover.service.server, trio_failover.service.workers; "
+        "print(sorted(m for m in sys.modules "
+        "if m.startswith(('trio_failover.demo', 'trio_failover.testing'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 # --- real subprocesses ----------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from trio_failover import Config, Upstream, demo
-from trio_failover.demo_view import Watcher
+from trio_failover.demo.view import Watcher
 from trio_failover.proxy import Proxy
 from trio_failover.testing import healthy
 

@@ -31,7 +31,7 @@ from trio_failover import serve
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "trio_failover"
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
-LAYERS = ("core", "wire", "proxy", "service", "telemetry", "cli")
+LAYERS = ("core", "wire", "proxy", "service", "telemetry", "cli", "testing", "demo")
 
 MODULE_PATH = re.compile(
     rf"(?<![\w./-])((?:trio_failover/)?(?:{'|'.join(LAYERS)})/[\w/]+\.py|trio_failover/\w+\.py)"

@@ -70,7 +70,7 @@ def test_what_counts_as_a_citation(line: str, cites: bool) -> None:
 def test_the_sources_are_read() -> None:
     names = {file.relative_to(ROOT).as_posix() for file in shipped_texts()}
     assert {"README.md", "docs/engines.md", "trio_failover/core/engines.py"} <= names
-    assert "trio_failover/dashboard.html" in names
+    assert "trio_failover/service/dashboard.html" in names
 
 
 def test_no_contract_citations() -> None:

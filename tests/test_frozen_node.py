@@ -20,7 +20,6 @@ import pytest
 import trio
 
 from trio_failover import Config
-from trio_failover.fakes import NodeIO, is_health
 from trio_failover.proxy import Proxy
 from trio_failover.testing import (
     FakeNode,
@@ -32,6 +31,7 @@ from trio_failover.testing import (
     request,
     slow_prefill,
 )
+from trio_failover.testing.fakes import NodeIO, is_health
 
 LIMIT = 3600  # virtual seconds; every test ends long before
 UNSTREAMED = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

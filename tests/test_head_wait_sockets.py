@@ -17,9 +17,8 @@ from contextlib import asynccontextmanager
 import trio
 
 from trio_failover import Config, Upstream
-from trio_failover.fakes import NodeIO
 from trio_failover.service.server import serve
-from trio_failover.testing import FakeNode, Fleet, ReceivedRequest, healthy, request_tcp
+from trio_failover.testing import FakeNode, Fleet, NodeIO, ReceivedRequest, healthy, request_tcp
 
 LIMIT = 30.0  # real seconds: a bound, never reached on a working proxy
 UNSTREAMED = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -34,6 +34,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # -- the import contracts -----------------------------------------------------------
 
 LAYERS = "Each folder is one layer; imports only go down"
+SHIPPED = "The shipped proxy never imports the test kit or the demo"
 CORE = "The core does no I/O and reads no clock"
 SETTINGS = "The settings need no Trio, sockets or clock"
 CYCLES = "No import cycles, in the package or in any of its folders"
@@ -54,9 +55,9 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_import_contracts_hold() -> None:
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in (LAYERS, CORE, SETTINGS, CYCLES):
+    for name in (LAYERS, SHIPPED, CORE, SETTINGS, CYCLES):
         assert f"{name} KEPT" in result.stdout
-    assert "Contracts: 4 kept, 0 broken." in result.stdout
+    assert "Contracts: 5 kept, 0 broken." in result.stdout
 
 
 BREAKS = [
@@ -77,6 +78,13 @@ BREAKS = [
     pytest.param("core/errors.py", "from .config import Config", [CYCLES], id="cycle-core"),
     pytest.param("proxy/queue.py", "from .report import Report", [CYCLES], id="cycle-proxy-queue"),
     pytest.param("extra/__init__.py", "", [LAYERS], id="folder-without-a-layer"),
+    pytest.param("extra.py", "", [LAYERS], id="root-module-without-a-layer"),
+    pytest.param(
+        "wire/http1.py", "from ..testing import fakes", [LAYERS, SHIPPED, CYCLES], id="wire-kit"
+    ),
+    pytest.param("service/admin.py", "from .. import demo", [LAYERS, SHIPPED, CYCLES], id="demo"),
+    pytest.param("testing/fakes.py", "from .. import demo", [LAYERS, CYCLES], id="kit-demo"),
+    pytest.param("telemetry/logs.py", "from .. import cli", [LAYERS, CYCLES], id="up-to-cli"),
 ]
 
 
@@ -92,7 +100,7 @@ def test_a_bad_import_breaks_its_contract(
     path.write_text(f"{source}\n{line}  # noqa\n", encoding="utf-8")
     result = lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
-    expected = {name: name in broken for name in (LAYERS, CORE, SETTINGS, CYCLES)}
+    expected = {name: name in broken for name in (LAYERS, SHIPPED, CORE, SETTINGS, CYCLES)}
     found = {name: f"{name} BROKEN" in result.stdout for name in expected}
     assert found == expected, result.stdout
 
@@ -102,6 +110,18 @@ def test_the_core_package_init_imports_nothing() -> None:
     # allow it sibling imports, this keeps it empty.
     tree = ast.parse((PACKAGE_DIR / "core" / "__init__.py").read_text(encoding="utf-8"))
     assert [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)] == []
+
+
+def test_every_folder_says_what_it_holds_and_may_import() -> None:
+    # The package's map, folder by folder, in the place a reader opens first.
+    folders = sorted(path.parent for path in PACKAGE_DIR.rglob("__init__.py"))
+    assert PACKAGE_DIR / "testing" in folders
+    silent = []
+    for folder in folders[1:]:  # not the package's own: the public names
+        source = (folder / "__init__.py").read_text(encoding="utf-8")
+        if "import" not in (ast.get_docstring(ast.parse(source)) or ""):
+            silent.append(folder.relative_to(PACKAGE_DIR).as_posix())
+    assert silent == []
 
 
 # -- the OS clock ---------------------------------------------------------------------------

@@ -400,7 +400,7 @@ def test_the_sdist_installs_the_same_package(image: Image, tmp_path: Path) -> No
     run([sys.executable, "-m", "venv", str(venv)])
     run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", str(sdist)])
     files = installed_files(venv / "bin" / "python")
-    assert "trio_failover/dashboard.html" in files
+    assert "trio_failover/service/dashboard.html" in files
     assert files == installed_files(image.python)
 
 

@@ -286,7 +286,7 @@ def _metrics_reply(proxy: Proxy, request: ClientRequest) -> Reply:
 
 @functools.cache
 def _dashboard_reply() -> Reply:
-    page = importlib.resources.files("trio_failover").joinpath("dashboard.html").read_bytes()
+    page = importlib.resources.files(__package__).joinpath("dashboard.html").read_bytes()
     # The page's one script and one style are allowed by hash and nothing else
     # is: no inline handler, no other origin, no framing (clickjacking).
     scripts = " ".join(_csp_hashes(page, b"script"))

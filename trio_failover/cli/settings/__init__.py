@@ -28,8 +28,9 @@ per-node values beat the bare default of a higher-precedence source (see
 ``capacity.py``), and the lists (``--upstream``, ``--api-key``), which
 are taken whole from the first source that has one.
 
-The package reads the config file but imports neither trio nor time. Its
-modules, in the order a value passes through them:
+The package reads the config file but imports neither trio nor time; of
+the package's folders it imports ``core/`` only. Its modules, in the order
+a value passes through them:
 
 - ``options.py``: the option table, ``OPTIONS``; ``kinds.py``: how each
   type of value is parsed and shown;

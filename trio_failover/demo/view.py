@@ -12,9 +12,9 @@ from typing import Any, TextIO
 
 import trio
 
-from .proxy.proxy import Proxy
-from .telemetry.logs import logger
-from .testing import ClientResponse
+from ..proxy.proxy import Proxy
+from ..telemetry.logs import logger
+from ..testing import ClientResponse
 
 Event = dict[str, Any]
 

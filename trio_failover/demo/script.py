@@ -1,9 +1,9 @@
 """The demo's five scripted requests, each checking the behaviour it shows.
 
 ``Script`` runs them against a proxy already serving in front of the fake
-fleet (``demo.Demo`` starts both) and returns one ``Check`` per step, for the
-summary and the exit status. What each step prints, and in which order, is
-part of the demo's output.
+fleet (``Demo`` in ``__init__.py`` starts both) and returns one ``Check``
+per step, for the summary and the exit status. What each step prints, and
+in which order, is part of the demo's output.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import attrs
 import trio
 
-from .demo_view import Event, Screen, Watcher, answer_line, sse_tokens
-from .proxy.proxy import Proxy
-from .service.server import BoundAddresses
-from .testing import ClientResponse, FakeNode, request_tcp
+from ..proxy.proxy import Proxy
+from ..service.server import BoundAddresses
+from ..testing import ClientResponse, FakeNode, request_tcp
+from .view import Event, Screen, Watcher, answer_line, sse_tokens
 
 HEADER_TIMEOUT = 2.0  # the stall's cost and the cooldown's length
 CLIENT_LEAVES_AFTER = 0.5

@@ -18,10 +18,13 @@ with the proxy's own events printed as they happen:
     5. a client abort: the client leaves, the frozen node's connection is
        closed and nothing fails over.
 
-Each step checks what it shows (the steps are in ``demo_script.py``, the live
-view in ``demo_view.py``); ``--once`` exits 0 only if all held.
+Each step checks what it shows (the steps are in ``script.py``, the live
+view in ``view.py``); ``--once`` exits 0 only if all held.
 Without ``--once`` the proxy keeps serving on 127.0.0.1:8080 (admin on
 8081) for ``curl`` and the dashboard until Ctrl-C.
+
+The demo may import the test kit (its fake nodes) and every layer below;
+only the command line imports the demo, and only for ``trio-failover demo``.
 """
 
 from __future__ import annotations
@@ -36,13 +39,13 @@ from collections.abc import AsyncIterator, Sequence
 import attrs
 import trio
 
-from .core.config import Config, Upstream, split_host_port
-from .demo_script import HEADER_TIMEOUT, MODEL, PATH, TOKENS, Check, Script
-from .demo_view import Screen, Watcher, quiet_proxy_logs
-from .proxy.proxy import Proxy
-from .proxy.ticker import expire_cooldowns_every
-from .service.server import BoundAddresses, serve
-from .testing import FakeNode, Fleet, drop_before_body, frozen, openai
+from ..core.config import Config, Upstream, split_host_port
+from ..proxy.proxy import Proxy
+from ..proxy.ticker import expire_cooldowns_every
+from ..service.server import BoundAddresses, serve
+from ..testing import FakeNode, Fleet, drop_before_body, frozen, openai
+from .script import HEADER_TIMEOUT, MODEL, PATH, TOKENS, Check, Script
+from .view import Screen, Watcher, quiet_proxy_logs
 
 TICK = 0.1  # how often cooldowns are checked, so "ready again" shows on time
 PREFERRED_LISTEN = "127.0.0.1:8080"

@@ -27,7 +27,7 @@ from typing import Any
 import h11
 import trio
 
-from .core.names import same_model
+from ..core.names import same_model
 from .fakes import NodeIO, ReceivedRequest, chat_chunk, chat_completion, healthy
 
 Route = Callable[[NodeIO, ReceivedRequest], Awaitable[None]]

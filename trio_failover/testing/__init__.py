@@ -22,6 +22,12 @@ A proxy serves only while its own tasks run (``async with``, ``open_proxy``,
 its nodes through a fleet's connector, in that fleet's nursery
 (``start_in_fleet``): it then runs until the fleet's block ends, its tasks
 all but discovery's checks (a test that wants them enters the proxy itself).
+
+Import every name from here. The fake nodes and their behaviours live in
+``fakes.py``, the fake engines in ``engines.py``, ``HeldRequests`` in
+``held.py``; ``Fleet``, the connector and the test clients in this file.
+The kit may import ``service/`` and the layers below it; the shipped
+proxy never imports the kit (only the demo and tests do).
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ import h11
 import trio
 import trio.testing
 
-from .core.config import Upstream
-from .core.headers import get
-from .fake_engines import (
+from ..core.config import Upstream
+from ..core.headers import get
+from ..proxy.proxy import Proxy
+from ..wire.http1 import send_events
+from .engines import (
     FakeEngine,
     FakeLlamaCppPython,
     FakeLlamaServer,
@@ -70,11 +78,9 @@ from .fakes import (
     stream_then_silence,
     with_health,
 )
-from .held_requests import HeldRequests
-from .proxy.proxy import Proxy
-from .wire.http1 import send_events
+from .held import HeldRequests
 
-# The fake nodes live in fakes.py; tests import them from here.
+# The fakes live in fakes.py, engines.py and held.py; tests import them from here.
 __all__ = [
     "Behaviour",
     "ClientResponse",

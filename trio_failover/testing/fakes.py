@@ -13,8 +13,8 @@ import attrs
 import h11
 import trio
 
-from .core.headers import get
-from .wire.http1 import next_event
+from ..core.headers import get
+from ..wire.http1 import next_event
 
 Headers = list[tuple[bytes, bytes]]
 
