@@ -56,7 +56,6 @@ from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_chunk, 
 from .pool import ConnectionPool
 
 __all__ = [
-    "IO_ERRORS",
     "Connector",
     "OutgoingRequest",
     "Progress",
