@@ -40,8 +40,7 @@ from trio_failover.testing import (
     start_in_fleet,
     stream_then_silence,
 )
-from trio_failover.wire.idle_sockets import unread
-from trio_failover.wire.pool import ConnectionPool, is_reusable, put_idle, take_idle
+from trio_failover.wire.pool import ConnectionPool, is_reusable, put_idle, take_idle, unread
 
 BODY = b'{"model": "m"}'
 # Streamed: the response-header timeout bounds its head. BODY is unstreamed,

@@ -46,7 +46,7 @@ from trio_failover.core.errors import ClientError
 from trio_failover.core.screen import ChunkScreen, answer_flaw, screen_head
 from trio_failover.proxy import Proxy
 from trio_failover.service.server import BoundAddresses, serve
-from trio_failover.wire.upstream_errors import without_peer_bytes
+from trio_failover.wire.upstream import without_peer_bytes
 
 LIMIT = 20  # seconds: every test's bound on the real clock
 HOST = b"Host: proxy.test\r\n"

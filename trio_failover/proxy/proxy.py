@@ -29,8 +29,7 @@ from ..core.engine_book import EngineBook, engine_settings
 from ..core.redis_url import parse_state
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
-from ..wire.client import ClientConnection, ClientRequest
-from ..wire.drain import Drain
+from ..wire.client import ClientConnection, ClientRequest, Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
 from .board import NodeBoard, NodeState

@@ -28,8 +28,7 @@ from ..core.rewrite import node_target
 from ..core.version import __version__
 from .connect import Connector
 from .http1 import next_event, read_prefix, send_events
-from .upstream import connect_node  # one connect step
-from .upstream_errors import mapped  # one error mapper
+from .upstream import connect_node, mapped  # one connect step, one error mapper
 
 USER_AGENT = f"trio-failover/{__version__}".encode()
 

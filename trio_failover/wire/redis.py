@@ -20,8 +20,8 @@ Two kinds of connection:
 
 Deadlines: every call takes an absolute Trio time, ``deadline``, and raises
 ``StateTimeout`` when it passes (the ``--state-timeout`` design: a request
-never waits on Redis beyond it). Errors are mapped once, here and in
-``redis_link.py``, into ``core/errors.py``'s ``StateError`` tree. Reconnecting is the caller's: a
+never waits on Redis beyond it). Errors are mapped once, here, into
+``core/errors.py``'s ``StateError`` tree. Reconnecting is the caller's: a
 lost connection fails its pending calls and every later one with
 ``StateUnavailable``, and ``wait_closed()`` returns.
 """
@@ -30,26 +30,18 @@ from __future__ import annotations
 
 import hashlib
 import ssl
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeAlias
 
 import attrs
+import hiredis
 import trio
 
-from ..core.errors import StateReplyError, StateTimeout, StateUnavailable
+from ..core.errors import StateError, StateReplyError, StateTimeout, StateUnavailable
 from ..core.redis_url import RedisAddress
-from . import socket_io
-from .redis_calls import Call, OnReplies, Replies
-from .redis_link import (
-    IO_ERRORS,
-    Arg,
-    Link,
-    Reply,
-    checked,
-    command_name,
-    login_commands,
-    open_link,
-    pack,
-)
+from . import connect, socket_io, sockopts
 
 __all__ = [
     "Arg",
@@ -59,9 +51,20 @@ __all__ = [
     "Reply",
     "Script",
     "Subscription",
+    "checked",
     "open_redis",
     "open_subscription",
 ]
+
+Arg: TypeAlias = bytes | str | int | float
+Reply: TypeAlias = "bytes | int | list[Reply] | None"
+
+READ_SIZE = 65536
+# The socket errors of a lost connection; TLS failures are OSErrors too.
+IO_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+# What a posted call's replies go to: the replies, or the error that ended it.
+OnReplies = Callable[[list[object] | StateError], None]
 
 
 @attrs.frozen
@@ -88,7 +91,7 @@ class RedisConnection(trio.abc.AsyncResource):
     """A connection for commands, shared by any number of tasks. Get one from ``open_redis``.
 
     No reader task: a caller whose replies are not in yet reads the socket
-    itself (``redis_calls.Replies``). One command alone costs one scheduler
+    itself (``Replies``). One command alone costs one scheduler
     pass (the wait for its reply; ``socket_io`` writes without one); a
     reader task would add two (docs/performance.md).
 
@@ -349,3 +352,299 @@ async def open_subscription(
         address, deadline, ssl_context, dead_peer_timeout, commands, len(channels) - 1
     )
     return Subscription(link, tuple(channels))
+
+
+# The wire: RESP in and out, connecting, logging in, errors mapped once.
+#
+# hiredis writes the commands (``pack_command``) and parses the replies (its
+# ``Reader``, the C parser redis-py uses). Trio, OS, TLS and protocol errors
+# become ``core/errors.py``'s ``StateError`` tree here and nowhere else.
+
+
+def command_name(command: Sequence[Arg]) -> str:
+    """The command's name, for errors: ``INCR``, ``EVALSHA``..."""
+    first = command[0] if command else b"?"
+    return (first.decode(errors="replace") if isinstance(first, bytes) else str(first)).upper()
+
+
+def pack(commands: Sequence[Sequence[Arg]]) -> bytes:
+    """The commands in RESP, written by hiredis' C packer."""
+    # hiredis' stub types the argument as a 1-tuple; any tuple of Args works.
+    if len(commands) == 1:
+        return hiredis.pack_command(tuple(commands[0]))  # type: ignore[arg-type,no-any-return]
+    return b"".join(hiredis.pack_command(tuple(command)) for command in commands)  # type: ignore[arg-type]
+
+
+def checked(operation: str, reply: object) -> Reply:
+    """``reply`` as a ``Reply``; an error reply anywhere in it raises.
+
+    Raises:
+        StateReplyError: Redis answered an error (hiredis gives those as
+            ``ReplyError`` values, not exceptions).
+    """
+    if isinstance(reply, hiredis.ReplyError):
+        raise StateReplyError(operation, str(reply))
+    if isinstance(reply, list):
+        for item in reply:
+            checked(operation, item)
+    return reply  # type: ignore[return-value]  # hiredis' RESP2 types, checked above
+
+
+@contextmanager
+def _io(operation: str) -> Iterator[None]:
+    """Map a lost connection or bad bytes to ``StateUnavailable``."""
+    try:
+        yield
+    except hiredis.ProtocolError as exc:
+        raise StateUnavailable(operation, f"not Redis' protocol: {exc}") from exc
+    except IO_ERRORS as exc:
+        raise StateUnavailable(operation, f"connection lost: {exc.__cause__ or exc}") from exc
+
+
+async def _open_stream(
+    address: RedisAddress,
+    deadline: float,
+    ssl_context: ssl.SSLContext | None,
+    dead_peer_timeout: float,
+) -> trio.abc.Stream:
+    """TCP (and TLS for ``rediss://``) to the server, within ``deadline``."""
+    start = trio.current_time()
+    with trio.move_on_at(deadline) as scope, _io("connect"):
+        tcp = await connect.open_tcp(address.host, address.port)
+        try:
+            # Keepalive: a subscription only reads, so without it a Redis host
+            # that vanished would look like a quiet channel for ever.
+            sockopts.apply_upstream_options(tcp.socket, dead_peer_timeout)
+            if not address.tls:
+                return tcp
+            context = ssl_context or ssl.create_default_context()
+            tls = trio.SSLStream(tcp, context, server_hostname=address.host)
+            await tls.do_handshake()
+            return tls
+        except BaseException:
+            await trio.aclose_forcefully(tcp)
+            raise
+    assert scope.cancelled_caught
+    raise StateTimeout("connect", deadline - start)
+
+
+def login_commands(address: RedisAddress, client_name: str | None) -> list[tuple[Arg, ...]]:
+    """The commands that open a session: AUTH, SELECT, CLIENT SETNAME, PING.
+
+    PING is always sent, so a connection counts as open only once the server
+    has answered it (a listener that never answers is a timeout, not a
+    connection that fails later on the request path).
+    """
+    commands: list[tuple[Arg, ...]] = []
+    if address.password is not None:
+        if address.username:
+            commands.append(("AUTH", address.username, address.password))
+        else:
+            commands.append(("AUTH", address.password))
+    if address.db:
+        commands.append(("SELECT", address.db))
+    if client_name:
+        commands.append(("CLIENT", "SETNAME", client_name))
+    commands.append(("PING",))
+    return commands
+
+
+class Link:
+    """A stream and its reply parser: write commands, read whole replies."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.parser = hiredis.Reader()
+
+    async def read_replies(self, count: int, deadline: float, operation: str) -> list[object]:
+        """Read ``count`` replies in this task (the handshake, and a subscription's messages)."""
+        replies: list[object] = []
+        start = trio.current_time()
+        with trio.move_on_at(deadline), _io(operation):
+            while True:
+                while len(replies) < count and (reply := self.parser.gets()) is not False:
+                    replies.append(reply)
+                if len(replies) == count:
+                    return replies
+                data = await self.stream.receive_some(READ_SIZE)
+                if not data:
+                    raise StateUnavailable(operation, "the server closed the connection")
+                self.parser.feed(data)  # type: ignore[arg-type]  # bytearray is fine too
+        raise StateTimeout(operation, deadline - start)
+
+    async def handshake(
+        self, commands: Sequence[Sequence[Arg]], extra_replies: int, deadline: float
+    ) -> list[object]:
+        """Send ``commands`` at once and check their replies (plus ``extra_replies`` more)."""
+        start = trio.current_time()
+        with trio.move_on_at(deadline), _io("connect"):
+            await self.stream.send_all(pack(commands))
+        if trio.current_time() >= deadline:
+            raise StateTimeout("connect", deadline - start)
+        replies = await self.read_replies(len(commands) + extra_replies, deadline, "connect")
+        for command, reply in zip(commands, replies, strict=False):
+            checked(command_name(command), reply)
+        return replies
+
+
+async def open_link(
+    address: RedisAddress,
+    deadline: float,
+    ssl_context: ssl.SSLContext | None,
+    dead_peer_timeout: float,
+    commands: Sequence[Sequence[Arg]],
+    extra_replies: int = 0,
+) -> Link:
+    """Connect and run the session's first commands, or close and raise."""
+    link = Link(await _open_stream(address, deadline, ssl_context, dead_peer_timeout))
+    try:
+        await link.handshake(commands, extra_replies, deadline)
+    except BaseException:
+        await trio.aclose_forcefully(link.stream)
+        raise
+    return link
+
+
+# The calls in flight on one ``RedisConnection``: whose replies come next,
+# and where they go.
+#
+# Replies come back in the order the commands were written; ``InFlight``
+# hands each one to the oldest call still waiting for some, whether its
+# caller waits for it (``execute``: woken when they are in), left (a
+# deadline or a cancellation: the replies are read and dropped), or never
+# waited (``post``: a callback takes them).
+
+
+@attrs.define(eq=False, slots=True)
+class Call:
+    """One caller's commands in flight; the replies come in as they are read."""
+
+    expected: int
+    replies: list[object] = attrs.Factory(list)
+    error: StateError | None = None
+    done: bool = False
+    # Set while the caller waits for another task to read its replies:
+    # set() when they are in, or when it is this caller's turn to read.
+    wake: trio.Event | None = None
+    # A posted call (``RedisConnection.post``): nobody waits; called when it ends.
+    on_done: OnReplies | None = None
+
+    def finish(self) -> None:
+        """The replies are in, or the call failed: wake its caller, or tell its callback."""
+        self.done = True
+        if self.wake is not None:
+            self.wake.set()
+        if self.on_done is not None:
+            self.on_done(self.error if self.error is not None else self.replies)
+
+
+class InFlight:
+    """The calls whose commands were written, oldest first: where each reply read goes."""
+
+    def __init__(self) -> None:
+        self._calls: deque[Call] = deque()
+
+    def add(self, call: Call) -> None:
+        """``call``'s commands are being written: its replies come after the others'."""
+        self._calls.append(call)
+
+    def deliver(self, reply: object) -> bool:
+        """Hand one reply to the oldest call (kept, if its caller left); False: no call waits."""
+        if not self._calls:
+            return False
+        call = self._calls[0]
+        call.replies.append(reply)
+        if len(call.replies) == call.expected:
+            self._calls.popleft()
+            call.finish()
+        return True
+
+    def first_is_posted(self) -> bool:
+        """Whether the oldest call is a posted one, whose replies nobody waits to read."""
+        return bool(self._calls) and self._calls[0].on_done is not None
+
+    def wake_next_reader(self) -> None:
+        """Wake the first caller still waiting: it reads next."""
+        for call in self._calls:
+            if call.wake is not None:
+                call.wake.set()
+                return
+
+    def fail_all(self, reason: str) -> None:
+        """End every call with ``StateUnavailable`` for ``reason``."""
+        while self._calls:
+            call = self._calls.popleft()
+            call.error = StateUnavailable("reply", reason)
+            call.finish()
+
+
+class Replies:
+    """The read side of one connection: who reads the socket, and where each reply goes.
+
+    A caller whose replies are not in yet reads the socket itself, unless
+    another caller already does, and hands every reply it reads to the
+    call it belongs to. When a reading caller leaves (its replies are in,
+    its deadline passed, it was cancelled) the next waiting one takes
+    over. Cancelling a read loses nothing: Trio's socket and (after its
+    handshake) TLS streams give up before taking any bytes. ``lose`` is the
+    connection's: it marks it closed and fails every call.
+    """
+
+    def __init__(self, link: Link, lose: Callable[[str], None]) -> None:
+        self.link = link
+        self.pending = InFlight()
+        self._reading = False
+        self._lose = lose
+
+    async def wait(self, call: Call) -> None:
+        """Until ``call``'s replies are in: read them, or wait while another task reads."""
+        try:
+            if not self._reading and self.pending.first_is_posted():
+                self._read_now()  # posted replies that came meanwhile, without a wait
+            while not call.done:
+                if self._reading:
+                    call.wake = trio.Event()
+                    await call.wake.wait()
+                    continue
+                self._reading = True
+                try:
+                    await self._read_some()
+                finally:
+                    self._reading = False
+        finally:
+            call.wake = None
+            if not self._reading:  # let the first caller still waiting read
+                self.pending.wake_next_reader()
+
+    async def _read_some(self) -> None:
+        """One read from the socket (``socket_io`` waits first: the reply is never there yet)."""
+        try:
+            data = await socket_io.receive(self.link.stream, READ_SIZE)
+        except IO_ERRORS as exc:
+            self._lose(f"connection lost: {exc.__cause__ or exc}")
+            return
+        self._take_in(data)
+
+    def _read_now(self) -> None:
+        """Take in what the kernel already holds (no wait, not a checkpoint)."""
+        try:
+            data = socket_io.read_now(self.link.stream, READ_SIZE)
+        except IO_ERRORS as exc:
+            self._lose(f"connection lost: {exc.__cause__ or exc}")
+            return
+        if data is not None:
+            self._take_in(data)
+
+    def _take_in(self, data: bytes) -> None:
+        """Every whole reply in ``data`` to its call; b"" is the server's end."""
+        if not data:
+            self._lose("the server closed the connection")
+            return
+        parser = self.link.parser
+        try:
+            parser.feed(data)
+            while (reply := parser.gets()) is not False:
+                if not self.pending.deliver(reply):
+                    self._lose("a reply nobody asked for")
+        except hiredis.ProtocolError as exc:
+            self._lose(f"not Redis' protocol: {exc}")

@@ -14,8 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..core import lease_script, state_layout
 from ..core.errors import StateError, StateReplyError
 from ..core.lease_script import LeaseTake
-from .redis import Arg, RedisConnection, Script
-from .redis_link import checked
+from .redis import Arg, RedisConnection, Script, checked
 
 __all__ = ["LeaseTake", "SlotLeases"]
 

@@ -1,5 +1,6 @@
 """One attempt at one node: connect, write the request, read the head, wait
-for the first body byte. Then, after commit, the rest of the body.
+for the first body bytes; then, after commit, the rest of the body
+(``UpstreamResponse``).
 
 Each deadline wraps the smallest operation that owns it:
 
@@ -20,10 +21,10 @@ proxy, which times every wait (``proxy/silence.py``), asks a silent node
 call goes up from here.
 
 Each phase is one function (``connect_node``, ``_request_and_head``,
-``_error_body``; ``first_bytes.py``'s ``first_body`` and ``first_event``).
-Trio, OS, TLS and h11 errors become ``UpstreamError`` subclasses in one
-place, ``upstream_errors.map_error``, phase by phase; what they mean for
-the workload is ``outcome.judge``'s call.
+``_error_body``, ``_first_body`` and ``_first_event``). Trio, OS, TLS and
+h11 errors become ``UpstreamError`` subclasses in one place, ``map_error``
+(which ``fetch.py``, the proxy's own GETs, uses too), phase by phase; what
+they mean for the workload is ``outcome.judge``'s call.
 Cancellation: whatever cancels an attempt (client abort, shutdown, a node
 found down), its socket is closed at once; only a connection whose
 response was relayed to its end goes back to the node's pool
@@ -32,6 +33,10 @@ response was relayed to its end goes back to the node's pool
 
 from __future__ import annotations
 
+import re
+import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import attrs
@@ -45,15 +50,10 @@ from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.screen import answer_flaw
 from ..core.sse import SseScanner, is_event_stream
-from . import first_bytes, socket_io, sockopts
+from . import socket_io, sockopts
 from .connect import Connector, TCPConnector, open_tcp
-from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_prefix
+from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_chunk, read_prefix
 from .pool import ConnectionPool
-from .response import Timings, UpstreamResponse
-
-# The one error mapper, under the names this module's phases call.
-from .upstream_errors import map_error as _map_error
-from .upstream_errors import mapped as _mapped
 
 __all__ = [
     "Connector",
@@ -63,14 +63,97 @@ __all__ = [
     "Timings",
     "UpstreamResponse",
     "connect_node",
+    "map_error",
+    "mapped",
     "open_response",
     "open_tcp",
+    "without_peer_bytes",
 ]
 
 # A 4xx error body is read up to this size to look for a retryable
 # error.code; a retryable status keeps this much to relay if it is the last
 # answer. Anything longer is not an error body worth holding.
 ERROR_BODY_LIMIT = 65536
+
+# Comment and blank lines of an event stream held before its first event
+# (they are not a first body byte). Pings are a few bytes every few seconds;
+# a node that sends this much and no event is not pinging, and holding more
+# would be unbounded.
+HELD_LIMIT = 65536
+
+
+# A pooled connection that the node closes (or resets) within this long of
+# the request written, before any byte of the answer, was closed by the
+# node's idle timer crossing the request (RFC 9112 section 9.3.1): nothing
+# of it was processed, and it goes out again on a fresh connection. A close
+# any later is the node's answer to the request: the attempt failed.
+STALE_WINDOW = 0.25
+
+
+# The errors: Trio, OS, TLS and h11 errors of one phase become the
+# ``UpstreamError`` subclass that names the outcome, here and nowhere else.
+
+IO_ERRORS = (
+    h11.RemoteProtocolError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    OSError,
+)
+
+
+def map_error(node: str, phase: str, exc: BaseException) -> errors.UpstreamError:
+    """The error-tree form of a Trio, OS, TLS or h11 error of one phase."""
+    if phase == "connect":
+        if isinstance(exc, ssl.SSLError):
+            return errors.TLSError(node, phase, f"{exc}")
+        if _caused_by(exc, ssl.SSLError):
+            return errors.TLSError(node, phase, f"{exc.__cause__}")
+        return errors.ConnectFailed(node, phase, f"{exc}")
+    if isinstance(exc, EarlyClose):
+        return errors.UpstreamClosedEarly(node, phase, f"{exc}")
+    if isinstance(exc, h11.RemoteProtocolError):
+        return errors.UpstreamProtocolError(node, phase, without_peer_bytes(f"{exc}"))
+    if sockopts.is_dead_peer_error(exc):
+        return errors.DeadPeer(node, phase, "peer stopped answering")
+    if _caused_by(exc, ssl.SSLError):
+        return errors.TLSError(node, phase, f"{exc.__cause__ or exc}")
+    return errors.UpstreamReset(node, phase, f"{exc.__cause__ or exc}")
+
+
+@contextmanager
+def mapped(node: str, phase: str) -> Iterator[None]:
+    """Map Trio, OS, TLS and h11 errors of one phase onto the error tree."""
+    try:
+        yield
+    except (EarlyClose, *IO_ERRORS) as exc:
+        raise map_error(node, phase, exc) from exc
+
+
+# Where h11 quotes the peer's bytes in a message: "illegal status line:
+# bytearray(b'...')", "malformed chunk footer: b'..' (expected b'\\r\\n')".
+_QUOTED = re.compile(r":?\s*(?:bytearray\()?\bb['\"].*", re.DOTALL)
+
+
+def without_peer_bytes(message: str) -> str:
+    """h11's error message without the raw bytes it quotes.
+
+    On a pooled connection those bytes may be the end of another client's
+    answer (a node that sent more than it declared); they go to the
+    attempts list of a 502, ``/status``, events and logs, so only h11's
+    words for what was wrong are kept.
+    """
+    return _QUOTED.sub("", message) or "malformed answer"
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # a cause chain is short; bound the walk anyway
+        if seen is None:
+            return False
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @attrs.frozen
@@ -101,14 +184,6 @@ class OutgoingRequest:
     head_timeout: float | None = None
 
 
-# A pooled connection that the node closes (or resets) within this long of
-# the request written, before any byte of the answer, was closed by the
-# node's idle timer crossing the request (RFC 9112 section 9.3.1): nothing
-# of it was processed, and it goes out again on a fresh connection. A close
-# any later is the node's answer to the request: the attempt failed.
-STALE_WINDOW = 0.25
-
-
 class Progress(Protocol):
     """What the caller is told of an attempt's progress (``proxy/silence.SilenceTimer``).
 
@@ -126,33 +201,113 @@ class _StaleConnection(Exception):
     """A pooled connection was closed by the node before any byte of the answer."""
 
 
-async def _receive_answer_start(
-    name: str, stream: trio.abc.Stream, conn: h11.Connection, written: float
-) -> None:
-    """First read on a pooled connection: an EOF or reset at once means it went stale.
+@attrs.frozen
+class Timings:
+    """Trio-clock times of one attempt's milestones."""
 
-    A node closes an idle keep-alive connection whenever its own timer says
-    so; if that crosses our request, nothing of it was processed and the
-    request can go out again on a fresh connection (RFC 9112 section 9.3.1).
-    Only within ``STALE_WINDOW`` of the write: a node that held the request
-    longer and then closed had it, and is not sent it twice.
+    started: float
+    written: float
+    head: float
+    first_body: float
 
-    Raises:
-        _StaleConnection: EOF or reset before the first byte, at once.
-        UpstreamError: EOF or reset later (the attempt's failure).
+
+class UpstreamResponse:
+    """A committed-ready response: its whole head and its first body bytes.
+
+    ``open_response`` makes it; the relay (``proxy/relay.py``) reads the
+    rest of the body from it and either gives its connection back to the
+    pool or closes it.
+
+    The rest of the body comes from ``receive_chunk``. When the body was
+    relayed to its end, ``release`` hands the connection back to the pool
+    (if it may carry another request); otherwise ``aclose`` closes it. A
+    response that was not read to its end is never pooled.
+
+    An event stream carries its ``scanner`` (``core.sse``), already fed with
+    ``first_chunk``, for the relay to go on with; ``progressed`` says whether
+    a line other than a comment or a blank one has come (always True for
+    other bodies). ``first_chunk`` then holds, in order, the comment lines
+    held before the first event.
+
+    ``checks``: the liveness checks the attempt waited on; set
+    on the instance only when there were any.
     """
-    try:
-        data = await socket_io.receive(stream, RECEIVE_SIZE)
-    except (trio.BrokenResourceError, OSError) as exc:
-        if sockopts.is_dead_peer_error(exc) or trio.current_time() - written > STALE_WINDOW:
-            raise _map_error(name, "head", exc) from exc
-        raise _StaleConnection("reset before the answer") from exc
-    if not data:
-        if trio.current_time() - written > STALE_WINDOW:
-            closed = EarlyClose("connection closed before the head")
-            raise _map_error(name, "head", closed) from None
-        raise _StaleConnection("closed before the answer")
-    conn.receive_data(bytes(data))
+
+    checks = 0
+
+    def __init__(
+        self,
+        node: Upstream,
+        stream: trio.abc.Stream,
+        conn: h11.Connection,
+        response: h11.Response,
+        first_chunk: bytes,
+        complete: bool,
+        timings: Timings,
+        pool: ConnectionPool | None = None,
+        *,
+        scanner: SseScanner | None = None,
+        progressed: bool = True,
+        headers: Headers | None = None,
+    ) -> None:
+        self.node = node
+        self.status = response.status_code
+        self.reason = response.reason
+        # ``headers``: the caller's list of ``response.headers``, if it made one.
+        self.headers: Headers = list(response.headers) if headers is None else headers
+        self.first_chunk = first_chunk
+        self.complete = complete
+        self.timings = timings
+        self.scanner = scanner
+        self.progressed = progressed
+        self._stream = stream
+        self._conn = conn
+        self._pool = pool
+        self._open = True
+        self._starved = False  # h11 said NEED_DATA after the last bytes read
+
+    async def receive_chunk(self) -> bytes:
+        """The next body bytes: all that has arrived, at least one byte.
+
+        After it returns, ``complete`` tells whether the body has ended (the
+        bytes returned are then its last, possibly none). Bytes that came in
+        one read are returned together, so a burst of small upstream chunks
+        costs one client write, never a wait.
+
+        Raises:
+            UpstreamError: the connection broke or the node sent bad framing.
+        """
+        if self.complete:
+            return b""
+        try:
+            data, self.complete, self._starved = await read_chunk(
+                self._stream, self._conn, starved=self._starved
+            )
+        except (EarlyClose, *IO_ERRORS) as exc:
+            raise map_error(self.node.name, "body", exc) from exc
+        return data
+
+    async def release(self) -> None:
+        """Give the connection back to the pool after a complete response, else close it.
+
+        Cancellation: the connection is pooled or closed, never left open.
+        """
+        if not self._open:
+            return
+        self._open = False
+        origins = self._pool.origins if self._pool is not None else None
+        if origins is not None and origins.get(self.node.name, self.node) != self.node:
+            await trio.aclose_forcefully(self._stream)  # a reload moved or removed the node
+        elif self._pool is not None:  # it checks that the exchange ended cleanly
+            await self._pool.release(self.node.name, self._stream, self._conn)
+        else:
+            await trio.aclose_forcefully(self._stream)
+
+    async def aclose(self) -> None:
+        """Close the connection to the node, forcefully (never blocks)."""
+        if self._open:
+            self._open = False
+            await trio.aclose_forcefully(self._stream)
 
 
 async def connect_node(node: Upstream, connector: Connector, config: Config) -> trio.abc.Stream:
@@ -162,13 +317,13 @@ async def connect_node(node: Upstream, connector: Connector, config: Config) -> 
 
     Raises:
         ConnectTimeout: no connection within the timeout.
-        ConnectFailed, TLSError: mapped by ``upstream_errors.map_error``.
+        ConnectFailed, TLSError: mapped by ``map_error``.
     """
     with trio.move_on_after(config.connect_timeout) as connect_scope:
         try:
             return await connector.connect(node)
         except (OSError, trio.BrokenResourceError) as exc:  # ssl.SSLError is an OSError
-            raise _map_error(node.name, "connect", exc) from exc
+            raise map_error(node.name, "connect", exc) from exc
     assert connect_scope.cancelled_caught
     raise errors.ConnectTimeout(node.name, "connect", f"no connection in {config.connect_timeout}s")
 
@@ -290,9 +445,9 @@ async def _exchange(
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
     elif config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
         scanner = SseScanner()
-        first, complete = await first_bytes.first_event(node.name, stream, conn, config, scanner)
+        first, complete = await _first_event(node.name, stream, conn, config, scanner)
     else:
-        first, complete = await first_bytes.first_body(node.name, stream, conn, config)
+        first, complete = await _first_body(node.name, stream, conn, config)
         if not config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
             # Every byte commits (the pings reach the client), but the
             # relay's stream-idle timer waits for the first event line.
@@ -360,9 +515,9 @@ async def _request_and_head(
     except (trio.BrokenResourceError, OSError) as exc:
         if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
             raise _StaleConnection("broken on write") from exc
-        raise _map_error(name, phase, exc) from exc
+        raise map_error(name, phase, exc) from exc
     except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
-        raise _map_error(name, phase, exc) from exc
+        raise map_error(name, phase, exc) from exc
     if scope.cancelled_caught:
         raise errors.HeaderTimeout(name, "head", f"no complete response head in {head_timeout}s")
     if not isinstance(event, h11.Response):
@@ -412,7 +567,7 @@ async def _error_body(
     """
     with (
         trio.move_on_after(config.response_header_timeout) as body_scope,
-        _mapped(name, "error body"),
+        mapped(name, "error body"),
     ):
         body_bytes, complete = await read_prefix(stream, conn, ERROR_BODY_LIMIT)
     if body_scope.cancelled_caught:
@@ -437,3 +592,96 @@ async def _error_body(
     detail = f"answered {response.status_code}{words}"
     kind = errors.ModelNotFound if not_found else errors.RetryableResponse
     raise kind(name, "head", detail, response.status_code, headers, saved)
+
+
+async def _receive_answer_start(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, written: float
+) -> None:
+    """First read on a pooled connection: an EOF or reset at once means it went stale.
+
+    A node closes an idle keep-alive connection whenever its own timer says
+    so; if that crosses our request, nothing of it was processed and the
+    request can go out again on a fresh connection (RFC 9112 section 9.3.1).
+    Only within ``STALE_WINDOW`` of the write: a node that held the request
+    longer and then closed had it, and is not sent it twice.
+
+    Raises:
+        _StaleConnection: EOF or reset before the first byte, at once.
+        UpstreamError: EOF or reset later (the attempt's failure).
+    """
+    try:
+        data = await socket_io.receive(stream, RECEIVE_SIZE)
+    except (trio.BrokenResourceError, OSError) as exc:
+        if sockopts.is_dead_peer_error(exc) or trio.current_time() - written > STALE_WINDOW:
+            raise map_error(name, "head", exc) from exc
+        raise _StaleConnection("reset before the answer") from exc
+    if not data:
+        if trio.current_time() - written > STALE_WINDOW:
+            closed = EarlyClose("connection closed before the head")
+            raise map_error(name, "head", closed) from None
+        raise _StaleConnection("closed before the answer")
+    conn.receive_data(bytes(data))
+
+
+# The wait for a committing response's first body bytes (docs/failover.md):
+# under ``first_body_timeout`` when the operator set one, else unbounded; in
+# an event stream, up to its first line that is not a comment or blank, the
+# pings before it held and given back with it.
+
+
+async def _first_body(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config
+) -> tuple[bytes, bool]:
+    """The first body bytes of a committing response.
+
+    Unbounded unless the operator opted in (``first_body_timeout``), because
+    a node may send its head at once and then prefill for minutes.
+    """
+    if not config.first_body_timeout:
+        # ``mapped`` spelled out: the default path of every request, where a
+        # generator-based context manager costs more than the read it wraps.
+        try:
+            return await read_body(stream, conn)
+        except (EarlyClose, *IO_ERRORS) as exc:
+            raise map_error(name, "first body byte", exc) from exc
+    with trio.move_on_after(config.first_body_timeout), mapped(name, "first body byte"):
+        return await read_body(stream, conn)
+    # Only the deadline gets here.
+    raise errors.FirstBodyTimeout(
+        name, "first body byte", f"no body byte {config.first_body_timeout}s after head"
+    )
+
+
+async def _first_event(
+    name: str, stream: trio.abc.Stream, conn: h11.Connection, config: Config, scanner: SseScanner
+) -> tuple[bytes, bool]:
+    """The first body bytes of an event stream, up to its first event line.
+
+    Comment and blank lines (an engine's ``: ping`` during a long prefill)
+    are held, not counted as the first body byte: the deadline runs on. The
+    held bytes come back in front of the read with the first other line,
+    unchanged. A body that ends or breaks with only such lines ended before
+    its first byte (``UpstreamClosedEarly`` or the break's own error: next
+    candidate, no cooldown). An empty body with a valid end commits, as any.
+    """
+    held: list[bytes] = []
+    size = 0
+    timeout = config.first_body_timeout
+    with trio.move_on_after(timeout), mapped(name, "first body byte"):
+        while True:
+            chunk, complete = await read_body(stream, conn)
+            if scanner.first_event_line(chunk) is not None:
+                return b"".join([*held, chunk]) if held else chunk, complete
+            if complete and not held and not chunk:
+                return b"", True
+            if complete:
+                raise EarlyClose("the event stream ended with comments only")
+            held.append(chunk)
+            size += len(chunk)
+            if size > HELD_LIMIT:
+                raise errors.UpstreamProtocolError(
+                    name, "first body byte", f"over {HELD_LIMIT} bytes of comments, no event"
+                )
+    raise errors.FirstBodyTimeout(
+        name, "first body byte", f"no body byte {timeout}s after head (comments only)"
+    )
