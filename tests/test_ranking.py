@@ -4,7 +4,7 @@ Every case is plain data: a ranking, the request's model, the set of nodes
 cooling at the request's ``now``, an optional ``X-Failover-Node`` and an
 optional affinity winner. The expected order is the one the attempts go in
 (the candidates): ``resolve_candidates``' order, split by readiness at
-each attempt by ``slot_ledger.choose_node``, as the proxy does. No clock, no I/O.
+each attempt by ``slots.choose_node``, as the proxy does. No clock, no I/O.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from trio_failover.core.ranking import (
     rendezvous_choice,
     resolve_candidates,
 )
-from trio_failover.core.slot_ledger import SlotLedger, Take, choose_node
+from trio_failover.core.slots import SlotLedger, Take, choose_node
 
 
 def _node(name: str, models: Sequence[str] | Mapping[str, str] | None = None) -> Upstream:

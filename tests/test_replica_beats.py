@@ -1,4 +1,4 @@
-"""A joined replica's heartbeat (``shared_state.Membership.beat``) under a mock clock.
+"""A joined replica's heartbeat (``SharedState.beat``) under a mock clock.
 
 Redis is a stand-in here: the replicas' set and the nodes' slot sets on
 the Trio clock (in milliseconds, as Redis' ``TIME``), with the scripts'
@@ -19,7 +19,7 @@ import trio.testing
 
 from trio_failover.core.redis_url import RedisAddress
 from trio_failover.core.state_layout import Beats, lease_owner
-from trio_failover.proxy.shared_state import Membership, SharedState
+from trio_failover.proxy.shared_state import SharedState
 
 NODES = ("gpu-1", "gpu-2")
 
@@ -83,13 +83,12 @@ def test_a_replica_killed_at_half_a_second_is_reaped_at_three_its_leases_freed()
         redis = StandIn()
         state = replica_a()
         assert state.heartbeat_interval == 1.0  # the default 30 s lease TTL
-        membership = Membership(state)
-        membership.since_ms = (await redis.heartbeat("a", 3.0, deadline=0)).now_ms
+        state.since_ms = (await redis.heartbeat("a", 3.0, deadline=0)).now_ms
         await redis.heartbeat("x", 3.0, deadline=0)
         redis.slots = {"gpu-1": ["x:1", "a:1"], "gpu-2": ["x:2"]}
         counts: list[tuple[float, int]] = []
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(membership.beat, redis, redis)
+            nursery.start_soon(state.beat, redis, redis)
 
             async def count() -> None:
                 while True:
@@ -119,11 +118,10 @@ def test_a_lapse_of_its_own_is_told_and_what_expired_meanwhile_is_not_judged() -
     async def main() -> None:
         redis = StandIn()
         state = replica_a()
-        membership = Membership(state)
-        membership.since_ms = (await redis.heartbeat("a", 3.0, deadline=0)).now_ms
+        state.since_ms = (await redis.heartbeat("a", 3.0, deadline=0)).now_ms
         redis.slots = {"gpu-1": ["y:1", "z:1"]}
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(membership.beat, redis, redis)
+            nursery.start_soon(state.beat, redis, redis)
             await trio.sleep(4.5)
             del redis.expiries["a"]
             redis.expiries["y"] = 4_800
@@ -131,7 +129,7 @@ def test_a_lapse_of_its_own_is_told_and_what_expired_meanwhile_is_not_judged() -
             while state.lapses == 0:
                 await state.wait_changed()
             assert trio.current_time() == 5.0
-            assert membership.since_ms == 5_000
+            assert state.since_ms == 5_000
             await redis.changed.wait()
             nursery.cancel_scope.cancel()
         assert redis.reaped == [(7.0, {"z": 1})]

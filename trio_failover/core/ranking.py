@@ -15,7 +15,7 @@ resolved in three steps, each a plain function of data:
 
 Readiness is not applied here. The stable partition (ready nodes
 first, demoted ones after, each group in this order) is taken at each
-attempt by ``slot_ledger.choose_node``, so that a node that recovers while
+attempt by ``slots.choose_node``, so that a node that recovers while
 a workload waits or fails over regains its place. Because the partition
 comes last, neither affinity nor a manual selection can lift a demoted
 node above a ready one; demotion never excludes.

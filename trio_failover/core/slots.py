@@ -16,6 +16,13 @@ Two rules hold throughout:
    a freed slot that some waiter may use is handed on in the same call that
    frees it, so a newcomer never finds a free slot a waiter was owed.
 
+In three parts, in this order: the ledger (``SlotLedger``: each node's
+capacity and in-flight count, and the engines' readings of it); the order
+of one attempt (``choose_node``: take, wait, or nothing left; it decides
+from the ledger's counts and an answer to "is this node ready?" and takes
+nothing); the queue (``SlotScheduler``: takes, queues and hands slots on
+by ``choose_node``) and its budget (``QueueBudget``).
+
 One ``SlotScheduler`` per proxy; what the shell does with it, per workload::
 
     tried: set[str] = set()
@@ -55,30 +62,13 @@ cooldown ends lazily, by expiry, with no event of its own: while the queue
 is not empty, the shell must wake at the earliest cooldown end and dispatch.
 """
 
-from .slot_ledger import (
-    BALANCE_MODES,
-    Balance,
-    Choice,
-    EngineLoad,
-    Exhausted,
-    NodeFull,
-    Readiness,
-    Slot,
-    SlotLedger,
-    Take,
-    Wait,
-    choose_node,
-)
-from .slot_queue import (
-    Acquired,
-    Granted,
-    Handoff,
-    QueueBudget,
-    Queued,
-    QueueFull,
-    SlotScheduler,
-    Waiter,
-)
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from typing import Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
 
 __all__ = [
     "BALANCE_MODES",
@@ -94,11 +84,698 @@ __all__ = [
     "QueueFull",
     "Queued",
     "Readiness",
+    "ReadyFor",
     "Slot",
     "SlotLedger",
     "SlotScheduler",
     "Take",
     "Wait",
     "Waiter",
+    "as_predicate",
     "choose_node",
 ]
+
+T = TypeVar("T")
+
+# The one definition of --balance's modes (``core.config`` takes them from here).
+Balance = Literal["priority", "least-loaded"]
+BALANCE_MODES: tuple[Balance, ...] = ("priority", "least-loaded")
+
+Readiness: TypeAlias = Callable[[str], bool] | AbstractSet[str]
+"""Which nodes are ready now: a predicate on the name, or the set of ready names."""
+
+
+class EngineLoad(Protocol):
+    """What the ledger reads of an engine's signal (``engines.Signals`` is one).
+
+    Attributes:
+        busy: requests the engine works on now, whoever sent them; None = unknown.
+        waiting: requests queued inside the engine; None = unknown.
+    """
+
+    @property
+    def busy(self) -> int | None: ...
+
+    @property
+    def waiting(self) -> int | None: ...
+
+
+class NodeFull(RuntimeError):
+    """``SlotLedger.take`` on a node that has no free slot."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node!r} is full")
+        self.node = node
+
+
+# -- the ledger ------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One attempt's hold on one node, from connect to the end of its relay.
+
+    Release it exactly once, in ``finally``; a second release is a no-op
+    (``SlotLedger.release`` returns False), so releasing early before a
+    failover and again in ``finally`` is safe.
+    """
+
+    node: str
+    ledger: SlotLedger = field(repr=False)
+    released: bool = False
+
+
+class SlotLedger:
+    """Capacity and in-flight count per node; take and release in O(1).
+
+    Counts this proxy's attempts; the engines' own counts (work of other
+    clients and proxies, docs/engines.md) come in through ``signals``, a
+    mapping of node name -> ``Signals`` that its owner keeps current (fresh
+    readings only: a stale one is removed, never left to limit). With it empty, as
+    by default, every answer is the proxy's own count alone, at no extra
+    cost. Every name passed in must be one of ``capacities`` (``KeyError``
+    otherwise).
+
+    A reading is a snapshot: the engine's busy count includes this proxy's
+    own attempts of that moment. The owner calls ``note_reading`` when it
+    stores a fresh one, and from then on the engine's count is moved by
+    this proxy's own takes and releases (``engine_busy``), so a slot this
+    proxy frees is free at once, not one load interval later.
+    """
+
+    def __init__(
+        self, capacities: Mapping[str, int], signals: Mapping[str, EngineLoad] | None = None
+    ) -> None:
+        """Check and copy the capacities.
+
+        Args:
+            capacities: node name -> most attempts in flight, ``0`` = no limit.
+            signals: the engines' readings by node (kept, not copied: its
+                owner updates it in place); None = none.
+        """
+        for node, capacity in capacities.items():
+            _check_capacity(node, capacity)
+        self._capacity = dict(capacities)
+        self._in_flight = dict.fromkeys(capacities, 0)
+        self.signals: Mapping[str, EngineLoad] = {} if signals is None else signals
+        # Nodes a reload removed: full for good, kept while their running
+        # attempts release their slots (their counts stay exact).
+        self._retired: set[str] = set()
+        # node -> this proxy's in-flight count when its reading was taken.
+        self._at_reading: dict[str, int] = {}
+        # Nodes full across the replicas: the shared state refused
+        # a slot there, until a freed one is announced. Empty without one.
+        self.elsewhere: set[str] = set()
+
+    def note_reading(self, node: str) -> None:
+        """``node``'s reading in ``signals`` was just taken: anchor it to the count now."""
+        self._at_reading[node] = self._in_flight[node]
+
+    def ended_elsewhere(self, node: str) -> bool:
+        """Another replica's attempt at ``node`` ended: one fewer busy in the reading.
+
+        The engine's count holds the other replicas' attempts among its
+        "others"; the freed slot is announced at once, the engine's next
+        reading comes up to a load interval later. Never below this
+        proxy's own count; a reading that holds no others is left alone.
+        Returns whether the count moved.
+        """
+        reading = self.signals.get(node) if self.signals else None
+        if reading is None or reading.busy is None:
+            return False
+        anchor = self._at_reading.get(node, self._in_flight[node])
+        if reading.busy - anchor <= 0:
+            return False
+        self._at_reading[node] = anchor + 1
+        return True
+
+    def engine_busy(self, node: str) -> int | None:
+        """The engine's busy count now, by its last reading; None = it says none.
+
+        The reading's work of others, ``max(busy - in_flight_then, 0)``,
+        plus this proxy's attempts now. At the moment of the reading that
+        is ``max(in_flight, busy)``; without ``note_reading`` it
+        stays exactly that.
+        """
+        reading = self.signals.get(node) if self.signals else None
+        if reading is None or reading.busy is None:
+            return None
+        in_flight = self._in_flight[node]
+        others = reading.busy - self._at_reading.get(node, in_flight)
+        return in_flight + others if others > 0 else in_flight
+
+    def full_by_others(self, node: str) -> bool:
+        """Whether the engine's count fills ``node`` with work besides this proxy's.
+
+        Another replica whose waiters wait for such a node asks Redis
+        nothing (its ledger sees the node full): it hears of a slot only
+        when one is announced freed, or at the engine's next reading.
+        False without a capacity or a busy count.
+        """
+        capacity = self._capacity[node]
+        if capacity <= 0:
+            return False
+        busy = self.engine_busy(node)
+        return busy is not None and busy >= capacity and busy > self._in_flight[node]
+
+    def set_capacity(self, node: str, capacity: int) -> bool:
+        """Change one node's capacity (capacity ``auto`` resolved anew); True if it changed.
+
+        Attempts in flight keep their slots; a lower capacity makes the node
+        full until enough end. A higher one can let waiters on: the caller
+        dispatches the queue then.
+        """
+        _check_capacity(node, capacity)
+        if node not in self._capacity:
+            raise KeyError(node)
+        changed = self._capacity[node] != capacity
+        self._capacity[node] = capacity
+        return changed
+
+    def reconfigure(self, capacities: Mapping[str, int]) -> None:
+        """Take a reload's nodes and capacities; in-flight counts are kept.
+
+        A node not in ``capacities`` is retired: it counts as full (no new
+        slot) and keeps its count for the slots still held there. A lowered
+        capacity lets no new slot in until the count is below it.
+        """
+        checked = SlotLedger(capacities)
+        self._retired = (set(self._capacity) | self._retired) - set(checked._capacity)
+        for node in self._retired:
+            self._capacity[node] = self._capacity.get(node, 0)
+        for node, capacity in checked._capacity.items():
+            self._capacity[node] = capacity
+            self._in_flight.setdefault(node, 0)
+        order = [*checked._capacity, *(node for node in self._capacity if node in self._retired)]
+        self._capacity = {node: self._capacity[node] for node in order}
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes, in the order they were given (retired ones left out)."""
+        return tuple(node for node in self._capacity if node not in self._retired)
+
+    def capacity(self, node: str) -> int:
+        """The node's capacity (``0`` = no limit)."""
+        return self._capacity[node]
+
+    def in_flight(self, node: str) -> int:
+        """This proxy's attempts holding a slot at ``node`` now."""
+        return self._in_flight[node]
+
+    def is_full(self, node: str) -> bool:
+        """Whether ``node`` is at its capacity; never true with capacity 0.
+
+        Full by this proxy's count, or by the engine's own busy count where
+        ``signals`` has one (``engine_busy``: as read, moved by this proxy's
+        takes and releases since).
+        """
+        capacity = self._capacity[node]
+        if capacity > 0 and self._in_flight[node] >= capacity:
+            return True
+        if self._retired and node in self._retired:
+            return True
+        if self.elsewhere and node in self.elsewhere:
+            return True
+        if capacity <= 0:
+            return False
+        if not self.signals:  # no engine signal anywhere: the proxy's count alone
+            return False
+        busy = self.engine_busy(node)
+        return busy is not None and busy >= capacity
+
+    def load(self, node: str) -> float:
+        """What ``least-loaded`` minimises (``engines.load_key``).
+
+        ``in_flight / max(capacity, 1)`` without a signal; with one,
+        ``(max(in_flight, busy) + waiting) / max(capacity, 1)``, ``busy``
+        moved as in ``engine_busy``. Float division is exact enough for
+        ties: two equal ratios of small ints round to the same float, so
+        "ties in resolved order" holds.
+        """
+        reading = self.signals.get(node) if self.signals else None
+        if reading is None:
+            return self._in_flight[node] / max(self._capacity[node], 1)
+        busy = self.engine_busy(node)
+        in_flight = self._in_flight[node] if busy is None else busy
+        return (in_flight + (reading.waiting or 0)) / max(self._capacity[node], 1)
+
+    def take(self, node: str) -> Slot:
+        """Hold one slot at ``node``.
+
+        Raises:
+            NodeFull: the node is at its capacity.
+        """
+        if self.is_full(node):
+            raise NodeFull(node)
+        self._in_flight[node] += 1
+        return Slot(node, self)
+
+    def release(self, slot: Slot) -> bool:
+        """Give ``slot`` back. Returns False if it was already released.
+
+        Raises:
+            ValueError: the slot comes from another ledger.
+        """
+        if slot.ledger is not self:
+            raise ValueError("slot belongs to another ledger")
+        if slot.released:
+            return False
+        slot.released = True
+        self._in_flight[slot.node] -= 1
+        return True
+
+
+def _check_capacity(node: str, capacity: object) -> None:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise ValueError(f"capacity of {node!r} must be an int >= 0, not {capacity!r}")
+
+
+# -- the order of one attempt ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """Take a slot at ``node`` now."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Every node this workload may use now is full: ``nodes``, in order."""
+
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """No untried candidate is left."""
+
+
+Choice: TypeAlias = Take | Wait | Exhausted
+
+
+def choose_node(
+    order: Sequence[str],
+    *,
+    tried: AbstractSet[str],
+    ready: Readiness,
+    ledger: SlotLedger,
+    balance: Balance = "priority",
+    preferred: str | None = None,
+    loaded: AbstractSet[str] = frozenset(),
+) -> Choice:
+    """Where the next attempt of one workload goes, or why it cannot go now.
+
+    The untried candidates are split, stably, into those ready now and the
+    rest (cooling or down). If any is ready, only the ready ones count: the
+    first that is not full by ``balance``, else ``Wait`` for them. Otherwise
+    the rest count, in ``order`` whatever ``balance`` says (an
+    all-cooling fleet is used in ranking order), else ``Wait`` for them.
+    ``preferred`` goes first while it has a free slot and is in the group
+    that counts; when it is full the next free node is taken (availability
+    beats cache reuse). With capacity 0 everywhere and ``priority`` the
+    answer is the first untried candidate of today's order, never ``Wait``.
+
+    Args:
+        order: the workload's candidate names in resolved order (model
+            filter, affinity and selection applied:
+            ``ranking.resolve_candidates``), not partitioned by readiness:
+            that is done here, one question per node, so a node that
+            recovers while a workload waits regains its place, as in a
+            fresh resolution. Names are unique and known to ``ledger``.
+        tried: the nodes this workload has already tried.
+        ready: which nodes are ready now.
+        ledger: capacities and in-flight counts.
+        balance: ``priority`` = resolved order among the free ready nodes;
+            ``least-loaded`` = lowest ``ledger.load()``, ties in resolved order.
+        preferred: the node resolution moved to the front (``X-Failover-Node``,
+            else the prefix-affinity winner), or None. ``priority`` alone
+            would find it first anyway; ``least-loaded`` needs to be told.
+        loaded: the nodes whose engine holds the request's model loaded now
+            (Ollama and LM Studio; ``engines.model_loaded``). Among
+            the ready nodes that are not full, these come first: when any
+            of them is free, the choice (``preferred``, then ``balance``)
+            is made among them alone. Empty (the default): as without it.
+
+    Returns:
+        ``Take(node)``, ``Wait(nodes)`` or ``Exhausted()``. Nothing is taken:
+        ``SlotScheduler.acquire`` does that.
+    """
+    is_ready = as_predicate(ready)
+    ready_group: list[str] = []
+    other_group: list[str] = []
+    for node in order:
+        if node not in tried:
+            (ready_group if is_ready(node) else other_group).append(node)
+    if ready_group:
+        return _pick(ready_group, ledger, balance, preferred, loaded)
+    if other_group:
+        return _pick(other_group, ledger, "priority", preferred, frozenset())
+    return Exhausted()
+
+
+def _pick(
+    group: list[str],
+    ledger: SlotLedger,
+    balance: Balance,
+    preferred: str | None,
+    loaded: AbstractSet[str],
+) -> Choice:
+    free = [node for node in group if not ledger.is_full(node)]
+    if not free:
+        return Wait(tuple(group))
+    if loaded:
+        warm = [node for node in free if node in loaded]
+        free = warm or free
+    if preferred is not None and preferred in free:
+        return Take(preferred)
+    if balance == "priority":
+        return Take(free[0])
+    return Take(min(free, key=ledger.load))  # min() keeps the first of equals
+
+
+def as_predicate(ready: Readiness) -> Callable[[str], bool]:
+    """``ready`` as a predicate on the node name."""
+    if callable(ready):
+        return ready
+    return ready.__contains__
+
+
+def _asked_once(ready: Readiness) -> Callable[[str], bool]:
+    # One decision over many waiters must see one answer per node: a
+    # predicate reading a cooldown at "now" could flip between two waiters.
+    ask = as_predicate(ready)
+    answers: dict[str, bool] = {}
+
+    def is_ready(node: str) -> bool:
+        answer = answers.get(node)
+        if answer is None:
+            answer = answers[node] = ask(node)
+        return answer
+
+    return is_ready
+
+
+# A node's readiness for one model (per-model cooldowns): model -> predicate.
+ReadyFor: TypeAlias = Callable[[str], Readiness]
+
+
+def _model_ready(
+    by_model: dict[str, Callable[[str], bool]], model: str, ready_for: ReadyFor
+) -> Callable[[str], bool]:
+    found = by_model.get(model)
+    if found is None:
+        found = by_model[model] = _asked_once(ready_for(model))
+    return found
+
+
+# -- the queue -------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Waiter(Generic[T]):
+    """One workload waiting for a slot (identity, not value, is its key).
+
+    Attributes:
+        token: what the shell passed to ``acquire`` (e.g. its ``trio.Event``).
+        order, tried, preferred, loaded: as passed to ``acquire``, frozen.
+        model: the model it asks for, set by the shell as it queues: a
+            hand-off asks ``ready_for(model)`` of it (per-model cooldowns).
+        position: its place when it started waiting, 1 = next (the
+            ``position`` of its ``queued`` event).
+        slot: set when a hand-off gives it a slot (taken for it already).
+    """
+
+    token: T
+    order: tuple[str, ...]
+    tried: frozenset[str]
+    preferred: str | None
+    position: int
+    untried: frozenset[str] = field(repr=False)
+    slot: Slot | None = None
+    loaded: frozenset[str] = frozenset()
+    model: str | None = None
+    moved: bool = False
+    """Set when a reload took it out of the queue: resolve its candidates again."""
+
+
+class Handoff(NamedTuple, Generic[T]):
+    """``waiter`` now holds ``slot``: the shell wakes it (``waiter.slot`` is set too)."""
+
+    waiter: Waiter[T]
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A slot is taken for the workload: attempt ``slot.node`` now."""
+
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Queued(Generic[T]):
+    """The workload waits as ``waiter``; a hand-off will set ``waiter.slot``."""
+
+    waiter: Waiter[T]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFull:
+    """The queue is at max-queue: answer ``503`` ``queue_full`` at once."""
+
+
+Acquired: TypeAlias = Granted | Queued[T] | QueueFull | Exhausted
+
+
+class SlotScheduler(Generic[T]):
+    """The ledger and the FIFO queue of one proxy, deciding together.
+
+    Costs: ``acquire`` is O(candidates); ``release`` with an empty queue,
+    or of a node that was not full, is O(1) and never asks ``ready``;
+    ``leave`` of a waiting workload is O(1). A hand-off scans the waiters
+    in arrival order and stops as soon as the freed node is full again.
+    """
+
+    def __init__(
+        self,
+        capacities: Mapping[str, int],
+        *,
+        balance: Balance = "priority",
+        max_queue: int = 0,
+        signals: Mapping[str, EngineLoad] | None = None,
+    ) -> None:
+        """An empty queue and a ledger with nothing in flight.
+
+        Args:
+            capacities: node name -> capacity, ``0`` = no limit.
+            signals: the engines' readings by node, for the ledger
+                (``SlotLedger``); None = none.
+            balance: ``priority`` or ``least-loaded``.
+            max_queue: most workloads waiting at once, ``0`` = no limit.
+
+        Raises:
+            ValueError: a bad capacity, balance or max_queue.
+        """
+        if balance not in BALANCE_MODES:
+            raise ValueError(f"balance must be one of {BALANCE_MODES}, not {balance!r}")
+        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
+            raise ValueError(f"max_queue must be an int >= 0, not {max_queue!r}")
+        self.ledger = SlotLedger(capacities, signals)
+        # A waiter with a ``model`` is handed off by ``ready_for(model)``
+        # (per-model cooldowns); None: by ``ready`` alone.
+        self.ready_for: ReadyFor | None = None
+        self.balance: Balance = balance
+        self.max_queue = max_queue
+        # An insertion-ordered dict is the FIFO: arrival order to iterate,
+        # O(1) removal from the middle when a waiter leaves.
+        self._waiters: dict[Waiter[T], None] = {}
+
+    def __len__(self) -> int:
+        """Workloads waiting now (``queued`` of ``/status``)."""
+        return len(self._waiters)
+
+    def waiting(self) -> list[Waiter[T]]:
+        """The waiting workloads, longest-waiting first (a copy)."""
+        return list(self._waiters)
+
+    def acquire(
+        self,
+        token: T,
+        order: Sequence[str],
+        *,
+        tried: Iterable[str] = (),
+        ready: Readiness,
+        preferred: str | None = None,
+        loaded: AbstractSet[str] = frozenset(),
+    ) -> Acquired[T]:
+        """Decide and reserve the next attempt of one workload.
+
+        Args: as ``choose_node``; ``token`` is kept on the waiter if it waits.
+
+        Returns:
+            ``Granted(slot)``: the slot is taken, attempt its node.
+            ``Queued(waiter)``: all it may use is full; it waits at
+            ``waiter.position``. ``QueueFull()``: it would make the queue
+            longer than ``max_queue``. ``Exhausted()``: nothing untried left.
+        """
+        tried = frozenset(tried)
+        choice = choose_node(
+            order,
+            tried=tried,
+            ready=ready,
+            ledger=self.ledger,
+            balance=self.balance,
+            preferred=preferred,
+            loaded=loaded,
+        )
+        if isinstance(choice, Take):
+            return Granted(self.ledger.take(choice.node))
+        if isinstance(choice, Exhausted):
+            return choice
+        if self.max_queue and len(self._waiters) >= self.max_queue:
+            return QueueFull()
+        waiter = Waiter(
+            token=token,
+            order=tuple(order),
+            tried=tried,
+            preferred=preferred,
+            position=len(self._waiters) + 1,
+            untried=frozenset(order) - tried,
+            loaded=frozenset(loaded),
+        )
+        self._waiters[waiter] = None
+        return Queued(waiter)
+
+    def release(self, slot: Slot, *, ready: Readiness) -> list[Handoff[T]]:
+        """Give ``slot`` back (again: no-op) and hand the freed slot on.
+
+        Returns:
+            The waiters that now hold a slot, to wake (one, as a rule).
+        """
+        node = slot.node
+        was_full = self.ledger.is_full(node)
+        if not self.ledger.release(slot) or not was_full or not self._waiters:
+            # Not full before: no waiter was waiting for this node (rule 2),
+            # so nobody's options changed. This is the hot path.
+            return []
+        return self._hand_off(_asked_once(ready), freed=node)
+
+    def leave(self, waiter: Waiter[T], *, ready: Readiness) -> list[Handoff[T]]:
+        """The workload gives up (client gone, timeout, shutdown, error).
+
+        Removes it from the queue if it still waits (O(1)). If a hand-off
+        already gave it a slot it will not use, that slot is released and
+        handed on. Call it only when the workload will not use the slot;
+        a second call is a no-op.
+        """
+        if waiter in self._waiters:
+            del self._waiters[waiter]
+            return []
+        if waiter.slot is None:  # left already
+            return []
+        return self.release(waiter.slot, ready=ready)
+
+    def dispatch(self, *, ready: Readiness) -> list[Handoff[T]]:
+        """Hand out what the waiters may use now, after a node changed state.
+
+        A node turning cooling can let a waiter use a cooling node that is
+        free (when none of its untried candidates stays ready); a node
+        turning ready can give a waiter a free node it could not use.
+        O(waiters x candidates): call it on state changes, not per request.
+        """
+        if not self._waiters:
+            return []
+        return self._hand_off(_asked_once(ready), freed=None)
+
+    def reconfigure(
+        self, capacities: Mapping[str, int], *, balance: Balance, max_queue: int, moved: bool
+    ) -> list[Waiter[T]]:
+        """Take a reload's capacities, balance and queue length.
+
+        ``moved``: the node list changed, so the waiters' candidates are
+        stale; they all leave the queue with ``moved`` set, to resolve their
+        candidates against the new list (returned, longest-waiting first).
+        Otherwise call ``dispatch`` after: a raised capacity may let
+        waiters in.
+        """
+        if balance not in BALANCE_MODES:
+            raise ValueError(f"balance must be one of {BALANCE_MODES}, not {balance!r}")
+        self.ledger.reconfigure(capacities)
+        self.balance, self.max_queue = balance, max_queue
+        if not moved:
+            return []
+        waiters = self.drain()
+        for waiter in waiters:
+            waiter.moved = True
+        return waiters
+
+    def drain(self) -> list[Waiter[T]]:
+        """Empty the queue (shutdown); the waiters, longest-waiting first."""
+        waiters = list(self._waiters)
+        self._waiters.clear()
+        return waiters
+
+    def _hand_off(self, is_ready: Callable[[str], bool], freed: str | None) -> list[Handoff[T]]:
+        handoffs: list[Handoff[T]] = []
+        ready_for = self.ready_for
+        by_model: dict[str, Callable[[str], bool]] = {}
+        for waiter in self._waiters:
+            if freed is not None:
+                if self.ledger.is_full(freed):
+                    break
+                if freed not in waiter.untried:
+                    continue  # cheap skip: this one can never use the freed node
+            choice = choose_node(
+                waiter.order,
+                tried=waiter.tried,
+                ready=is_ready
+                if ready_for is None or waiter.model is None
+                else _model_ready(by_model, waiter.model, ready_for),
+                ledger=self.ledger,
+                balance=self.balance,
+                preferred=waiter.preferred,
+                loaded=waiter.loaded,
+            )
+            if isinstance(choice, Take):
+                waiter.slot = self.ledger.take(choice.node)
+                handoffs.append(Handoff(waiter, waiter.slot))
+        for handoff in handoffs:
+            del self._waiters[handoff.waiter]
+        return handoffs
+
+
+# -- the queue-timeout budget ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBudget:
+    """What is left of one workload's queue timeout across all its waits.
+
+    A failed-over workload that must wait again waits within the same
+    budget, so a client never waits longer than the queue timeout in all.
+    """
+
+    timeout: float
+    """The queue timeout in seconds, ``0`` = no limit."""
+    waited: float = 0.0
+    """Seconds this workload has waited so far (for the access log too)."""
+
+    def __post_init__(self) -> None:
+        if not self.timeout >= 0 or not self.waited >= 0:  # also rejects NaN
+            raise ValueError(f"timeout and waited must be >= 0: {self.timeout}, {self.waited}")
+
+    def remaining(self) -> float:
+        """Seconds the next wait may last; ``math.inf`` without limit, never < 0."""
+        if self.timeout == 0:
+            return math.inf
+        return max(self.timeout - self.waited, 0.0)
+
+    def deadline(self, now: float) -> float:
+        """Absolute time at which a wait starting at ``now`` ends (for ``move_on_at``)."""
+        return now + self.remaining()
+
+    def spent(self, started: float, now: float) -> QueueBudget:
+        """The budget after a wait from ``started`` to ``now``."""
+        return QueueBudget(self.timeout, self.waited + max(now - started, 0.0))

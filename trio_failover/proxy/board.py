@@ -10,7 +10,8 @@ The contract, for this board and for one over a shared store (issue 31):
 
 - State changes only through the verbs: ``demote``, ``served``,
   ``attempt_ended``, ``check_finished``, ``liveness_checked``, ``expire``,
-  ``keep_tags``, ``reconcile`` (and the engine verbs, below). Nothing else
+  ``keep_tags``, ``reconcile``, ``shared_check`` (another replica's check)
+  and the engine verbs, below. Nothing else
   writes a ``NodeState`` (the stream counter and the re-check event are
   this process's own).
 - A change of a node's readiness is a ``core.node_change.NodeChange``
@@ -69,7 +70,7 @@ from ..core.liveness import DOWN_REASON as LIVENESS_DOWN
 from ..core.liveness import CheckRecord
 from ..core.node_change import ChangeKind, NodeChange
 
-__all__ = ["EngineListener", "Listener", "NodeBoard", "NodeState", "shared_check"]
+__all__ = ["EngineListener", "Listener", "NodeBoard", "NodeState"]
 
 Listener = Callable[[NodeChange], None]
 EngineListener = Callable[[EngineChange], None]
@@ -94,95 +95,7 @@ class NodeState:
     recheck: trio.Event = attrs.Factory(trio.Event)
 
 
-class _Reads:
-    """The board's plain reads of node state and cooldowns."""
-
-    nodes: dict[str, NodeState]
-    cooldowns: CooldownTable
-    model_cooldowns: ModelCooldowns
-
-    def is_down(self, name: str) -> bool:
-        """Whether the node's last health check failed (and nothing served since)."""
-        return self.nodes[name].down
-
-    def down_count(self) -> int:
-        """How many nodes are down now."""
-        return sum(node.down for node in self.nodes.values())
-
-    def wake_at(self) -> float:
-        """When the next cooldown (node-wide or a model's) ends (``inf``: none), for the ticker.
-
-        One that ran out unnoticed counts too: it ended, so the ticker looks now.
-        """
-        ends = [entry.until for entry in self.cooldowns.active(-math.inf)]
-        if self.model_cooldowns.by_model:
-            ends += self.model_cooldowns.ends()
-        return min(ends, default=math.inf)
-
-    def known_tags(self, name: str) -> list[dict[str, object]] | None:
-        """The ``models`` entries of the node's last ``/api/tags`` answer to a check.
-
-        None while it has given none (discovery off, not asked yet, not a
-        tags list); a check without any answer keeps the one before. Read only.
-        """
-        return self.nodes[name].tags
-
-
-class _OwnParts:
-    """The board's parts that are this process's own: its re-check asks."""
-
-    nodes: dict[str, NodeState]
-
-    def ask_recheck(self, name: str) -> None:
-        """Have the node's checker check it now (or right after its running check)."""
-        self.nodes[name].recheck.set()
-
-    def take_recheck(self, name: str) -> trio.Event:
-        """A fresh re-check event for a check that begins now; a later ask sets it."""
-        event = self.nodes[name].recheck = trio.Event()
-        return event
-
-
-class _EngineParts:
-    """The board's engine verbs: each read folded into ``engines``, then told.
-
-    Told to the engine listeners (``listen_engines``), not the readiness
-    ones: a read changes no node's readiness, only its load and capacity.
-    """
-
-    engines: EngineBook
-    _engine_listeners: list[EngineListener]
-    on_engine_read: Callable[[EngineRead], None]  # after each fold of a read of ours
-
-    def listen_engines(self, listener: EngineListener) -> None:
-        """Have ``listener`` called with what every folded engine read left."""
-        self._engine_listeners.append(listener)
-
-    def configure_engines(self, settings: EngineSettings) -> None:
-        """Take the engine settings of a (re)loaded configuration."""
-        self.engines.configure(settings)
-
-    def engine_read(self, node: str, signal: EngineSignal, now: float) -> None:
-        """The engine reader's callback: fold one read of ``node``'s engine at ``now``."""
-        read = EngineRead(node, signal.engine, signal.signals, now - signal.at)
-        self.apply_engine(read, now)
-        self.on_engine_read(read)
-
-    def apply_engine(self, read: EngineRead, now: float) -> None:
-        """Fold ``read`` (this process's or another's), then tell the engine listeners."""
-        self._tell_engines(self.engines.fold(read, now))
-
-    def judge_engine(self, node: str, now: float) -> None:
-        """Judge ``node``'s reading at ``now``, no read: gone stale, it leaves the signals."""
-        self._tell_engines(self.engines.judge(node, now))
-
-    def _tell_engines(self, change: EngineChange | None) -> None:
-        if change is not None:
-            for listener in self._engine_listeners:
-                listener(change)
-
-
-class NodeBoard(_Reads, _OwnParts, _EngineParts):
+class NodeBoard:
     """Every node's ``NodeState`` and cooldowns; changed only by its verbs."""
 
     def __init__(self, names: Iterable[str]) -> None:
@@ -199,7 +112,8 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
         self._engine_listeners: list[EngineListener] = []
         # After a check: (node, inventory replaced?); the fleet tells the replicas.
         self.on_check: Callable[[str, bool], None] = _unheard
-        self.on_engine_read = _unheard  # likewise, each engine read
+        # Likewise, after each fold of an engine read of ours.
+        self.on_engine_read: Callable[[EngineRead], None] = _unheard
 
     def listen(self, listener: Listener) -> None:
         """Have ``listener`` called with every change the board applies."""
@@ -229,6 +143,43 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
         if model is None:
             return self.cooldowns.get(name, now)
         return self.model_cooldowns.get(name, model, now)
+
+    def is_down(self, name: str) -> bool:
+        """Whether the node's last health check failed (and nothing served since)."""
+        return self.nodes[name].down
+
+    def down_count(self) -> int:
+        """How many nodes are down now."""
+        return sum(node.down for node in self.nodes.values())
+
+    def wake_at(self) -> float:
+        """When the next cooldown (node-wide or a model's) ends (``inf``: none), for the ticker.
+
+        One that ran out unnoticed counts too: it ended, so the ticker looks now.
+        """
+        ends = [entry.until for entry in self.cooldowns.active(-math.inf)]
+        if self.model_cooldowns.by_model:
+            ends += self.model_cooldowns.ends()
+        return min(ends, default=math.inf)
+
+    def known_tags(self, name: str) -> list[dict[str, object]] | None:
+        """The ``models`` entries of the node's last ``/api/tags`` answer to a check.
+
+        None while it has given none (discovery off, not asked yet, not a
+        tags list); a check without any answer keeps the one before. Read only.
+        """
+        return self.nodes[name].tags
+
+    # -- this process's own: the re-check asks -------------------------------
+
+    def ask_recheck(self, name: str) -> None:
+        """Have the node's checker check it now (or right after its running check)."""
+        self.nodes[name].recheck.set()
+
+    def take_recheck(self, name: str) -> trio.Event:
+        """A fresh re-check event for a check that begins now; a later ask sets it."""
+        event = self.nodes[name].recheck = trio.Event()
+        return event
 
     # -- the verbs -----------------------------------------------------------
 
@@ -351,6 +302,31 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
                 self.inventories.pop(name, None)
         self.configured = tuple(wanted)
 
+    def shared_check(
+        self,
+        node: str,
+        *,
+        last_check: CheckRecord | None = None,
+        inventory: tuple[str, ...] | None = None,
+        replace_inventory: bool = False,
+    ) -> None:
+        """Keep another replica's check of ``node``: its ``last_check``, its inventory.
+
+        The verb for the shared state (``fleet.py``). Readiness is not
+        changed here: that comes as ``NodeChange`` records (``apply``).
+        """
+        state = self.nodes.get(node)
+        if state is None:
+            return
+        if last_check is not None:
+            state.last_check = last_check
+        if replace_inventory:
+            state.inventory = inventory
+            if inventory:
+                self.inventories[node] = inventory
+            else:
+                self.inventories.pop(node, None)
+
     # -- the one writer of readiness -----------------------------------------
 
     def apply(self, change: NodeChange, now: float) -> None:
@@ -397,36 +373,41 @@ class NodeBoard(_Reads, _OwnParts, _EngineParts):
         for listener in self._listeners:
             listener(change)
 
+    # -- the engine verbs ----------------------------------------------------
+    # Each read folded into ``engines``, then told to the engine listeners
+    # (``listen_engines``), not the readiness ones: a read changes no node's
+    # readiness, only its load and capacity.
+
+    def listen_engines(self, listener: EngineListener) -> None:
+        """Have ``listener`` called with what every folded engine read left."""
+        self._engine_listeners.append(listener)
+
+    def configure_engines(self, settings: EngineSettings) -> None:
+        """Take the engine settings of a (re)loaded configuration."""
+        self.engines.configure(settings)
+
+    def engine_read(self, node: str, signal: EngineSignal, now: float) -> None:
+        """The engine reader's callback: fold one read of ``node``'s engine at ``now``."""
+        read = EngineRead(node, signal.engine, signal.signals, now - signal.at)
+        self.apply_engine(read, now)
+        self.on_engine_read(read)
+
+    def apply_engine(self, read: EngineRead, now: float) -> None:
+        """Fold ``read`` (this process's or another's), then tell the engine listeners."""
+        self._tell_engines(self.engines.fold(read, now))
+
+    def judge_engine(self, node: str, now: float) -> None:
+        """Judge ``node``'s reading at ``now``, no read: gone stale, it leaves the signals."""
+        self._tell_engines(self.engines.judge(node, now))
+
+    def _tell_engines(self, change: EngineChange | None) -> None:
+        if change is not None:
+            for listener in self._engine_listeners:
+                listener(change)
+
 
 def _unheard(*_told: object) -> None:
     """``on_check`` and ``on_engine_read`` with nobody to tell (``--state memory``)."""
-
-
-def shared_check(
-    board: NodeBoard,
-    node: str,
-    *,
-    last_check: CheckRecord | None = None,
-    inventory: tuple[str, ...] | None = None,
-    replace_inventory: bool = False,
-) -> None:
-    """Keep another replica's check of ``node``: its ``last_check``, its inventory.
-
-    The board's verb for the shared state (``fleet.py``), beside the class to
-    keep it within its size. Readiness is not changed here: that comes as
-    ``NodeChange`` records (``NodeBoard.apply``).
-    """
-    state = board.nodes.get(node)
-    if state is None:
-        return
-    if last_check is not None:
-        state.last_check = last_check
-    if replace_inventory:
-        state.inventory = inventory
-        if inventory:
-            board.inventories[node] = inventory
-        else:
-            board.inventories.pop(node, None)
 
 
 def _keep_verdict(state: NodeState, verdict: CheckVerdict, record: CheckRecord | None) -> None:

@@ -49,7 +49,7 @@ from ..core.node_change import NodeChange
 from ..core.redis_url import parse_state
 from ..core.state_layout import RemoteRecord
 from ..telemetry.logs import logger
-from .board import NodeBoard, shared_check
+from .board import NodeBoard
 from .queue import SlotQueue
 from .shared_state import SharedState
 from .spare_leases import SpareLease, SpareLeases
@@ -140,11 +140,11 @@ class FleetBoard:
                 return
             known, inventory = fleet_records.read_inventory(remote.record)
             if known:
-                shared_check(self.board, node, inventory=inventory, replace_inventory=True)
+                self.board.shared_check(node, inventory=inventory, replace_inventory=True)
                 return
             check = fleet_records.read_check(remote.record, remote.age, now)
             if check is not None:
-                shared_check(self.board, node, last_check=check)
+                self.board.shared_check(node, last_check=check)
         finally:
             self._remote = False
 

@@ -29,15 +29,7 @@ from ..core.cooldown import ModelCooldowns
 from ..core.engine_book import EngineChange
 from ..core.engines import capacity_at_start
 from ..core.node_change import ChangeKind, NodeChange
-from ..core.slot_ledger import SlotLedger
-from ..core.slots import (
-    Acquired,
-    Handoff,
-    Queued,
-    Slot,
-    SlotScheduler,
-    Waiter,
-)
+from ..core.slots import Acquired, Handoff, Queued, Slot, SlotLedger, SlotScheduler, Waiter
 from ..telemetry.metrics import Metrics
 
 

@@ -9,7 +9,9 @@ records and the freed-slot announcements. What it offers:
 - ``take_slot`` / ``renew_slot`` / ``release_slot``: the slot lease
   (``wire/slot_lease.py``'s scripts) with ``--lease-ttl`` (``fleet.py``
   renews every held lease from one task); the release is written and not
-  waited for, so the take is the request path's one round trip;
+  waited for, so the take is the request path's one round trip; one that
+  could not be written, or whose answer never came, is owed to the next
+  join (below);
 - callbacks, all synchronous and called from its own task:
   ``on_record(RemoteRecord)`` for each record of another replica,
   ``on_freed(node, mine)`` for each freed slot announced (``mine``: by this
@@ -36,6 +38,12 @@ while this replica watched (``state_layout.judge``) died, or lost Redis:
 its slot leases are freed at once, announced, in one script
 (``SlotLeases.reap``), so its slots are free within five seconds of its
 last beat rather than one ``--lease-ttl`` (30 s by default).
+
+Owed releases: a release that could not be written (Redis away, or the
+write did not go out within ``--state-timeout``), or whose answer never
+came, is owed: a take that timed out may have happened in Redis, and a
+lease taken there must end. At the next join every owed release is sent;
+past ``OWED_MOST`` they are left to end by their TTL.
 """
 
 from __future__ import annotations
@@ -60,13 +68,13 @@ from ..telemetry.logs import logger
 from ..wire.redis import RedisConnection, Subscription, open_redis, open_subscription
 from ..wire.shared_records import SharedRecords
 from ..wire.slot_lease import SlotLeases
-from .owed_releases import OwedReleases
 
-__all__ = ["HEARTBEAT_MOST", "Membership", "RemoteRecord", "SharedState"]
+__all__ = ["HEARTBEAT_MOST", "OWED_MOST", "RemoteRecord", "SharedState"]
 
 T = TypeVar("T")
 
 HEARTBEAT_MOST = 1.0  # seconds between heartbeats, at most; a beat lasts three
+OWED_MOST = 10_000  # releases kept for the next join; past that they end by their TTL
 
 
 def _ignore(*_: object) -> None:
@@ -144,7 +152,12 @@ class SharedState:
         self._probe = trio.Event()
         self._changed = trio.Event()
         self._lease_ids = itertools.count(1)
-        self._releases = OwedReleases(lambda: self._link, self.replica_id, state_timeout)
+        # lease id -> (node, capacity): releases Redis may not have heard.
+        self._owed: dict[str, tuple[str, int]] = {}
+        self._outage: str | None = "not joined yet"
+        self.since_ms = 0
+        """When this replica began to watch the others' beats (its join, or
+        its own last lapse), by Redis' clock: it judges only what expired since."""
 
     # -- what the proxy reads ------------------------------------------------------------
 
@@ -226,7 +239,31 @@ class SharedState:
         owed to the next join (a take that timed out may have happened).
         Shielded (see ``RedisConnection.post``).
         """
-        return await self._releases.post(node, lease_id, capacity, seen_full)
+        link = self._link
+
+        def answered(answer: bool | StateError) -> None:
+            if isinstance(answer, StateError):
+                logger.debug(
+                    "shared state: a release failed", extra={"fields": {"error": str(answer)}}
+                )
+                self._owe(node, lease_id, capacity)
+
+        if link is not None and await link.leases.release(
+            node,
+            lease_id,
+            capacity=capacity,
+            seen_full=seen_full,
+            origin=self.replica_id,
+            deadline=trio.current_time() + self.state_timeout,
+            on_answer=answered,
+        ):
+            return True
+        self._owe(node, lease_id, capacity)
+        return False
+
+    def _owe(self, node: str, lease_id: str, capacity: int) -> None:
+        if len(self._owed) < OWED_MOST:
+            self._owed[lease_id] = (node, capacity)
 
     async def want_slot(self, node: str) -> bool:
         """Tell the other replicas that a workload here waits for ``node`` (``SlotLeases.want``).
@@ -255,7 +292,9 @@ class SharedState:
             self._probe.set()
             return None
 
-    # -- the lifetime ------------------------------------------------------------------------
+    # -- the lifetime: join, heartbeat, listen, notice a loss, rejoin ------------------------
+    # ``beat`` is the heartbeat of a joined replica (its own task); the tests
+    # drive it under a mock clock with stand-ins for the two connections' verbs.
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join, stay joined, rejoin after every loss, until cancelled; never raises a StateError.
@@ -265,45 +304,6 @@ class SharedState:
         Cancellation: leaves the replicas' set when it can within
         ``--state-timeout`` and closes both connections.
         """
-        await Membership(self).run(task_status)
-
-    def _joined(self, link: _Link | None) -> None:
-        self._link = link
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def _counted(self, replicas: int) -> None:
-        if replicas != self.replicas:
-            self.replicas = replicas
-            self._changed.set()
-            self._changed = trio.Event()
-
-    def _lapsed(self) -> None:
-        self.lapses += 1
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def _take_probe(self) -> trio.Event:
-        """The event a failed call sets, fresh for the next one."""
-        probe, self._probe = self._probe, trio.Event()
-        return probe
-
-
-class Membership:
-    """``SharedState.run``'s body: join, heartbeat, listen, notice a loss, rejoin.
-
-    ``beat`` is the heartbeat of a joined replica (its own task); the tests
-    drive it under a mock clock with stand-ins for the two connections' verbs.
-    """
-
-    def __init__(self, state: SharedState) -> None:
-        self.state = state
-        self.outage: str | None = "not joined yet"
-        # When this replica began to watch the others' beats (its join, or
-        # its own last lapse), by Redis' clock: it judges only what expired since.
-        self.since_ms = 0
-
-    async def run(self, task_status: trio.TaskStatus[None]) -> None:
         failures = 0
         while True:
             try:
@@ -324,45 +324,43 @@ class Membership:
 
     async def _join(self) -> tuple[RedisConnection, Subscription]:
         """Connect both, count the replicas, load the snapshot; all or nothing."""
-        state = self.state
-        deadline = trio.current_time() + state.state_timeout
+        deadline = trio.current_time() + self.state_timeout
         subscription = await open_subscription(
-            state.address, state.channels, deadline=deadline, ssl_context=state.ssl_context
+            self.address, self.channels, deadline=deadline, ssl_context=self.ssl_context
         )
         try:
             connection = await open_redis(
-                state.address,
+                self.address,
                 deadline=deadline,
-                ssl_context=state.ssl_context,
-                client_name=f"trio-failover:{state.replica_id}",
+                ssl_context=self.ssl_context,
+                client_name=f"trio-failover:{self.replica_id}",
             )
             try:
                 # Subscribed first: a record told meanwhile waits in the socket
                 # and is applied after the snapshot, which it is newer than.
-                records = SharedRecords(connection, state.prefix)
+                records = SharedRecords(connection, self.prefix)
                 beats = await self._heartbeat(records)
                 self.since_ms = beats.now_ms
-                snapshot = await records.snapshot(state.nodes, deadline=deadline)
+                snapshot = await records.snapshot(self.nodes, deadline=deadline)
             except BaseException:
                 await connection.aclose()
                 raise
         except BaseException:
             await subscription.aclose()
             raise
-        state.on_snapshot([record for record in snapshot if record.origin != state.replica_id])
+        self.on_snapshot([record for record in snapshot if record.origin != self.replica_id])
         return connection, subscription
 
     async def _stay_joined(self, connection: RedisConnection, subscription: Subscription) -> str:
         """Serve the joined state until Redis is lost; returns why."""
-        state = self.state
-        records = SharedRecords(connection, state.prefix)
-        state.joins += 1
-        state._joined(_Link(connection, SlotLeases(connection, state.prefix), records))
-        await state._releases.settle()
-        self.outage = None
-        message = "shared state: rejoined" if state.joins > 1 else "shared state: joined"
+        records = SharedRecords(connection, self.prefix)
+        self.joins += 1
+        self._joined(_Link(connection, SlotLeases(connection, self.prefix), records))
+        await self._settle_owed()
+        self._outage = None
+        message = "shared state: rejoined" if self.joins > 1 else "shared state: joined"
         logger.log(
-            logging.WARNING if state.joins > 1 else logging.INFO,
+            logging.WARNING if self.joins > 1 else logging.INFO,
             message,
             extra={"fields": self._fields()},
         )
@@ -380,54 +378,58 @@ class Membership:
 
                 nursery.start_soon(watch, lambda: self._listen(subscription))
                 nursery.start_soon(
-                    watch, lambda: self.beat(records, SlotLeases(connection, state.prefix))
+                    watch, lambda: self.beat(records, SlotLeases(connection, self.prefix))
                 )
         finally:
-            state._joined(None)
+            self._joined(None)
             if reason is None and connection.closed_reason is None:
                 # Cancelled (the proxy stops): leave the live count at once
                 # rather than one heartbeat TTL later, if Redis answers.
-                with trio.move_on_after(state.state_timeout, shield=True):
-                    deadline = trio.current_time() + state.state_timeout
+                with trio.move_on_after(self.state_timeout, shield=True):
+                    deadline = trio.current_time() + self.state_timeout
                     with contextlib.suppress(StateError):
-                        await records.heartbeat(state.replica_id, 0, deadline=deadline)
+                        await records.heartbeat(self.replica_id, 0, deadline=deadline)
             try:
                 await connection.aclose()
             finally:  # a cancelled close still closes, then raises Cancelled
                 await subscription.aclose()
         return reason or "the connection ended"
 
+    async def _settle_owed(self) -> None:
+        """At a join: send the releases Redis may not have heard."""
+        owed, self._owed = self._owed, {}
+        for lease_id, (node, capacity) in owed.items():
+            await self.release_slot(node, lease_id, capacity=capacity, seen_full=False)
+
     async def _listen(self, subscription: Subscription) -> None:
         """Hand each message to its callback; raises StateUnavailable when the connection goes."""
-        state = self.state
-        records, freed, wanted = (channel.encode() for channel in state.channels)
+        records, freed, wanted = (channel.encode() for channel in self.channels)
         async for message in subscription:
             if message.channel == freed:
                 node, origin = read_freed(message.data.decode(errors="replace"))
-                state.on_freed(node, origin == state.replica_id)
+                self.on_freed(node, origin == self.replica_id)
             elif message.channel == wanted:
-                state.on_wanted(message.data.decode(errors="replace"))
+                self.on_wanted(message.data.decode(errors="replace"))
             elif message.channel == records:
                 record = state_layout.decode_envelope(message.data)
-                if record is not None and record.origin != state.replica_id:
-                    state.on_record(record)
+                if record is not None and record.origin != self.replica_id:
+                    self.on_record(record)
         raise StateError("subscription", "ended")
 
     async def beat(self, records: SharedRecords, leases: SlotLeases) -> None:
         """The heartbeat, every interval, or at once when a call asks for a probe; until cancelled.
 
-        After each beat: a lapse of its own is told (``SharedState.lapses``),
-        and the replicas that stopped beating are reaped.
+        After each beat: a lapse of its own is told (``lapses``), and the
+        replicas that stopped beating are reaped.
 
         Raises:
             StateError: a beat failed (Redis is lost: ``run`` rejoins).
         """
-        state = self.state
         while True:
-            with trio.move_on_after(state.heartbeat_interval):
-                await state._probe.wait()
-            state._take_probe()
-            before = state.replicas
+            with trio.move_on_after(self.heartbeat_interval):
+                await self._probe.wait()
+            self._probe = trio.Event()  # fresh for the next failed call
+            before = self.replicas
             beats = await self._heartbeat(records)
             if beats.lapsed:
                 # Another replica may have judged this one dead and freed its
@@ -439,30 +441,28 @@ class Membership:
                     "its running attempts' slots are taken again",
                     extra={"fields": self._fields()},
                 )
-                state._lapsed()
-            if state.replicas != before:
+                self._lapsed()
+            if self.replicas != before:
                 logger.info(
                     "shared state: live replicas",
                     extra={"fields": {**self._fields(), "before": before}},
                 )
-            lease_ttl_ms = lease_script.lease_ms(state.lease_ttl)
-            verdict = state_layout.judge(beats, state.replica_id, self.since_ms, lease_ttl_ms)
+            lease_ttl_ms = lease_script.lease_ms(self.lease_ttl)
+            verdict = state_layout.judge(beats, self.replica_id, self.since_ms, lease_ttl_ms)
             if verdict:
                 await self._reap(leases, verdict)
 
     async def _heartbeat(self, records: SharedRecords) -> Beats:
-        state = self.state
         deadline = trio.current_time() + self._beat_timeout()
-        ttl = 3 * state.heartbeat_interval
-        beats = await records.heartbeat(state.replica_id, ttl, deadline=deadline)
-        state._counted(max(1, beats.live))
+        ttl = 3 * self.heartbeat_interval
+        beats = await records.heartbeat(self.replica_id, ttl, deadline=deadline)
+        self._counted(max(1, beats.live))
         return beats
 
     def _beat_timeout(self) -> float:
         # Off the request path: a little more room than a request gets, so
         # that one slow answer on a busy host is not an outage.
-        state = self.state
-        return max(state.state_timeout, min(1.0, state.heartbeat_interval))
+        return max(self.state_timeout, min(1.0, self.heartbeat_interval))
 
     async def _reap(self, leases: SlotLeases, verdict: state_layout.Verdict) -> None:
         """Free the dead replicas' leases and drop them (and the forgotten) from the set.
@@ -472,11 +472,10 @@ class Membership:
         Several replicas may judge the same death: the first script drops
         it, the others find it gone and free nothing.
         """
-        state = self.state
         deadline = trio.current_time() + self._beat_timeout()
         freed: Mapping[str, Sequence[str]] = {}
         if verdict.dead:
-            holders = await leases.holders(state.lease_nodes(), deadline=deadline)
+            holders = await leases.holders(self.lease_nodes(), deadline=deadline)
             freed = state_layout.leases_to_free(verdict.dead, holders)
         try:
             dropped = await leases.reap(
@@ -500,18 +499,34 @@ class Membership:
 
     def _went_down(self, reason: str) -> None:
         """Redis is away: say it once per outage (and at the first failed join)."""
-        if self.outage is None or self.outage == "not joined yet":
+        if self._outage is None or self._outage == "not joined yet":
             logger.warning(
                 "shared state unreachable: going on alone with this replica's share "
                 "of each capacity until it is back",
                 extra={"fields": {**self._fields(), "error": reason}},
             )
-        self.outage = reason
+        self._outage = reason
 
     def _fields(self) -> dict[str, Any]:
-        state = self.state
         return {
-            "state": state.address.display(),
-            "replica": state.replica_id,
-            "replicas": state.replicas,
+            "state": self.address.display(),
+            "replica": self.replica_id,
+            "replicas": self.replicas,
         }
+
+    def _joined(self, link: _Link | None) -> None:
+        self._link = link
+        self._tell_changed()
+
+    def _counted(self, replicas: int) -> None:
+        if replicas != self.replicas:
+            self.replicas = replicas
+            self._tell_changed()
+
+    def _lapsed(self) -> None:
+        self.lapses += 1
+        self._tell_changed()
+
+    def _tell_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()

@@ -18,7 +18,7 @@ from ...core.config import (
     Config,
 )
 from ...core.engines import ENGINE_KINDS
-from ...core.slot_ledger import BALANCE_MODES
+from ...core.slots import BALANCE_MODES
 from .kinds import (
     ADMIN,
     BOOL,
