@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..core.config import Config
+from ..core.config import Config, LiveConfig
 from ..core.cooldown import CooldownTable
 from ..core.engine_book import EngineBook, engine_settings
 from ..core.redis_url import parse_state
@@ -68,26 +68,26 @@ class Proxy(OwnTasks):
     """
 
     def __init__(self, config: Config, *, connector: Connector | None = None) -> None:
-        self.config = config
+        # The running configuration: the one holder every part reads at use;
+        # a reload replaces ``live.config`` and nothing else (reload.py).
+        self.live = live = LiveConfig(config)
         self.connector: Connector = connector or TCPConnector(config)
         # Idle keep-alive connections to nodes; close with ``pool.aclose()``.
         self.pool = ConnectionPool(
             max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
         )
-        self.report = Report(config)
+        self.report = Report(live)
         self.board, self.queue = _board_and_queue(config, self.report)
-        self.view = StatusView(config, self.board, self.queue, self.report.recent, self.report.live)
+        self.view = StatusView(live, self.board, self.queue, self.report.recent, self.report.live)
         metrics = self.report.metrics
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
         # Every wait for a node, timed by ``silence.watch`` (``run``): the
         # streams' idle timeouts, and the questions of a silent node.
-        self.silence = SilenceWatch(config)
+        self.silence = SilenceWatch(live)
         # GET /health of a node a wait has found silent; with discovery on or off.
-        self.liveness = LivenessChecker(
-            config, self.connector, self.board, self.report, self.silence
-        )
+        self.liveness = LivenessChecker(live, self.connector, self.board, self.report, self.silence)
         self.silence.ask = self.liveness.ask
         # A node marked down, by any check, ends every wait on it.
         self.board.listen(self.silence.board_changed)
@@ -95,12 +95,12 @@ class Proxy(OwnTasks):
         # board (``engines``), read by the slot ledger and the attempts.
         board = self.board
         self.engine_reader = EngineReader(
-            config,
+            live,
             self.connector,
             lambda node, signal: board.engine_read(node, signal, trio.current_time()),
         )
         self._workloads = WorkloadRunner(
-            config,
+            live,
             self.connector,
             self.pool,
             self.board,
@@ -110,9 +110,9 @@ class Proxy(OwnTasks):
             self.board.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (docs/discovery.md).
-        self.lists = FleetLists(config, self.connector, self.board, self.queue, self.report)
+        self.lists = FleetLists(live, self.connector, self.board, self.queue, self.report)
         self.discovery = Discovery(
-            config,
+            live,
             self.connector,
             self.board,
             self.queue,
@@ -128,6 +128,11 @@ class Proxy(OwnTasks):
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots
         metrics.read_state(self._state_status)
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (``live.config``), read at use."""
+        return self.live.config
 
     @property
     def engines(self) -> EngineBook:
