@@ -402,3 +402,30 @@ class Config(StateSettings):
     """Seconds between reads of the engines' signals; 0 = only with each check."""
     cold_start_timeout: float = attrs.field(default=300.0, validator=_non_negative)
     """The head deadline of an attempt at a node known not to hold the model loaded."""
+
+
+class LiveConfig:
+    """The running configuration of one proxy: the one reference every part reads at use.
+
+    A part keeps this holder, never a ``Config`` of its own, and reads
+    ``live.config`` when it needs a setting, so a reload that replaces
+    ``config`` here has changed it for every part at once: there is no list
+    of copies to keep up to date. (``tests/test_live_config.py`` walks a
+    running proxy's parts and fails on any ``Config`` held elsewhere.)
+    """
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+
+def live_config(config: Config | LiveConfig) -> LiveConfig:
+    """The holder a part reads: the proxy's own, or a new one for a part made alone (tests)."""
+    return config if isinstance(config, LiveConfig) else LiveConfig(config)
+
+
+def take_over(live: LiveConfig, config: Config) -> None:
+    """A part's ``reconcile``: a proxy's holder has the new config already; a lone part takes it."""
+    if live.config is not config:
+        live.config = config

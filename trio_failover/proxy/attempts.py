@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config
 from ..core.engine_book import EngineBook
 from ..core.errors import RetryableResponse, Unresponsive, UpstreamError
 from ..core.headers import get, upstream_request_headers
@@ -80,7 +80,7 @@ class Attempts:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         connector: Connector,
         pool: ConnectionPool,
         queue: SlotQueue,
@@ -90,7 +90,7 @@ class Attempts:
         silence: SilenceWatch,
         engines: EngineBook | None = None,
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         # The engines' signals: loaded models first; None = none.
         self.engines = engines
         # Times each attempt's wait for its node: a silent node is asked
@@ -102,6 +102,11 @@ class Attempts:
         self.report = report
         self.milestones = milestones
         self.relay = relay
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def plan(self, request: ClientRequest, client_address: str | None, scheme: str) -> Plan:
         """The workload's plan: its request parsed once, and its candidates in resolved order.

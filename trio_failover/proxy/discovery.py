@@ -46,7 +46,7 @@ from ..core.checks import (
     next_check_at,
     tags_answer,
 )
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config, take_over
 from ..core.engines import Answer as EngineAnswer
 from ..core.inventory import (
     CHECK_ANSWER_TIMEOUT,
@@ -85,7 +85,7 @@ class Discovery:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         connector: Connector,
         board: NodeBoard,
         queue: SlotQueue,
@@ -95,7 +95,7 @@ class Discovery:
         on_checked: Callable[[str, bool, EngineAnswer | None], None] | None = None,
         moving: Callable[[str, float], bool] | None = None,
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         # Told after each check (node, good, its /v1/models answer): the
         # engine reader reads then, and detects from it.
         self._on_checked = on_checked
@@ -135,6 +135,11 @@ class Discovery:
             self._nursery = None
             self._tasks.clear()
 
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
+
     def _start(self, nursery: trio.Nursery, node: Upstream, first_at: float) -> None:
         scope = self._tasks[node.name] = trio.CancelScope()
         nursery.start_soon(self._checker, node, first_at, scope)
@@ -151,7 +156,7 @@ class Discovery:
         one checks the new definition now. Before ``run`` (or with
         discovery off) only the configuration is taken.
         """
-        self.config = config
+        take_over(self._settings, config)
         nursery = self._nursery
         if nursery is None or not config.discovery_interval:
             for scope in self._tasks.values():

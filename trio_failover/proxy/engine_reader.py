@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 import trio
 
 from ..core import errors
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config, take_over
 from ..core.engine_parsers import next_detection
 from ..core.engine_state import EngineSignal
 from ..core.engines import (
@@ -74,17 +74,27 @@ _FAILURES: tuple[tuple[type[errors.UpstreamError], str], ...] = (
 class EngineReader:
     """Reads every node's engine signals and hands them to ``on_signal``."""
 
-    def __init__(self, config: Config, connector: Connector, on_signal: OnSignal) -> None:
-        self.config = config
+    def __init__(
+        self, config: Config | LiveConfig, connector: Connector, on_signal: OnSignal
+    ) -> None:
+        self._settings = live_config(config)
         self.connector = connector
         self.on_signal = on_signal
         # From connection made to whole answer read; tests may shorten it.
         self.answer_timeout = SIGNAL_ANSWER_TIMEOUT
-        self._wake = {node.name: trio.Event() for node in config.upstreams}
+        self._wake = {node.name: trio.Event() for node in self.config.upstreams}
+        # What the readers were started with (its intervals, each node as
+        # read): a reload compares the new configuration with it.
+        self._read_as = _read_as(self.config)
         self._good_check = dict.fromkeys(self._wake, False)
         self._listing: dict[str, Answer] = {}  # each node's last check's GET /v1/models
         self._nursery: trio.Nursery | None = None  # while ``run`` runs
         self._tasks: dict[str, trio.CancelScope] = {}  # the running readers, by node
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def checked(self, node: str, good: bool, listing: Answer | None = None) -> None:
         """A check of ``node`` ended (discovery calls this): read with it, detect at a good one.
@@ -124,13 +134,11 @@ class EngineReader:
         too, and every node when an interval changed. Before ``run`` only
         the configuration is taken.
         """
-        old, self.config = self.config, config
-        before = {node.name: node for node in old.upstreams}
+        take_over(self._settings, config)
+        intervals, before = self._read_as
+        self._read_as = _read_as(config)
         restart = set(restart)
-        if (old.load_interval, old.discovery_interval) != (
-            config.load_interval,
-            config.discovery_interval,
-        ):
+        if intervals != self._read_as[0]:
             restart |= set(before)
         for node in config.upstreams:
             kept = before.get(node.name)
@@ -243,3 +251,9 @@ def _reads_differently(old: Upstream, new: Upstream) -> bool:
         new.ca_file,
         new.insecure_skip_verify,
     )
+
+
+def _read_as(config: Config) -> tuple[tuple[float, float], dict[str, Upstream]]:
+    """The settings a reader reads by: the intervals, and each node's definition."""
+    intervals = (config.load_interval, config.discovery_interval)
+    return intervals, {node.name: node for node in config.upstreams}

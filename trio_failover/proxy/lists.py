@@ -34,7 +34,7 @@ import trio
 
 from ..core import errors
 from ..core.answers import error_document, error_headers
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config
 from ..core.inventory import (
     CHECK_PATH,
     MAX_LISTING_BYTES,
@@ -118,13 +118,13 @@ class FleetLists:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         connector: Connector,
         board: NodeBoard,
         queue: SlotQueue,
         report: Report,
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         self.connector = connector
         self.board = board
         self.queue = queue
@@ -134,6 +134,11 @@ class FleetLists:
         # Each node's last live answer to GET /v1/models: what a node that is
         # busy now (not asked, below) still lists.
         self._listed: dict[str, Sequence[str]] = {}
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def forget(self, names: Iterable[str]) -> None:
         """Drop the last lists of nodes a reload added or removed (a new node starts afresh)."""

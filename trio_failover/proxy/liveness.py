@@ -38,7 +38,7 @@ import math
 import trio
 
 from ..core import errors
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config
 from ..core.liveness import (
     KIND,
     LIVENESS_PATH,
@@ -60,20 +60,20 @@ class LivenessChecker:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         connector: Connector,
         board: NodeBoard,
         report: Report,
         watch: SilenceWatch,
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         self.connector = connector
         self.board = board
         self.report = report
         self.watch = watch
         # Every node a check may be asked of: a node a reload removed keeps
         # its definition while attempts still wait on it.
-        self._known = {node.name: node for node in config.upstreams}
+        self._known = {node.name: node for node in self.config.upstreams}
         self._running: set[str] = set()
         self._reviving: set[str] = set()
         self._passed_at: dict[str, float] = {}
@@ -94,6 +94,11 @@ class LivenessChecker:
             self._nursery = None
             self._running.clear()
             self._reviving.clear()
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def reconcile(self, added: list[str]) -> None:
         """A reload: the nodes' new definitions; added nodes start with no passed check."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import trio
 
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config
 from ..core.engines import Scope, cooldown_scope, serves_many
 from ..core.errors import RetryableResponse, UpstreamError
 from ..core.outcome import AttemptRecord, Outcome, judge, retry_after_of
@@ -29,10 +29,15 @@ from .report import Report
 class Milestones:
     """Records a workload's milestones and executes their verdicts."""
 
-    def __init__(self, config: Config, board: NodeBoard, report: Report) -> None:
-        self.config = config
+    def __init__(self, config: Config | LiveConfig, board: NodeBoard, report: Report) -> None:
+        self._settings = live_config(config)
         self.board = board
         self.report = report
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def attempt_failed(
         self, work: Workload, node: Upstream, failure: UpstreamError, *, last: bool

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import trio
 
-from ..core.config import Config
+from ..core.config import Config, LiveConfig
 from ..core.cooldown import CooldownTable
 from ..core.engine_book import EngineBook, engine_settings
 from ..core.redis_url import parse_state
@@ -75,26 +75,26 @@ class Proxy:
     """
 
     def __init__(self, config: Config, *, connector: Connector | None = None) -> None:
-        self.config = config
+        # The running configuration: the one holder every part reads at use;
+        # a reload replaces ``live.config`` and nothing else (reload.py).
+        self.live = live = LiveConfig(config)
         self.connector: Connector = connector or TCPConnector(config)
         # Idle keep-alive connections to nodes; close with ``pool.aclose()``.
         self.pool = ConnectionPool(
             max_idle=config.pool_max_idle, idle_timeout=config.pool_idle_timeout
         )
-        self.report = Report(config)
+        self.report = Report(live)
         self.board, self.queue = _board_and_queue(config, self.report)
-        self.view = StatusView(config, self.board, self.queue, self.report.recent, self.report.live)
+        self.view = StatusView(live, self.board, self.queue, self.report.recent, self.report.live)
         metrics = self.report.metrics
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
         self._gate = ClientGate(config, self.report)
         # Every wait for a node, timed by ``silence.watch`` (``run``): the
         # streams' idle timeouts, and the questions of a silent node.
-        self.silence = SilenceWatch(config)
+        self.silence = SilenceWatch(live)
         # GET /health of a node a wait has found silent; with discovery on or off.
-        self.liveness = LivenessChecker(
-            config, self.connector, self.board, self.report, self.silence
-        )
+        self.liveness = LivenessChecker(live, self.connector, self.board, self.report, self.silence)
         self.silence.ask = self.liveness.ask
         # A node marked down, by any check, ends every wait on it.
         self.board.listen(self.silence.board_changed)
@@ -102,12 +102,12 @@ class Proxy:
         # board (``engines``), read by the slot ledger and the attempts.
         board = self.board
         self.engine_reader = EngineReader(
-            config,
+            live,
             self.connector,
             lambda node, signal: board.engine_read(node, signal, trio.current_time()),
         )
         self._workloads = WorkloadRunner(
-            config,
+            live,
             self.connector,
             self.pool,
             self.board,
@@ -117,9 +117,9 @@ class Proxy:
             self.board.engines,
         )
         # The fleet's GET /v1/models and /api/tags, and the checks (docs/discovery.md).
-        self.lists = FleetLists(config, self.connector, self.board, self.queue, self.report)
+        self.lists = FleetLists(live, self.connector, self.board, self.queue, self.report)
         self.discovery = Discovery(
-            config,
+            live,
             self.connector,
             self.board,
             self.queue,
@@ -141,6 +141,11 @@ class Proxy:
         self._lifetime_manager: Any = None
         self._lent_to = 0  # connections served while ``lent`` runs the tasks
         self._lent_over: trio.Event | None = None  # set when the last of them ended
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (``live.config``), read at use."""
+        return self.live.config
 
     @property
     def engines(self) -> EngineBook:

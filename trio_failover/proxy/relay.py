@@ -16,7 +16,7 @@ from typing import Any
 import h11
 import trio
 
-from ..core.config import Config, Upstream
+from ..core.config import Config, LiveConfig, Upstream, live_config
 from ..core.errors import UpstreamError
 from ..core.headers import client_response_headers
 from ..core.liveness import question_period
@@ -35,13 +35,13 @@ class Relay:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         board: NodeBoard,
         report: Report,
         milestones: Milestones,
         silence: SilenceWatch,
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         self.board = board
         self.report = report
         self.silence = silence
@@ -116,6 +116,11 @@ class Relay:
             return False
         self._milestones.stream_ended(work, node, Outcome.COMPLETED, "")
         return True
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def _timer(
         self, node: Upstream, response: UpstreamResponse, idle_timeout: float

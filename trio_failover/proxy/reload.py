@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
-from ..core.config import Config
+from ..core.config import Config, LiveConfig
 from ..core.engine_book import engine_settings
 from ..core.errors import ConfigError
 from ..core.reload import diff_configs
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 class Proxy(Protocol):
     """The parts of ``proxy.Proxy`` a reload touches (named here: proxy.py imports this)."""
 
-    config: Config
+    live: LiveConfig
     connector: Connector
     pool: ConnectionPool
     report: Report
@@ -79,6 +79,9 @@ class Proxy(Protocol):
     discovery: Discovery
     _gate: ClientGate
     _workloads: WorkloadRunner
+
+    @property
+    def config(self) -> Config: ...
 
     @property
     def events(self) -> EventBus: ...
@@ -152,17 +155,7 @@ async def apply_reload(
 
 def _swap_config(proxy: Proxy, new: Config) -> None:
     """Every part that reads the configuration at use gets the new one."""
-    holders: list[Any] = [
-        proxy,
-        proxy.report,
-        proxy.view,
-        *proxy._workloads.holders(),
-        proxy.liveness,
-        proxy.silence,
-        proxy.lists,
-    ]
-    for holder in holders:
-        holder.config = new
+    proxy.live.config = new  # every part reads it at use: this is the whole swap
     pool = proxy.pool
     pool.max_idle, pool.idle_timeout = new.pool_max_idle, new.pool_idle_timeout
     # A stream still running at a node a reload moved (URL, TLS) or removed

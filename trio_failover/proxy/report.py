@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..core.config import Config
+from ..core.config import Config, LiveConfig, live_config
 from ..core.liveness import CheckRecord
 from ..core.outcome import AttemptRecord, Outcome
 from ..core.workload import State
@@ -42,22 +42,27 @@ ANONYMOUS = "anonymous"
 class Report:
     """The telemetry of the proxy's work, and the recent and live workloads."""
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
+    def __init__(self, config: Config | LiveConfig) -> None:
+        self._settings = live_config(config)
         self.events = EventBus()
-        self.metrics = Metrics(node.name for node in config.upstreams)
+        self.metrics = Metrics(node.name for node in self.config.upstreams)
         # Finished workloads and when they ended; summarised only when asked.
         self.recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
         self.live: dict[int, Workload] = {}
         # The traces' sink. None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
-        if config.otel_endpoint is not None:
+        if self.config.otel_endpoint is not None:
             from ..telemetry.tracing import Tracing
 
-            self.tracing = Tracing.to_collector(config.otel_endpoint)
+            self.tracing = Tracing.to_collector(self.config.otel_endpoint)
 
     # -- attempts ------------------------------------------------------------
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def attempt_started(self, work: Workload, node: Upstream, request: OutgoingRequest) -> None:
         """An attempt begins: its ``workload`` event; with traces on, its span.

@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 import trio
 
-from ..core.config import Config
+from ..core.config import Config, LiveConfig, live_config
 from ..core.liveness import moving, next_question, proof_window
 from ..core.node_change import ChangeKind, NodeChange
 
@@ -188,7 +188,7 @@ class SilenceWatch:
     ``ask``: called with a node's name when a wait's question is due (the
     proxy's ``LivenessChecker.ask``); it answers through ``answered``.
     ``config``: read for ``--liveness-interval`` (what counts as proof of
-    life); a reload swaps it.
+    life), at use: the proxy's one ``LiveConfig``.
     """
 
     __slots__ = (
@@ -196,15 +196,15 @@ class SilenceWatch:
         "_heap",
         "_last_byte",
         "_seq",
+        "_settings",
         "_stale",
         "_wake",
         "ask",
-        "config",
         "running",
     )
 
     def __init__(
-        self, config: Config | None = None, *, ask: Callable[[str], None] | None = None
+        self, config: Config | LiveConfig | None = None, *, ask: Callable[[str], None] | None = None
     ) -> None:
         self._heap: list[tuple[float, int, SilenceTimer]] = []
         self._seq = itertools.count()  # ties in expiry never compare timers
@@ -212,7 +212,7 @@ class SilenceWatch:
         self._wake = trio.Event()  # set when an entry is earlier than all before it
         self.running = False
         self.ask = ask
-        self.config = config
+        self._settings = None if config is None else live_config(config)
         # Each node's registered waits, and when its last ended stream last relayed.
         self._by_node: dict[str, set[SilenceTimer]] = {}
         self._last_byte: dict[str, float] = {}
@@ -220,7 +220,7 @@ class SilenceWatch:
     @property
     def interval(self) -> float:
         """``--liveness-interval`` as configured now (0 without a configuration)."""
-        return self.config.liveness_interval if self.config is not None else 0.0
+        return self._settings.config.liveness_interval if self._settings is not None else 0.0
 
     @property
     def timed(self) -> int:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..core.config import Config, redact_url
+from ..core.config import Config, LiveConfig, live_config, redact_url
 from ..core.inventory import DOWN_REASON, advertised_ids
 from ..core.version import __version__
 from .records import ms
@@ -30,17 +30,22 @@ class StatusView:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         board: NodeBoard,
         queue: SlotQueue,
         recent: deque[tuple[Workload, float]],
         live: dict[int, Workload],
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         self.board = board
         self.queue = queue
         self._recent = recent  # finished workloads and when they ended
         self._live = live  # workloads not finished yet, oldest first
+
+    @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
 
     def recent(self) -> list[dict[str, Any]]:
         """The last finished workloads, oldest first, in their ``/status`` form."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import trio
 
-from ..core.config import Config
+from ..core.config import Config, LiveConfig, live_config
 from ..core.engine_book import EngineBook
 from ..core.outcome import AttemptRecord, Outcome
 from ..core.requests import workload_id
@@ -50,7 +50,7 @@ class WorkloadRunner:
 
     def __init__(
         self,
-        config: Config,
+        config: Config | LiveConfig,
         connector: Connector,
         pool: ConnectionPool,
         board: NodeBoard,
@@ -59,17 +59,18 @@ class WorkloadRunner:
         silence: SilenceWatch | None = None,
         engines: EngineBook | None = None,
     ) -> None:
-        self.config = config
+        self._settings = live_config(config)
         # The streams' idle timers; ``serve()`` runs its ``watch``.
         self.silence = silence if silence is not None else SilenceWatch()
         self.connector = connector
         self.pool = pool
         self.board = board
         self.report = report
-        milestones = Milestones(config, board, report)
-        relay = Relay(config, board, report, milestones, self.silence)
+        live = self._settings  # one holder for all of them: a reload changes it once
+        milestones = Milestones(live, board, report)
+        relay = Relay(live, board, report, milestones, self.silence)
         attempts = Attempts(
-            config,
+            live,
             connector,
             pool,
             queue,
@@ -84,13 +85,14 @@ class WorkloadRunner:
         self._relay = relay
 
     @property
+    def config(self) -> Config:
+        """The running configuration (the proxy's one ``LiveConfig``), read at use."""
+        return self._settings.config
+
+    @property
     def attempts(self) -> Attempts:
         """The attempts' runner (the proxy sets its ``fleet`` step with a shared state)."""
         return self._attempts
-
-    def holders(self) -> tuple[object, ...]:
-        """The parts that read ``config`` at use (a reload swaps it in each)."""
-        return (self, self._attempts, self._milestones, self._relay)
 
     async def run(
         self,
