@@ -37,7 +37,10 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
         found.append((".__self__", obj.__self__))
     elif callable(obj) and getattr(obj, "__closure__", None):
         names = obj.__code__.co_freevars
-        found += [(f"<{name}>", cell.cell_contents) for name, cell in zip(names, obj.__closure__)]
+        found += [
+            (f"<{name}>", cell.cell_contents)
+            for name, cell in zip(names, obj.__closure__, strict=True)
+        ]
     if type(obj).__module__.startswith("trio_failover"):
         for name in getattr(obj, "__dict__", {}):
             found.append((f".{name}", getattr(obj, name)))
