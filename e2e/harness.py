@@ -365,6 +365,23 @@ class Proxy(Process):
                 return dict(workload)
         raise HarnessError(f"no workload {rid} in /status")
 
+    def last_request_checks(self, timeout: float = 5.0) -> int:
+        """The ``checks=`` of the last access line (the liveness checks its request passed).
+
+        Waits for the line, which the proxy writes as the request ends.
+        """
+        found: list[int] = []
+
+        def written() -> bool:
+            for line in reversed(self.log_text().splitlines()):
+                if " request " in line and " checks=" in line:
+                    found.append(int(line.rsplit(" checks=", 1)[1].split()[0]))
+                    return True
+            return False
+
+        wait_for(written, timeout, what="the access line")
+        return found[0]
+
     def metric(self, name: str, **labels: str) -> float:
         """One sample of the admin ``/metrics`` (0 when the series has none yet)."""
         code, _, body = http_get(self.admin_port, "/metrics")
