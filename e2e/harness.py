@@ -36,7 +36,10 @@ import h11
 LOOPBACK = "127.0.0.1"
 END_TOKENS = ("1", "106")  # <eos> and <end_of_turn> of Gemma 3
 CHAT = "/v1/chat/completions"
-CONTEXT = 4096  # tokens of context an engine gets, per slot, unless a test asks for more
+# Tokens of context an engine gets, per slot, unless a test asks for more.
+# Not more for llama-cpp-python: its server keeps the logits of every token
+# (logits_all is on by default), n_ctx rows of 262,144 floats, 4 GiB at 4,096.
+CONTEXT = 4096
 
 
 class HarnessError(AssertionError):
@@ -243,6 +246,7 @@ class LlamaCppPython(Engine):
         alias: str = "tiny",
         parallel: int = 1,
         interrupt_requests: bool | None = False,
+        ctx_size: int = CONTEXT,
     ) -> LlamaCppPython:
         """Start it; ``interrupt_requests`` None leaves the engine's own default (True)."""
         if parallel != 1:
@@ -251,7 +255,7 @@ class LlamaCppPython(Engine):
         python = manifest.data["llama_cpp_python"]["python"]
         argv = [python, "-m", "llama_cpp.server", "--model", manifest.model]
         argv += ["--model_alias", alias, "--host", LOOPBACK, "--port", str(port)]
-        argv += ["--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(CONTEXT)]
+        argv += ["--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(ctx_size)]
         # Without a template of its own the model needs gemma's; and a second
         # request must wait for the first, not interrupt it, or a proxy that
         # leaves abandoned work running would go unnoticed. A test of what
