@@ -52,7 +52,7 @@ def test_a_stopped_engine_costs_one_header_timeout_and_a_check_for_an_unstreamed
         # generation of 8 tokens (seconds on one CPU thread): not 10 minutes.
         assert moved_on <= answer.head_at < moved_on + 30, answer.head_at
         node = proxy.node("a")
-        assert (node["state"], node["reason"]) == ("cooling", "unresponsive"), node
+        assert (node["state"], node["reason"]) == ("down", "unresponsive"), node
         assert node["last_check"]["kind"] == "liveness"
         assert node["last_check"]["ok"] is False
         assert node["last_check"]["status"] is None
