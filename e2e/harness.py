@@ -15,6 +15,7 @@ import contextlib
 import http.client
 import itertools
 import json
+import math
 import os
 import re
 import select
@@ -34,6 +35,11 @@ import h11
 
 LOOPBACK = "127.0.0.1"
 END_TOKENS = ("1", "106")  # <eos> and <end_of_turn> of Gemma 3
+CHAT = "/v1/chat/completions"
+# Tokens of context an engine gets, per slot, unless a test asks for more.
+# Not more for llama-cpp-python: its server keeps the logits of every token
+# (logits_all is on by default), n_ctx rows of 262,144 floats, 4 GiB at 4,096.
+CONTEXT = 4096
 
 
 class HarnessError(AssertionError):
@@ -179,7 +185,7 @@ class LlamaServer(Engine):
         *,
         alias: str = "tiny",
         parallel: int = 1,
-        ctx_size: int = 4096,
+        ctx_size: int = CONTEXT,
     ) -> LlamaServer:
         """Start it; ``ctx_size``: each slot's context (``--ctx-size`` is it times ``parallel``)."""
         port = free_port()
@@ -240,6 +246,7 @@ class LlamaCppPython(Engine):
         alias: str = "tiny",
         parallel: int = 1,
         interrupt_requests: bool | None = False,
+        ctx_size: int = CONTEXT,
     ) -> LlamaCppPython:
         """Start it; ``interrupt_requests`` None leaves the engine's own default (True)."""
         if parallel != 1:
@@ -248,7 +255,7 @@ class LlamaCppPython(Engine):
         python = manifest.data["llama_cpp_python"]["python"]
         argv = [python, "-m", "llama_cpp.server", "--model", manifest.model]
         argv += ["--model_alias", alias, "--host", LOOPBACK, "--port", str(port)]
-        argv += ["--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "4096"]
+        argv += ["--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(ctx_size)]
         # Without a template of its own the model needs gemma's; and a second
         # request must wait for the first, not interrupt it, or a proxy that
         # leaves abandoned work running would go unnoticed. A test of what
@@ -361,6 +368,36 @@ class Proxy(Process):
             if workload["id"] == rid:
                 return dict(workload)
         raise HarnessError(f"no workload {rid} in /status")
+
+    def last_request_checks(self, timeout: float = 5.0) -> int:
+        """The ``checks=`` of the last access line (the liveness checks its request passed).
+
+        Waits for the line, which the proxy writes as the request ends.
+        """
+        found: list[int] = []
+
+        def written() -> bool:
+            for line in reversed(self.log_text().splitlines()):
+                if " request " in line and " checks=" in line:
+                    found.append(int(line.rsplit(" checks=", 1)[1].split()[0]))
+                    return True
+            return False
+
+        wait_for(written, timeout, what="the access line")
+        return found[0]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the admin ``/metrics`` (0 when the series has none yet)."""
+        code, _, body = http_get(self.admin_port, "/metrics")
+        if code != 200:
+            raise HarnessError(f"/metrics: {code} {body[:200]!r}")
+        wanted = sorted(f'{key}="{value}"' for key, value in labels.items())
+        for line in body.decode().splitlines():
+            series, _, value = line.rpartition(" ")
+            found_name, _, found_labels = series.partition("{")
+            if found_name == name and sorted(found_labels.rstrip("}").split(",")) == wanted:
+                return float(value)
+        return 0.0
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
@@ -599,6 +636,59 @@ def token_times(exchange: Exchange) -> tuple[float, list[float]]:
     if not times:
         raise HarnessError("no token arrived")
     return times[0], [later - earlier for earlier, later in itertools.pairwise(times)]
+
+
+# -- the engine's speed, measured in the test that needs it -------------------------------------
+#
+# A test that needs a generation or a prefill to last some seconds sizes it
+# from what the engine does here and now, never from a speed assumed once:
+# the suite must hold on a machine three times faster or slower than the one
+# it was written on, and on one shared with other work. The probes start
+# with words no test prompt starts with, so that the engines' prompt caches
+# (llama-server's per slot, llama-cpp-python's last prompt) give a test's
+# own prompt nothing but the chat template.
+
+PROBE_TOKENS = 48
+PROBE_LINES = 10
+PROMPT_TOKENS_PER_LINE = 14  # of long_prompt, with Gemma 3's tokenizer (13.7 measured)
+
+
+def seconds_per_token(port: int) -> float:
+    """The time an engine takes per generated token, from a short stream straight to it."""
+    _, gaps = token_times(_probe(port, chat_body(PROBE_TOKENS, prompt="Probe: count slowly.")))
+    return sum(gaps) / len(gaps)
+
+
+def seconds_per_prompt_line(port: int) -> float:
+    """The time an engine takes to read one line of ``long_prompt``, from a probe straight to it.
+
+    Its first token's time over the lines: a little more than the reading
+    alone, and a longer prompt costs more per line (attention grows with
+    it), so a prompt sized from it reads for at least as long as asked.
+    """
+    first, _ = token_times(_probe(port, chat_body(1, prompt="Probe: " + long_prompt(PROBE_LINES))))
+    return first / PROBE_LINES
+
+
+def _probe(port: int, body: dict[str, Any]) -> Exchange:
+    probe = Exchange.post(port, CHAT, body, timeout=120).read_all()
+    if probe.status != 200:
+        raise HarnessError(f"a speed probe got {probe.status}: {probe.body_bytes[:300]!r}")
+    return probe
+
+
+def tokens_lasting(seconds: float, per_token: float, room: int) -> int:
+    """``max_tokens`` for a generation of about ``seconds`` at ``per_token``, at most ``room``.
+
+    ``room``: what the context leaves after the prompt. A machine so fast
+    that the room binds gets a shorter generation, never a refused request.
+    """
+    return max(PROBE_TOKENS, min(room, math.ceil(seconds / per_token)))
+
+
+def lines_lasting(seconds: float, per_line: float, room: int) -> int:
+    """Lines of ``long_prompt`` for a prefill of about ``seconds``, within ``room`` tokens."""
+    return max(PROBE_LINES, min(room // PROMPT_TOKENS_PER_LINE, math.ceil(seconds / per_line)))
 
 
 # -- a recording relay --------------------------------------------------------------------------

@@ -7,32 +7,42 @@ import time
 import pytest
 from conftest import Fleet
 from harness import (
+    CONTEXT,
+    PROMPT_TOKENS_PER_LINE,
     Exchange,
     LlamaCppPython,
     LlamaServer,
     chat_body,
+    lines_lasting,
     long_prompt,
+    seconds_per_prompt_line,
+    seconds_per_token,
     token_times,
+    tokens_lasting,
     wait_for,
 )
 from report import Report
 
 KINDS = ["llama-server", "llama-cpp-python"]
 CHAT = "/v1/chat/completions"
-# Left alone, the abandoned request would run for 400 tokens: 20 s at ~20 tokens/s.
-ABANDONED_TOKENS = 400
 # Bounds on the engine's stop, from the client's leaving. Mid-stream the
 # engines notice at their next token. Before the first token both finish the
 # prompt first (llama-server and llama-cpp-python check between tokens), so
-# that bound covers the rest of a prefill of LONG_PROMPT.
+# that bound covers the rest of a prefill of PREFILL_S.
 STOP_MID_S = 3.0
 STOP_BEFORE_S = 15.0
 NEXT_TTFT_S = 3.0
-
-
-# llama-server reads ~250 prompt tokens/s here; llama-cpp-python is slower
-# at it, so it gets a shorter prompt (its stop waits for the whole prefill).
-PROMPT_LINES = {"llama-server": 50, "llama-cpp-python": 20}
+# Sizes from the engine's speed, measured in the test: left alone, the
+# abandoned request would generate for ABANDONED_S (or as far as its context
+# allows), far past the bounds, so an engine still at it fails them; the
+# prompt the client leaves during takes about PREFILL_S to read, long enough
+# to be seen under way, short enough for STOP_BEFORE_S to cover its rest.
+ABANDONED_S = 40.0
+PREFILL_S = 4.0
+# llama-server gets room for both on a machine three times as fast as the
+# test's first one (a prompt of ~3,000 tokens, then 40 s at 150 tokens/s);
+# llama-cpp-python keeps the harness's (a prompt of ~1,000, then ~20 s).
+CONTEXTS = {"llama-server": 16384, "llama-cpp-python": CONTEXT}
 
 
 @pytest.mark.parametrize("when", ["mid-stream", "before-first-token"])
@@ -40,19 +50,25 @@ PROMPT_LINES = {"llama-server": 50, "llama-cpp-python": 20}
 def test_engine_stops_when_client_leaves(
     fleet: Fleet, report: Report, kind: str, when: str
 ) -> None:
-    engine = fleet.engine(kind)
+    context = CONTEXTS[kind]
+    engine = fleet.engine(kind, ctx_size=context)
+    per_token = seconds_per_token(engine.port)
+    lines = 0
+    if when == "before-first-token":
+        lines = lines_lasting(PREFILL_S, seconds_per_prompt_line(engine.port), context // 2)
+    room = context - PROMPT_TOKENS_PER_LINE * lines - 64
+    abandoned = chat_body(tokens_lasting(ABANDONED_S, per_token, room))
     proxy = fleet.proxy([("a", engine.url)])
     disconnects = engine.disconnects() if isinstance(engine, LlamaCppPython) else 0
 
     if when == "mid-stream":
-        leaving = Exchange.post(proxy.port, CHAT, chat_body(ABANDONED_TOKENS))
+        leaving = Exchange.post(proxy.port, CHAT, abandoned)
         assert leaving.read_head() == 200
         assert len([e for e in leaving.read_events(5) if e.content()]) >= 5
         bound = STOP_MID_S
     else:
-        leaving = Exchange.post(
-            proxy.port, CHAT, chat_body(ABANDONED_TOKENS, prompt=long_prompt(PROMPT_LINES[kind]))
-        )
+        abandoned["messages"][0]["content"] = long_prompt(lines)
+        leaving = Exchange.post(proxy.port, CHAT, abandoned)
         wait_for(engine.busy, 10, what=f"{engine.name} to start on the prompt")
         # Still in the prefill: not one byte for the client yet.
         assert leaving.nothing_yet(), leaving.peeked
@@ -85,4 +101,6 @@ def test_engine_stops_when_client_leaves(
         engine_stopped_after=round(stopped * 1000),
         cpu_after_s_per_s=round(cpu_share, 2),
         next_ttft=round(first_token * 1000),
+        max_tokens=abandoned["max_tokens"],
+        prompt_lines=lines,
     )

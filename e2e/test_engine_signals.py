@@ -21,25 +21,31 @@ from typing import Any
 
 from conftest import Fleet
 from harness import (
+    CONTEXT,
     Exchange,
     HarnessError,
     Proxy,
     chat_body,
     read_in_threads,
     request_id,
+    seconds_per_token,
     token_times,
+    tokens_lasting,
     wait_for,
 )
 from report import Report
 
 CHAT = "/v1/chat/completions"
 LOAD_INTERVAL = "500ms"
-# Long enough that all four streams still run while the test looks at the
-# engines: at the machine's slowest (~6 tokens/s a slot) well over 10 s.
-STREAM_TOKENS = 160
-# Far below the 8.3 s of a stream deferred inside an engine (issue 30), far
-# above a first token on this machine under load (under 2 s).
+# Far below the wait of a stream deferred inside an engine (8.3 s in issue
+# 30: until another stream ends), far above a first token on this machine
+# under load (under 2 s).
 FIRST_TOKEN_BOUND_S = 6.0
+# How long each of the four streams would run alone, at the speed measured
+# in the test (two sharing an engine's thread run longer): all four still
+# run while the test looks at the engines, and a stream deferred behind
+# another would wait at least this long for its first token.
+STREAM_S = 2 * FIRST_TOKEN_BOUND_S
 
 
 def post_streams(proxy: Proxy, count: int, tokens: int) -> dict[str, Exchange]:
@@ -73,10 +79,11 @@ def check_complete(stream: Exchange) -> None:
 
 def test_four_streams_two_on_each_engine_none_waiting_inside(fleet: Fleet, report: Report) -> None:
     a, b = fleet.engines("llama-server", "a", "b", parallel=2)
+    stream_tokens = tokens_lasting(STREAM_S, seconds_per_token(a.port), CONTEXT - 64)
     proxy = fleet.proxy([("a", a.url), ("b", b.url)], "--load-interval", LOAD_INTERVAL)
     auto_after = proxy.wait_auto_capacity(("a", "b"), 2)
 
-    by_id = post_streams(proxy, 4, STREAM_TOKENS)
+    by_id = post_streams(proxy, 4, stream_tokens)
     streams = list(by_id.values())
     finished = read_in_threads(streams)
     placed = nodes_running(proxy, list(by_id))
@@ -109,6 +116,7 @@ def test_four_streams_two_on_each_engine_none_waiting_inside(fleet: Fleet, repor
         capacity_auto_after_start=auto_after,
         nodes="".join(nodes),
         first_token=ttft,
+        stream_tokens=stream_tokens,
     )
 
 

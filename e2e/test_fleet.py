@@ -6,9 +6,19 @@ import json
 
 import pytest
 from conftest import Fleet
-from harness import Exchange, chat_body, http_get, request_id, wait_for
+from harness import (
+    CONTEXT,
+    Exchange,
+    chat_body,
+    http_get,
+    request_id,
+    seconds_per_token,
+    tokens_lasting,
+    wait_for,
+)
 
 CHAT = "/v1/chat/completions"
+STREAM_S = 5.0  # a stream of the capacity-two test, alone, at the engine's measured speed
 
 
 @pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
@@ -27,8 +37,13 @@ def test_capacity_one_puts_two_streams_on_two_engines(fleet: Fleet, kind: str) -
 
 def test_capacity_two_keeps_both_slots_of_one_engine_busy(fleet: Fleet) -> None:
     (engine,) = fleet.engines("llama-server", "a", parallel=2)
+    # Each stream lasts some seconds at the speed measured here (longer with
+    # two sharing the engine's thread): time to see both slots busy.
+    max_tokens = tokens_lasting(STREAM_S, seconds_per_token(engine.port), CONTEXT - 64)
     proxy = fleet.proxy([("a", engine.url)], "--capacity", "2")
-    streams = [Exchange.post(proxy.port, CHAT, chat_body(48)) for _ in range(3)]
+    streams = [
+        Exchange.post(proxy.port, CHAT, chat_body(max_tokens), timeout=120) for _ in range(3)
+    ]
 
     def two_busy_one_queued() -> bool:
         busy = sum(1 for slot in engine.slots() if slot["is_processing"])  # type: ignore[attr-defined]
