@@ -9,7 +9,7 @@ and the watcher returns. Cancelling an attempt closes its upstream socket
 at once (``upstream.open_response`` does it in ``finally``).
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
-from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
+from the pure core (``ranking``, ``outcome``, ``requests``); ``attempts.py``
 and ``milestones.py`` execute them and tell ``Report`` what happened;
 ``answers.py`` writes the answers the proxy makes itself.
 """

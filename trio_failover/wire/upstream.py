@@ -50,7 +50,7 @@ from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.screen import answer_flaw
 from ..core.sse import SseScanner, is_event_stream
-from . import socket_io, sockopts
+from . import http1, sockopts
 from .connect import Connector, TCPConnector, open_tcp
 from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_chunk, read_prefix
 from .pool import ConnectionPool
@@ -545,7 +545,7 @@ def _write_at_once(
     if len(request.body) > RECEIVE_SIZE:  # do not copy a large body just to save a syscall
         return [head, body, end]
     data = head + body + end
-    sent = socket_io.write_now(stream, data)
+    sent = http1.write_now(stream, data)
     if sent < 0:
         return [data]
     return [memoryview(data)[sent:]] if sent < len(data) else []
@@ -610,7 +610,7 @@ async def _receive_answer_start(
         UpstreamError: EOF or reset later (the attempt's failure).
     """
     try:
-        data = await socket_io.receive(stream, RECEIVE_SIZE)
+        data = await http1.receive(stream, RECEIVE_SIZE)
     except (trio.BrokenResourceError, OSError) as exc:
         if sockopts.is_dead_peer_error(exc) or trio.current_time() - written > STALE_WINDOW:
             raise map_error(name, "head", exc) from exc
