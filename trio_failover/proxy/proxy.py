@@ -47,22 +47,22 @@ from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
-from .board import NodeBoard, NodeState
-from .discovery import Discovery
-from .engine_reader import EngineReader
-from .lists import FleetLists
-from .liveness import LivenessChecker
-from .node_news import NodeNews
-from .queue import SlotQueue, gauge_in_flight
+from .nodes.board import NodeBoard, NodeState
+from .nodes.discovery import Discovery
+from .nodes.engine_reader import EngineReader
+from .nodes.lists import FleetLists
+from .nodes.liveness import LivenessChecker
+from .nodes.node_news import NodeNews
+from .nodes.queue import SlotQueue, gauge_in_flight
+from .nodes.silence import SilenceWatch
+from .nodes.status import StatusView
+from .nodes.ticker import EXPIRY_TICK, expire_cooldowns_every
 from .reload import ReloadResult, apply_reload
 from .report import Report
-from .silence import SilenceWatch
-from .status import StatusView
-from .ticker import EXPIRY_TICK, expire_cooldowns_every
-from .workload import WorkloadRunner
+from .request.workload import WorkloadRunner
 
 if TYPE_CHECKING:
-    from .fleet import Fleet
+    from .fleet.fleet import Fleet
 
 __all__ = ["Proxy", "open_proxy"]
 
@@ -136,7 +136,7 @@ class Proxy:
         # The replicas' shared state (docs/replicas.md): None with ``--state memory``.
         self.fleet: Fleet | None = None
         if parse_state(config.state) is not None:
-            from .fleet import Fleet  # only then: it pulls in the Redis client
+            from .fleet.fleet import Fleet  # only then: it pulls in the Redis client
 
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots

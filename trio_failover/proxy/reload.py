@@ -42,23 +42,23 @@ from ..core.errors import ConfigError
 from ..core.reload import diff_configs
 from ..telemetry.logs import logger
 from ..wire.connect import TCPConnector
-from .node_news import gauge_nodes
-from .queue import gauge_in_flight
+from .nodes.node_news import gauge_nodes
+from .nodes.queue import gauge_in_flight
 
 if TYPE_CHECKING:
     from ..telemetry.events import EventBus
     from ..wire.pool import ConnectionPool
     from ..wire.upstream import Connector
-    from .board import NodeBoard
-    from .discovery import Discovery
-    from .engine_reader import EngineReader
-    from .lists import FleetLists
-    from .liveness import LivenessChecker
-    from .queue import SlotQueue
+    from .nodes.board import NodeBoard
+    from .nodes.discovery import Discovery
+    from .nodes.engine_reader import EngineReader
+    from .nodes.lists import FleetLists
+    from .nodes.liveness import LivenessChecker
+    from .nodes.queue import SlotQueue
+    from .nodes.silence import SilenceWatch
+    from .nodes.status import StatusView
     from .report import Report
-    from .silence import SilenceWatch
-    from .status import StatusView
-    from .workload import WorkloadRunner
+    from .request.workload import WorkloadRunner
 
 
 class Proxy(Protocol):

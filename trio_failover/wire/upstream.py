@@ -16,7 +16,7 @@ Each deadline wraps the smallest operation that owns it:
 Silence is the proxy's question, not this module's: the caller's
 ``Progress`` record is told when the node owes an answer
 (``waiting_since``: the request written, then the head read), and the
-proxy, which times every wait (``proxy/silence.py``), asks a silent node
+proxy, which times every wait (``proxy/nodes/silence.py``), asks a silent node
 ``GET /health`` and cancels the attempt when the node is found down. No
 call goes up from here.
 
@@ -214,7 +214,7 @@ class Timings:
 class UpstreamResponse:
     """A committed-ready response: its whole head and its first body bytes.
 
-    ``open_response`` makes it; the relay (``proxy/relay.py``) reads the
+    ``open_response`` makes it; the relay (``proxy/request/relay.py``) reads the
     rest of the body from it and either gives its connection back to the
     pool or closes it.
 
