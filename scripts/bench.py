@@ -192,8 +192,9 @@ def run_relay(upstream_port: int, *, socket_io: bool = False) -> None:
     """A bare Trio + h11 relay, the floor any Trio + h11 proxy is measured against.
 
     ``socket_io``: the same relay reading and writing through the proxy's
-    ``wire.socket_io`` instead of Trio's stream methods (``relay-io``), to
-    tell what the failover work costs on the same I/O.
+    socket reads and writes (``wire.http1``'s ``receive`` and ``send``)
+    instead of Trio's stream methods (``relay-io``), to tell what the
+    failover work costs on the same I/O.
     """
     import h11
     import trio
@@ -201,8 +202,16 @@ def run_relay(upstream_port: int, *, socket_io: bool = False) -> None:
     receive: Callable[[Any], Awaitable[bytes]] = lambda stream: stream.receive_some(65536)  # noqa: E731
     send: Callable[[Any, bytes], Awaitable[None]] = lambda stream, data: stream.send_all(data)  # noqa: E731
     if socket_io:
-        from trio_failover.wire import socket_io as io
+        import importlib
 
+        from trio_failover.wire import http1
+
+        # http1's, or before issue 41 a module of their own.
+        io: Any = (
+            http1
+            if hasattr(http1, "send")
+            else importlib.import_module("trio_failover.wire.socket_io")
+        )
         receive, send = io.receive, io.send
 
     async def next_event(stream: trio.SocketStream, conn: h11.Connection) -> object:
@@ -888,7 +897,7 @@ def run_instructions(s: Setup) -> None:
         f"trio pump (no HTTP) {floor / 1e6:.2f} M{httptools}"
     )
     s.report.out(
-        f"  bare relay on the proxy's socket I/O (wire/socket_io) {bare_io / 1e6:.2f} M: "
+        f"  bare relay on the proxy's socket I/O (wire/http1) {bare_io / 1e6:.2f} M: "
         f"trio-failover {ours / bare_io:.2f} x of it"
     )
     s.report.target(

@@ -15,7 +15,7 @@ from trio_failover.core.engines import Detection, EngineKind, Signals
 from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.liveness import CheckRecord
 from trio_failover.core.node_change import ChangeKind, NodeChange
-from trio_failover.proxy.board import NodeBoard
+from trio_failover.proxy.nodes.board import NodeBoard
 
 COOLING, READY, DOWN, UP, COOLED = (
     ChangeKind.COOLING,

@@ -19,7 +19,7 @@ from trio_failover.core.names import (
     same_model,
     spellings,
 )
-from trio_failover.core.rewrite import node_body
+from trio_failover.core.requests import node_body
 
 SPELLINGS = [
     pytest.param("llama3.2", ("llama3.2", "llama3.2:latest"), id="bare"),

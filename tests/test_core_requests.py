@@ -1,4 +1,4 @@
-"""Table tests of request facts (trio_failover.core.requests)."""
+"""Table tests of request facts and of a node's request (trio_failover.core.requests)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from trio_failover.core.requests import (
     client_workload_id,
+    is_list_route,
     is_ollama_path,
     is_unstreamed,
     new_workload_id,
+    node_target,
     request_document,
     request_line_path,
     request_model,
@@ -198,3 +200,32 @@ def test_workload_id_replaces_anything_else_with_a_uuid(value: bytes | None) -> 
 )
 def test_request_line_path(head: bytes | bytearray, expected: str) -> None:
     assert request_line_path(head) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "expected"),
+    [
+        pytest.param(b"GET", b"/v1/models", True, id="models"),
+        pytest.param(b"GET", b"/api/tags", True, id="tags"),
+        pytest.param(b"GET", b"/v1/models?limit=5", True, id="query-ignored"),
+        pytest.param(b"HEAD", b"/v1/models", False, id="head-is-a-workload"),
+        pytest.param(b"POST", b"/api/tags", False, id="post-is-a-workload"),
+        pytest.param(b"GET", b"/v1/models/m", False, id="one-model-is-a-workload"),
+        pytest.param(b"GET", b"/api/tags/", False, id="trailing-slash"),
+    ],
+)
+def test_is_list_route(method: bytes, target: bytes, expected: bool) -> None:
+    assert is_list_route(method, target) is expected
+
+
+@pytest.mark.parametrize(
+    ("target", "base_path", "expected"),
+    [
+        pytest.param(b"/v1/chat?x=1", "", b"/v1/chat?x=1", id="origin-form"),
+        pytest.param(b"/v1/chat", "/ollama", b"/ollama/v1/chat", id="base-path"),
+        pytest.param(b"http://proxy:8080/v1/chat?x=1", "", b"/v1/chat?x=1", id="absolute-form"),
+        pytest.param(b"http://proxy:8080", "/b", b"/b/", id="absolute-form-no-path"),
+    ],
+)
+def test_node_target(target: bytes, base_path: str, expected: bytes) -> None:
+    assert node_target(target, base_path) == expected

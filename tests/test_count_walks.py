@@ -19,8 +19,8 @@ def test_count_walks_counts_both_walks() -> None:
     files = [line.strip() for line in lines if line.startswith("  ")]
     # The request walks from the proxy's entry through all layers it uses...
     assert files[0] == "proxy/proxy.py"
-    assert {"wire/client.py", "proxy/workload.py", "core/outcome.py"} <= set(files)
+    assert {"wire/client.py", "proxy/request/workload.py", "core/outcome.py"} <= set(files)
     # ...and the commit walk begins at the milestone that records it.
     commit = lines.index(heads[1])
-    assert lines[commit + 1] == "  proxy/milestones.py"
+    assert lines[commit + 1] == "  proxy/request/milestones.py"
     assert not [file for file in files if file.startswith("testing/")]  # the other ends

@@ -26,7 +26,7 @@ from trio_failover.core.inventory import (
     CheckFailure,
     judge_check,
 )
-from trio_failover.proxy.discovery import Discovery
+from trio_failover.proxy.nodes.discovery import Discovery
 from trio_failover.telemetry.events import Subscription
 from trio_failover.testing import (
     Behaviour,

@@ -28,7 +28,7 @@ from tests.test_discovery import (
 )
 from trio_failover import Config, Proxy, Upstream
 from trio_failover.core.config import Upstream as UpstreamType
-from trio_failover.proxy.discovery import Discovery
+from trio_failover.proxy.nodes.discovery import Discovery
 from trio_failover.testing import (
     Behaviour,
     FakeNode,

@@ -19,7 +19,7 @@ from trio_failover import Config
 from trio_failover.core.engine_state import EngineSignal
 from trio_failover.core.engines import UNKNOWN, Answer, EngineKind
 from trio_failover.proxy import Proxy
-from trio_failover.proxy.engine_reader import EngineReader
+from trio_failover.proxy.nodes.engine_reader import EngineReader
 from trio_failover.testing import (
     FakeLlamaCppPython,
     FakeLlamaServer,

@@ -425,7 +425,7 @@ async def test_the_proxy_executes_the_verdict_of_judge(
     # Whether to move on is outcome.judge's decision, not the loop's: a
     # verdict without fail_over ends the workload at that attempt.
     from trio_failover.core import outcome
-    from trio_failover.proxy import milestones as proxy_module
+    from trio_failover.proxy.request import milestones as proxy_module
 
     def no_failover(*args: object, **kwargs: object) -> outcome.Verdict:
         return outcome.Verdict(fail_over=False, cooldown=0.0, timed_out=False)

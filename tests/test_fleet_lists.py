@@ -27,7 +27,7 @@ from tests.conftest import LogRecords
 from tests.test_discovery import chat, listing, routed
 from trio_failover import ClientKey, Config, Proxy, Upstream
 from trio_failover.core.inventory import CheckFailure, judge_check
-from trio_failover.proxy.lists import Asked, failure_message
+from trio_failover.proxy.nodes.lists import Asked, failure_message
 from trio_failover.service.server import BoundAddresses, serve
 from trio_failover.testing import (
     Behaviour,

@@ -14,7 +14,7 @@ from conftest import RedisServer
 
 from trio_failover.core.errors import StateError, StateTimeout, StateUnavailable
 from trio_failover.core.redis_url import RedisAddress
-from trio_failover.wire import socket_io
+from trio_failover.wire import http1
 from trio_failover.wire.redis import RedisConnection, open_redis
 
 LIMIT = 10.0
@@ -62,14 +62,14 @@ async def test_a_later_call_takes_posted_answers_in_without_a_wait_of_their_own(
     The server never answers the later call, so every wait it makes is counted.
     """
     waits = 0
-    receive = socket_io.receive
+    receive = http1.receive
 
     async def counted(stream: trio.abc.ReceiveStream, size: int = 65536) -> bytes:
         nonlocal waits
         waits += 1
         return await receive(stream, size)
 
-    monkeypatch.setattr(socket_io, "receive", counted)
+    monkeypatch.setattr(http1, "receive", counted)
     answers: list[list[object] | StateError] = []
     with trio.fail_after(LIMIT):
         async with trio.open_nursery() as nursery:

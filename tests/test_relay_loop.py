@@ -1,4 +1,4 @@
-"""The relay loop after commit and its stream-idle silence (proxy/relay.py, proxy/silence.py).
+"""The relay loop after commit and its idle silence (proxy/request/relay.py, nodes/silence.py).
 
 Two cases a mutation run found untested (issue 27): a chunk that arrives in
 the very pass in which the idle timer fires, and an event stream whose
@@ -22,8 +22,8 @@ import trio.testing
 from trio_failover import Config
 from trio_failover.core.sse import SseScanner
 from trio_failover.proxy import Proxy
-from trio_failover.proxy.relay import _relay_chunks
-from trio_failover.proxy.silence import SilenceTimer
+from trio_failover.proxy.nodes.silence import SilenceTimer
+from trio_failover.proxy.request.relay import _relay_chunks
 from trio_failover.testing import FakeNode, Fleet, NodeIO, ReceivedRequest, request
 
 LIMIT = 3600.0  # virtual seconds: every test ends long before

@@ -19,7 +19,7 @@ import trio.testing
 
 from trio_failover.core.redis_url import RedisAddress
 from trio_failover.core.state_layout import Beats, lease_owner
-from trio_failover.proxy.shared_state import SharedState
+from trio_failover.proxy.fleet.shared_state import SharedState
 
 NODES = ("gpu-1", "gpu-2")
 

@@ -23,10 +23,10 @@ from trio_failover.core.engine_book import EngineChange, EngineRead, EngineSetti
 from trio_failover.core.engines import UNKNOWN, Detection, EngineKind, Signals
 from trio_failover.core.redis_url import RedisAddress
 from trio_failover.core.state_layout import RemoteRecord
-from trio_failover.proxy.board import NodeBoard
-from trio_failover.proxy.fleet import FleetBoard
+from trio_failover.proxy.fleet.fleet import FleetBoard
+from trio_failover.proxy.fleet.shared_state import SharedState
+from trio_failover.proxy.nodes.board import NodeBoard
 from trio_failover.proxy.proxy import Proxy
-from trio_failover.proxy.shared_state import SharedState
 from trio_failover.testing import FakeLlamaServer, FakeNode, Fleet, healthy, request, start_in_fleet
 
 INTERVAL = 0.2  # --load-interval: a reading is unknown once older than 0.6 s

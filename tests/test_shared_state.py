@@ -1,4 +1,4 @@
-"""proxy/shared_state.py against a real redis-server: records, snapshot, leases, Redis away.
+"""proxy/fleet/shared_state.py against a real redis-server: records, snapshot, leases, Redis away.
 
 Real 127.0.0.1 sockets and the real clock (real I/O is in flight, so no
 autojump). Every wait is for an event (a callback, ``wait_changed``), each
@@ -22,7 +22,7 @@ from test_redis_wire import SilentServer
 from trio_failover.core.lease_script import LeaseTake
 from trio_failover.core.redis_url import RedisAddress
 from trio_failover.core.state_layout import replicas_key
-from trio_failover.proxy.shared_state import RemoteRecord, SharedState
+from trio_failover.proxy.fleet.shared_state import RemoteRecord, SharedState
 from trio_failover.wire.redis import open_redis
 from trio_failover.wire.shared_records import SharedRecords
 from trio_failover.wire.slot_lease import SlotLeases

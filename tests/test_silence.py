@@ -10,7 +10,7 @@ import trio
 
 from trio_failover import Config
 from trio_failover.proxy import Proxy
-from trio_failover.proxy.silence import SilenceTimer, SilenceWatch
+from trio_failover.proxy.nodes.silence import SilenceTimer, SilenceWatch
 from trio_failover.testing import (
     FakeNode,
     Fleet,

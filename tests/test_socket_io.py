@@ -1,4 +1,4 @@
-"""wire.socket_io over real loopback sockets: the same results and errors as Trio's methods."""
+"""The socket reads and writes of wire.http1 over loopback: the results and errors of Trio's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_failover.wire import socket_io
+from trio_failover.wire import http1
 
 
 @pytest.fixture
@@ -32,9 +32,9 @@ def reset_on_close(stream: trio.SocketStream) -> None:
 
 
 async def receive_into(got: list[bytes | Exception], stream: trio.SocketStream) -> None:
-    """One ``socket_io.receive``, its bytes or its Trio error appended to ``got``."""
+    """One ``http1.receive``, its bytes or its Trio error appended to ``got``."""
     try:
-        got.append(await socket_io.receive(stream))
+        got.append(await http1.receive(stream))
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         got.append(exc)
 
@@ -58,8 +58,8 @@ async def test_receive_returns_empty_at_eof(
     ours, peer = pair
     await peer.send_all(b"last")
     await peer.send_eof()
-    assert await socket_io.receive(ours) == b"last"
-    assert await socket_io.receive(ours) == b""
+    assert await http1.receive(ours) == b"last"
+    assert await http1.receive(ours) == b""
 
 
 async def test_a_reset_is_a_broken_resource_with_the_os_error_as_its_cause(
@@ -69,7 +69,7 @@ async def test_a_reset_is_a_broken_resource_with_the_os_error_as_its_cause(
     reset_on_close(peer)
     await peer.aclose()
     with pytest.raises(trio.BrokenResourceError) as caught:
-        await socket_io.receive(ours)
+        await http1.receive(ours)
     assert isinstance(caught.value.__cause__, ConnectionResetError)
 
 
@@ -85,19 +85,19 @@ async def test_a_close_by_another_task_ends_the_wait(
     assert len(got) == 1
     assert isinstance(got[0], trio.ClosedResourceError)
     with pytest.raises(trio.ClosedResourceError):
-        await socket_io.receive(ours)  # and once closed, before any wait
+        await http1.receive(ours)  # and once closed, before any wait
 
 
 async def test_receive_is_cancellable(pair: tuple[trio.SocketStream, trio.SocketStream]) -> None:
     ours, peer = pair
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(socket_io.receive, ours)
+            nursery.start_soon(http1.receive, ours)
             await trio.testing.wait_all_tasks_blocked()
             scope.cancel()
     assert scope.cancelled_caught
     await peer.send_all(b"after")  # the stream still works after a cancelled wait
-    assert await socket_io.receive(ours) == b"after"
+    assert await http1.receive(ours) == b"after"
 
 
 async def test_send_delivers_everything_also_beyond_the_socket_buffers(
@@ -116,8 +116,8 @@ async def test_send_delivers_everything_also_beyond_the_socket_buffers(
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_all)
-            await socket_io.send(ours, small)
-            await socket_io.send(ours, large)
+            await http1.send(ours, small)
+            await http1.send(ours, large)
     assert bytes(received) == small + large
 
 
@@ -129,7 +129,7 @@ async def test_send_to_a_reset_peer_is_a_broken_resource(
     await peer.aclose()
     await trio.testing.wait_all_tasks_blocked()
     with pytest.raises(trio.BrokenResourceError):  # loopback: the RST came already
-        await socket_io.send(ours, b"x" * 1000)
+        await http1.send(ours, b"x" * 1000)
 
 
 async def test_send_after_send_eof_raises_as_trio_does(
@@ -138,15 +138,15 @@ async def test_send_after_send_eof_raises_as_trio_does(
     ours, _ = pair
     await ours.send_eof()
     with pytest.raises(trio.ClosedResourceError):
-        await socket_io.send(ours, b"late")
+        await http1.send(ours, b"late")
 
 
 async def test_other_streams_go_through_their_own_methods() -> None:
     ours, peer = trio.testing.memory_stream_pair()
-    await socket_io.send(ours, b"in memory")
-    assert await socket_io.receive(peer) == b"in memory"
+    await http1.send(ours, b"in memory")
+    assert await http1.receive(peer) == b"in memory"
     await ours.aclose()
-    assert await socket_io.receive(peer) == b""
+    assert await http1.receive(peer) == b""
 
 
 async def test_a_write_the_kernel_takes_whole_is_not_a_checkpoint(
@@ -156,7 +156,7 @@ async def test_a_write_the_kernel_takes_whole_is_not_a_checkpoint(
     ours, peer = pair
     with trio.CancelScope() as scope:
         scope.cancel()
-        await socket_io.send(ours, b"at once")  # Trio's send_all would raise Cancelled here
+        await http1.send(ours, b"at once")  # Trio's send_all would raise Cancelled here
     assert not scope.cancelled_caught
     assert await peer.receive_some(100) == b"at once"
 
@@ -165,24 +165,24 @@ async def test_without_posix_sockets_trio_serves(
     pair: tuple[trio.SocketStream, trio.SocketStream], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On Windows a socket is no descriptor for os.read: Trio's methods do the work."""
-    monkeypatch.setattr(socket_io, "_POSIX_SOCKETS", False)
-    monkeypatch.setattr(socket_io.os, "read", None)  # would raise if called
-    monkeypatch.setattr(socket_io.os, "write", None)
+    monkeypatch.setattr(http1, "_POSIX_SOCKETS", False)
+    monkeypatch.setattr(http1.os, "read", None)  # would raise if called
+    monkeypatch.setattr(http1.os, "write", None)
     ours, peer = pair
-    await socket_io.send(ours, b"ping")
-    assert await socket_io.receive(peer) == b"ping"
+    await http1.send(ours, b"ping")
+    assert await http1.receive(peer) == b"ping"
 
 
 async def test_read_now_takes_what_has_arrived_without_waiting(
     pair: tuple[trio.SocketStream, trio.SocketStream],
 ) -> None:
     ours, peer = pair
-    assert socket_io.read_now(ours) is None  # nothing yet: no wait, no bytes
+    assert http1.read_now(ours) is None  # nothing yet: no wait, no bytes
     await peer.send_all(b"GET / HTTP/1.1\r\n\r\n")
-    assert socket_io.read_now(ours) == b"GET / HTTP/1.1\r\n\r\n"  # a plain call: no checkpoint
+    assert http1.read_now(ours) == b"GET / HTTP/1.1\r\n\r\n"  # a plain call: no checkpoint
     await peer.send_eof()
-    assert socket_io.read_now(ours) == b""
-    assert await socket_io.receive(ours) == b""  # the EOF is still there to be met
+    assert http1.read_now(ours) == b""
+    assert await http1.receive(ours) == b""  # the EOF is still there to be met
 
 
 async def test_read_now_of_a_reset_is_a_broken_resource(
@@ -192,12 +192,12 @@ async def test_read_now_of_a_reset_is_a_broken_resource(
     reset_on_close(peer)
     await peer.aclose()
     with pytest.raises(trio.BrokenResourceError) as caught:
-        socket_io.read_now(ours)
+        http1.read_now(ours)
     assert isinstance(caught.value.__cause__, ConnectionResetError)
 
 
 async def test_read_now_reads_nothing_of_other_streams() -> None:
     ours, peer = trio.testing.memory_stream_pair()
     await ours.send_all(b"in memory")
-    assert socket_io.read_now(peer) is None
-    assert await socket_io.receive(peer) == b"in memory"
+    assert http1.read_now(peer) is None
+    assert await http1.receive(peer) == b"in memory"

@@ -1,4 +1,4 @@
-"""Spare slot leases (proxy/spare_leases.py): an ended attempt's lease kept for the next.
+"""Spare slot leases (proxy/fleet/spare_leases.py): an ended attempt's lease kept for the next.
 
 The keeping rule is table-tested under a MockClock; the rest runs two
 replicas (``Proxy`` objects) over one real redis-server, as
@@ -22,8 +22,8 @@ from test_replicas import LIMIT, SLACK, STREAM, replicas, replicas_at, until_con
 
 from trio_failover.core.lease_script import slots_key
 from trio_failover.core.redis_url import RedisAddress
+from trio_failover.proxy.fleet.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
 from trio_failover.proxy.proxy import Proxy
-from trio_failover.proxy.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
 from trio_failover.testing import FakeNode, Fleet, HeldRequests, healthy, request
 from trio_failover.wire.redis import open_redis
 

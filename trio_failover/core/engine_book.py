@@ -1,6 +1,6 @@
 """Pure: every node's engine as last read, and what the slot decisions read of it.
 
-The node board (``proxy/board.py``) owns one ``EngineBook`` and changes it
+The node board (``proxy/nodes/board.py``) owns one ``EngineBook`` and changes it
 only through its engine verbs; the book folds each read into the
 node's ``EngineState`` (``engine_state.next_state``) and keeps two outputs
 current:

@@ -1,6 +1,6 @@
 """Pure: what the proxy keeps of each node's engine between reads (docs/engines.md).
 
-The reader (``proxy/engine_reader.py``) hands over one ``EngineSignal`` per
+The reader (``proxy/nodes/engine_reader.py``) hands over one ``EngineSignal`` per
 read: the node's engine kind, the parsed ``Signals`` and the time of the
 read. Whoever owns node state (the node board) folds it into that node's
 ``EngineState`` with ``next_state`` and asks ``EngineState.current`` when it

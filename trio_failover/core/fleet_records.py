@@ -1,6 +1,6 @@
 """Pure: the node board's news as the records replicas share (docs/replicas.md).
 
-Three kinds of record travel between replicas (``proxy/fleet.py`` sends
+Three kinds of record travel between replicas (``proxy/fleet/fleet.py`` sends
 and applies them; ``core/state_layout.py`` carries them):
 
 - ``readiness``: one ``NodeChange`` (cooling, ready, down, up, cooled),

@@ -29,7 +29,7 @@ Use, in the shell:
 - a pre-commit ``404`` with ``is_model_not_found(status, body)``: fail over
   without cooldown, and ask for that node's re-check;
 - a commit with ``cooldown.ends_cooldown``: a down node is ready again
-  (reason ``READY_REASON_SERVED``; the node board, ``proxy/board.py``);
+  (reason ``READY_REASON_SERVED``; the node board, ``proxy/nodes/board.py``);
 - ``GET /v1/models``: ``advertised_ids`` per node, a live
   ``parse_model_list`` for the nodes where it is None, then
   ``models_document`` (None: answer 502);

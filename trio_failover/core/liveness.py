@@ -19,7 +19,7 @@ This module decides, from data and ``now``:
   is off (``revive_delay``);
 - what ``/status`` shows of a node's last check (``CheckRecord``).
 
-The Trio code (``proxy/silence.py`` times the waits, ``proxy/liveness.py``
+The Trio code (``proxy/nodes/silence.py`` times the waits, ``proxy/nodes/liveness.py``
 runs the checks) executes these decisions.
 """
 

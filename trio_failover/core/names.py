@@ -9,7 +9,7 @@ blanks, no other tag, and never a node's own name for a client's one.
 Every comparison of model names in the package goes through
 ``find_name``: the model filter of the candidates (``ranking.py``), the
 configured ``models`` (``config.Upstream``), the name a node is sent
-(``rewrite.py``) and the fleet's ``/v1/models`` (``inventory.py``). The
+(``requests.py``) and the fleet's ``/v1/models`` (``inventory.py``). The
 functions take the names as plain strings and collections; nothing here
 knows a node.
 """

@@ -5,7 +5,7 @@ began cooling (``COOLING``), it takes requests again (``READY``), its last
 check could not reach it (``DOWN``), its down flag cleared while a
 cooldown still runs (``UP``), or its cooldown ran out with nothing to
 tell (``COOLED``: it is down, or it had run out unnoticed). The board
-(``proxy/board.py``) makes them, applies them to its state and hands them
+(``proxy/nodes/board.py``) makes them, applies them to its state and hands them
 to its listeners; a board over a shared store (issue 31) publishes the
 ones it applies and applies the ones other replicas publish. So a record
 holds no absolute clock time: the Trio clocks of two processes differ.

@@ -1,13 +1,23 @@
-"""Pure: facts of a client request that its handling depends on (docs/failover.md).
+"""Pure: the request as parsed, and as each node gets it (docs/failover.md).
+
+The facts of a client request that its handling depends on:
 
 - ``request_document``: the JSON object of a request body, if it is one;
+  ``request_model``, its model;
 - ``is_unstreamed``: whether the node will send its head only once the whole
   answer is done (then ``--unstreamed-timeout`` replaces the response-header
   timeout for the wait);
+- ``is_list_route``: whether the proxy answers it itself, from the fleet's
+  lists (``GET /v1/models``, ``GET /api/tags``);
 - ``workload_id``: the client's own ``X-Request-Id`` when acceptable, else a
   new canonical version-4 UUID;
 - ``request_line_path``: the path of a raw head's request line, for the
   error answer to a head that h11 never parsed.
+
+And what one node gets of it: ``node_body`` keeps the client's bytes
+unless the node calls the model by another name; ``node_target`` drops an
+absolute-form's scheme and authority and adds the node's base path. The
+headers are ``headers.upstream_request_headers``.
 """
 
 from __future__ import annotations
@@ -16,6 +26,10 @@ import json
 import random
 import re
 from collections.abc import Iterable
+from typing import Any
+
+from .config import Upstream
+from .names import node_model_name
 
 # The client's id is passed on unchanged when it is this: no
 # spaces, quotes or control bytes that could break a log line or a node's
@@ -96,6 +110,17 @@ def is_unstreamed(path: str, document: object) -> bool:
     return stream is not True
 
 
+MODELS_PATH = b"/v1/models"
+TAGS_PATH = b"/api/tags"
+
+
+def is_list_route(method: bytes, target: bytes) -> bool:
+    """Whether the proxy answers this request itself (``GET /v1/models``, ``/api/tags``)."""
+    if method != b"GET":
+        return False
+    return target.split(b"?", 1)[0] in (MODELS_PATH, TAGS_PATH)
+
+
 def client_workload_id(value: bytes | None) -> str | None:
     """The client's ``X-Request-Id`` value when it is 1-128 of ``[A-Za-z0-9._:-]``."""
     # fullmatch: with match() and "$", a trailing newline would pass.
@@ -142,3 +167,27 @@ def workload_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
         if name == b"x-request-id":
             return client_workload_id(value) or new_workload_id()
     return new_workload_id()
+
+
+def node_body(body: bytes, document: Any, node: Upstream) -> bytes:
+    """The body for ``node``: its own name of the model, the rest as the client sent it.
+
+    The client's name is kept unless the node's ``models`` mapping gives
+    another (``names.node_model_name``: ``llama3.2`` and ``llama3.2:latest``
+    find the same key), so an unmapped node gets the client's bytes as sent.
+    """
+    model = request_model(document)
+    if model is not None and node.models is not None:
+        node_model = node_model_name(model, node.models)
+        if node_model != model:
+            return json.dumps({**document, "model": node_model}).encode()
+    return body
+
+
+def node_target(target: bytes, base_path: str) -> bytes:
+    """The request target for a node: origin-form, below the node's base path."""
+    if target[:1] != b"/":  # absolute-form: keep the path and query only
+        target = b"/" + target.split(b"://", 1)[-1].partition(b"/")[2]
+    if base_path:
+        target = base_path.encode() + target
+    return target

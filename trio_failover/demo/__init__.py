@@ -40,8 +40,8 @@ import attrs
 import trio
 
 from ..core.config import Config, Upstream, split_host_port
+from ..proxy.nodes.ticker import expire_cooldowns_every
 from ..proxy.proxy import Proxy
-from ..proxy.ticker import expire_cooldowns_every
 from ..service.server import BoundAddresses, serve
 from ..testing import FakeNode, Fleet, drop_before_body, frozen, openai
 from .script import HEADER_TIMEOUT, MODEL, PATH, TOKENS, Check, Script

@@ -1,8 +1,14 @@
 """The Trio shell that executes the core's decisions for each workload.
 
-``Proxy``: the workloads and their attempts, the queue, the node board and
-what feeds it (checks, liveness, engine reads), the replicas' shared
-state. It may import ``telemetry/``, ``wire/`` and ``core/``.
+``proxy.py``'s ``Proxy`` ties the parts together (and checks the client
+keys); ``reload.py`` carries a new configuration out. Below them, in
+folders by job: ``request/`` (a workload's life: its nursery, attempts,
+relay, answers), ``fleet/`` (the replicas, over Redis) and ``nodes/``
+(the node board, what feeds it, the slot queue, the silence watch, the
+lists, ``/status``); below all of them ``report.py`` (the telemetry every
+part writes to) and ``records.py`` (the ``Workload`` record). Imports go
+down that order (import-linter's contract for this folder). It may import
+``telemetry/``, ``wire/`` and ``core/``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 ``Proxy`` wires the parts together and is what embedders, ``server.serve``,
 the admin API and the demo hold: the client connection (``wire.client``),
+the client-key check every request passes first (``ClientGate``, here),
 one ``WorkloadRunner`` per proxy (``workload.py``), the node board
 (``board.py``: every node's state, and its only writer), the slot queue
 (``queue.py``) and the telemetry (``report.py``). The queue's dispatch and
@@ -23,40 +24,45 @@ others before it stops them).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+import attrs
+import h11
 import trio
 
+from ..core.answers import error_document, error_headers
+from ..core.auth import Keys, check_client, forwarded_headers
 from ..core.config import Config, LiveConfig
 from ..core.cooldown import CooldownTable
 from ..core.engine_book import EngineBook, engine_settings
 from ..core.redis_url import parse_state
+from ..core.requests import is_list_route, workload_id
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
-from ..wire.client import ClientConnection, ClientRequest, Drain
+from ..wire.client import ClientConnection, ClientGone, ClientRequest, Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
-from .board import NodeBoard, NodeState
-from .discovery import Discovery
-from .engine_reader import EngineReader
-from .gate import ClientGate
-from .lists import FleetLists, is_list_route
-from .liveness import LivenessChecker
-from .node_news import NodeNews
-from .queue import SlotQueue, gauge_in_flight
+from .nodes.board import NodeBoard, NodeState
+from .nodes.discovery import Discovery
+from .nodes.engine_reader import EngineReader
+from .nodes.lists import FleetLists
+from .nodes.liveness import LivenessChecker
+from .nodes.node_news import NodeNews
+from .nodes.queue import SlotQueue, gauge_in_flight
+from .nodes.silence import SilenceWatch
+from .nodes.status import StatusView
+from .nodes.ticker import EXPIRY_TICK, expire_cooldowns_every
 from .reload import ReloadResult, apply_reload
 from .report import Report
-from .silence import SilenceWatch
-from .status import StatusView
-from .ticker import EXPIRY_TICK, expire_cooldowns_every
-from .workload import WorkloadRunner
+from .request.workload import WorkloadRunner
 
 if TYPE_CHECKING:
-    from .fleet import Fleet
+    from .fleet.fleet import Fleet
 
 __all__ = ["Proxy", "open_proxy"]
 
@@ -89,7 +95,7 @@ class Proxy:
         metrics = self.report.metrics
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()
-        self._gate = ClientGate(config, self.report)
+        self._gate = ClientGate(live, self.report)
         # Every wait for a node, timed by ``silence.watch`` (``run``): the
         # streams' idle timeouts, and the questions of a silent node.
         self.silence = SilenceWatch(live)
@@ -130,7 +136,7 @@ class Proxy:
         # The replicas' shared state (docs/replicas.md): None with ``--state memory``.
         self.fleet: Fleet | None = None
         if parse_state(config.state) is not None:
-            from .fleet import Fleet  # only then: it pulls in the Redis client
+            from .fleet.fleet import Fleet  # only then: it pulls in the Redis client
 
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots
@@ -337,7 +343,8 @@ class Proxy:
             admitted = await self._gate.admit(client, request)
             if admitted is None:
                 return client.reusable
-            if is_list_route(admitted.request):  # the fleet's lists, answered here
+            request = admitted.request
+            if is_list_route(request.method, request.target):  # the fleet's lists, answered here
                 return await self.lists.answer(client, admitted.request, admitted.client)
             return await self._workloads.run(
                 client, admitted.request, client_address, scheme, client_name=admitted.client
@@ -392,6 +399,85 @@ class Proxy:
     def _state_status(self) -> dict[str, Any]:
         """``/status``'s ``state``: ``{"backend", "connected", "replicas"}``."""
         return dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()
+
+
+REFUSAL_MESSAGE = "missing or invalid API key"
+
+
+@attrs.frozen
+class Admitted:
+    """A request that may go on, as which client, with its credentials removed."""
+
+    request: ClientRequest
+    client: str | None  # the key's NAME; None when no key is configured
+
+
+class ClientGate:
+    """The client listener's key check (docs/security.md), before anything else of a request.
+
+    ``Proxy.handle_connection``'s handler passes every request through
+    ``admit`` first, so that no route of the client listener (the
+    workloads, and any the proxy answers itself) is reachable without a key
+    while keys are configured. The decisions are ``core.auth``'s; the gate
+    answers the ``401`` and takes the client's credentials off the request
+    before it goes any further. The keys are the running configuration's,
+    read at use: a reload's new keys hold from the next request on.
+    """
+
+    def __init__(self, live: LiveConfig, report: Report) -> None:
+        self.live = live
+        self.report = report
+
+    @property
+    def keys(self) -> Keys:
+        """The configured ``(name, key)`` pairs; empty when none is configured."""
+        return tuple((client.name, client.key) for client in self.live.config.clients)
+
+    @property
+    def checks(self) -> bool:
+        """Whether keys are configured (and so checked)."""
+        return bool(self.live.config.clients)
+
+    def allows(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether a request head presents a configured key.
+
+        ``ClientConnection``'s ``admit``: the body of a refused request is
+        read and dropped, never buffered.
+        """
+        # A reload may have removed every key since the connection opened.
+        keys = self.keys
+        return not keys or check_client(headers, keys).allowed
+
+    async def admit(self, client: ClientConnection, request: ClientRequest) -> Admitted | None:
+        """The request to serve, or None after answering it ``401`` (keep-alive kept).
+
+        Nothing of a refused request goes upstream, and nothing of what it
+        presented is logged: the access line names no key, right or wrong.
+        """
+        keys = self.keys
+        if not keys:
+            return Admitted(request, None)  # nothing checked, nothing removed
+        check = None if request.refused else check_client(request.headers, keys)
+        if check is None or not check.allowed:
+            await self._refuse(client, request)
+            return None
+        # The client's Authorization and X-Api-Key were the proxy's key: a
+        # node gets only its own configured headers.
+        stripped = attrs.evolve(request, headers=forwarded_headers(request.headers, keys))
+        return Admitted(stripped, check.name)
+
+    async def _refuse(self, client: ClientConnection, request: ClientRequest) -> None:
+        started = trio.current_time()
+        path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
+        request_id = workload_id(request.headers)
+        document = error_document(path, 401, "invalid_api_key", REFUSAL_MESSAGE)
+        headers = [*error_headers("invalid_api_key"), (b"x-request-id", request_id.encode())]
+        sent = 0
+        with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+            sent = await client.send_json(401, document, headers)
+        self.report.unauthorized(
+            request_id, request.method.decode("ascii", "replace"), path, started, sent
+        )
 
 
 def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQueue]:

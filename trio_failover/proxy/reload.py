@@ -9,11 +9,11 @@ cannot. How each part takes the new configuration:
   (``_swap_config``): ``Proxy`` (a new client connection's limits and
   timeouts), ``Report`` and its ``StatusView`` (``/status``), the workload
   runner with its ``Attempts``, ``Milestones`` and ``Relay`` (candidates,
-  timeouts, ``client_close``), ``LivenessChecker``, ``FleetLists``;
+  timeouts, ``client_close``), ``LivenessChecker``, ``FleetLists``, the
+  ``ClientGate`` (the client keys);
 - ``TCPConnector``: its TLS contexts built for the new nodes (a bad
   ``ca_file`` refuses the reload before anything changed) and its
   dead-peer timeout;
-- ``ClientGate``: its key table, replaced;
 - ``SlotQueue``: the capacities, balance and queue length; a lowered
   capacity lets no new attempt in until the node is under it; when the
   node list changed, the waiting workloads resolve their candidates again
@@ -42,24 +42,23 @@ from ..core.errors import ConfigError
 from ..core.reload import diff_configs
 from ..telemetry.logs import logger
 from ..wire.connect import TCPConnector
-from .node_news import gauge_nodes
-from .queue import gauge_in_flight
+from .nodes.node_news import gauge_nodes
+from .nodes.queue import gauge_in_flight
 
 if TYPE_CHECKING:
     from ..telemetry.events import EventBus
     from ..wire.pool import ConnectionPool
     from ..wire.upstream import Connector
-    from .board import NodeBoard
-    from .discovery import Discovery
-    from .engine_reader import EngineReader
-    from .gate import ClientGate
-    from .lists import FleetLists
-    from .liveness import LivenessChecker
-    from .queue import SlotQueue
+    from .nodes.board import NodeBoard
+    from .nodes.discovery import Discovery
+    from .nodes.engine_reader import EngineReader
+    from .nodes.lists import FleetLists
+    from .nodes.liveness import LivenessChecker
+    from .nodes.queue import SlotQueue
+    from .nodes.silence import SilenceWatch
+    from .nodes.status import StatusView
     from .report import Report
-    from .silence import SilenceWatch
-    from .status import StatusView
-    from .workload import WorkloadRunner
+    from .request.workload import WorkloadRunner
 
 
 class Proxy(Protocol):
@@ -77,7 +76,6 @@ class Proxy(Protocol):
     silence: SilenceWatch
     lists: FleetLists
     discovery: Discovery
-    _gate: ClientGate
     _workloads: WorkloadRunner
 
     @property
@@ -140,7 +138,6 @@ async def apply_reload(
     _swap_config(proxy, new)
     _reconcile_node_state(proxy, old, new)
     proxy.queue.reconfigure(new, moved=diff.nodes_changed)
-    proxy._gate.keys = tuple((client.name, client.key) for client in new.clients)
     restart = {change.name for change in diff.changed if change.reconnects}
     if old.discovery_interval != new.discovery_interval:
         restart |= {node.name for node in new.upstreams}

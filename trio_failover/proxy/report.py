@@ -26,7 +26,6 @@ from ..telemetry.logs import access_logger, log_access, logger
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientRequest
 from .records import Workload, ms
-from .status import workload_event
 
 if TYPE_CHECKING:  # imported at run time only with traces on (it imports OpenTelemetry)
     from ..core.config import Upstream
@@ -256,7 +255,7 @@ def log_listed(
 ) -> None:
     """Log the access line of a fleet list the proxy answered itself (no workload).
 
-    ``nodes``: each node asked live as ``node:result`` (``proxy/lists.py``).
+    ``nodes``: each node asked live as ``node:result`` (``proxy/nodes/lists.py``).
     Like a 401, it stays out of ``/status`` and the events: clients such
     as Open WebUI load the list on every page and would push the fleet's
     workloads out of view.
@@ -276,3 +275,26 @@ def log_listed(
             "bytes": sent,
         }
     )
+
+
+def workload_event(work: Workload, position: int | None) -> dict[str, Any]:
+    """The ``workload`` event of ``work``'s current state.
+
+    ``position``: its place in the queue as it starts waiting (1 = next).
+    """
+    event: dict[str, Any] = {
+        "type": "workload",
+        "id": work.id,
+        "state": str(work.state),
+        "node": work.node,
+        "attempt": work.attempt,
+        "method": work.method,
+        "path": work.path,
+        "client": work.client,
+        "model": work.model,
+    }
+    if work.status is not None:
+        event["status"] = work.status
+    if position is not None:
+        event["position"] = position
+    return event

@@ -29,7 +29,7 @@ from ..core.answers import error_document
 from ..core.errors import ClientError
 from ..core.requests import request_line_path
 from ..core.screen import ChunkScreen, check_framing, screen_head, underscored
-from . import socket_io
+from . import http1
 from .http1 import RECEIVE_SIZE, json_answer, with_close
 
 __all__ = [
@@ -313,7 +313,7 @@ class ClientReader:
         to meet (it is read again), an error is raised by ``run``.
         """
         try:
-            data = socket_io.read_now(self._stream, RECEIVE_SIZE)
+            data = http1.read_now(self._stream, RECEIVE_SIZE)
         except trio.BrokenResourceError as exc:
             self._failed = exc
             return
@@ -329,7 +329,7 @@ class ClientReader:
                 while len(self.pending) >= self._limit:
                     self._room = trio.Event()
                     await self._room.wait()
-                data = await socket_io.receive(self._stream, RECEIVE_SIZE)
+                data = await http1.receive(self._stream, RECEIVE_SIZE)
                 if not data:
                     self.closed = Closed.EOF
                     return
@@ -755,7 +755,7 @@ class ResponseWriter:
                 events = (with_close(start), *events[1:])
         data = b"".join(conn.send(event) or b"" for event in events)
         try:
-            await socket_io.send(self._stream, data)
+            await http1.send(self._stream, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.send_failed()
             raise ClientGone(str(exc)) from exc
@@ -773,7 +773,7 @@ class ResponseWriter:
         out = conn.send(h11.Data(data=data))
         assert out is not None  # only ConnectionClosed sends nothing
         try:
-            await socket_io.send(self._stream, out)
+            await http1.send(self._stream, out)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             conn.send_failed()
             raise ClientGone(str(exc)) from exc

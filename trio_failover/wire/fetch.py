@@ -24,7 +24,7 @@ import trio
 
 from ..core import errors
 from ..core.config import Config, Upstream
-from ..core.rewrite import node_target
+from ..core.requests import node_target
 from ..core.version import __version__
 from .connect import Connector
 from .http1 import next_event, read_prefix, send_events

@@ -41,7 +41,7 @@ import trio
 
 from ..core.errors import StateError, StateReplyError, StateTimeout, StateUnavailable
 from ..core.redis_url import RedisAddress
-from . import connect, socket_io, sockopts
+from . import connect, http1, sockopts
 
 __all__ = [
     "Arg",
@@ -92,7 +92,7 @@ class RedisConnection(trio.abc.AsyncResource):
 
     No reader task: a caller whose replies are not in yet reads the socket
     itself (``Replies``). One command alone costs one scheduler
-    pass (the wait for its reply; ``socket_io`` writes without one); a
+    pass (the wait for its reply; ``http1.send`` writes without one); a
     reader task would add two (docs/performance.md).
 
     A lost connection is noticed by the next call (a closed socket answers
@@ -237,7 +237,7 @@ class RedisConnection(trio.abc.AsyncResource):
             # A write cancelled half-way leaves the stream in an unknown state.
             # Past this check, though, Trio can cancel it only while it waits
             # for the kernel to take the rest (its buffer full: a server that
-            # stopped reading). socket_io.send writes what the kernel takes at
+            # stopped reading). http1.send writes what the kernel takes at
             # once without a checkpoint (the usual case: the reply's wait is
             # the call's scheduler pass), and Trio's own send_all (TLS) ends a
             # write that went through in a shielded checkpoint. So a
@@ -245,7 +245,7 @@ class RedisConnection(trio.abc.AsyncResource):
             await trio.lowlevel.checkpoint_if_cancelled()
             self._pending.add(call)
             try:
-                await socket_io.send(self._link.stream, payload)
+                await http1.send(self._link.stream, payload)
             except IO_ERRORS as exc:
                 self._lose(f"connection lost: {exc.__cause__ or exc}")
             except trio.Cancelled:
@@ -617,9 +617,9 @@ class Replies:
                 self.pending.wake_next_reader()
 
     async def _read_some(self) -> None:
-        """One read from the socket (``socket_io`` waits first: the reply is never there yet)."""
+        """One read from the socket (``http1.receive`` waits first: no reply is there yet)."""
         try:
-            data = await socket_io.receive(self.link.stream, READ_SIZE)
+            data = await http1.receive(self.link.stream, READ_SIZE)
         except IO_ERRORS as exc:
             self._lose(f"connection lost: {exc.__cause__ or exc}")
             return
@@ -628,7 +628,7 @@ class Replies:
     def _read_now(self) -> None:
         """Take in what the kernel already holds (no wait, not a checkpoint)."""
         try:
-            data = socket_io.read_now(self.link.stream, READ_SIZE)
+            data = http1.read_now(self.link.stream, READ_SIZE)
         except IO_ERRORS as exc:
             self._lose(f"connection lost: {exc.__cause__ or exc}")
             return

@@ -16,7 +16,7 @@ Each deadline wraps the smallest operation that owns it:
 Silence is the proxy's question, not this module's: the caller's
 ``Progress`` record is told when the node owes an answer
 (``waiting_since``: the request written, then the head read), and the
-proxy, which times every wait (``proxy/silence.py``), asks a silent node
+proxy, which times every wait (``proxy/nodes/silence.py``), asks a silent node
 ``GET /health`` and cancels the attempt when the node is found down. No
 call goes up from here.
 
@@ -50,7 +50,7 @@ from ..core.inventory import is_model_not_found
 from ..core.outcome import HeadAction, SavedResponse, classify_head, error_code, fails_over_on
 from ..core.screen import answer_flaw
 from ..core.sse import SseScanner, is_event_stream
-from . import socket_io, sockopts
+from . import http1, sockopts
 from .connect import Connector, TCPConnector, open_tcp
 from .http1 import RECEIVE_SIZE, EarlyClose, next_event, read_body, read_chunk, read_prefix
 from .pool import ConnectionPool
@@ -214,7 +214,7 @@ class Timings:
 class UpstreamResponse:
     """A committed-ready response: its whole head and its first body bytes.
 
-    ``open_response`` makes it; the relay (``proxy/relay.py``) reads the
+    ``open_response`` makes it; the relay (``proxy/request/relay.py``) reads the
     rest of the body from it and either gives its connection back to the
     pool or closes it.
 
@@ -545,7 +545,7 @@ def _write_at_once(
     if len(request.body) > RECEIVE_SIZE:  # do not copy a large body just to save a syscall
         return [head, body, end]
     data = head + body + end
-    sent = socket_io.write_now(stream, data)
+    sent = http1.write_now(stream, data)
     if sent < 0:
         return [data]
     return [memoryview(data)[sent:]] if sent < len(data) else []
@@ -610,7 +610,7 @@ async def _receive_answer_start(
         UpstreamError: EOF or reset later (the attempt's failure).
     """
     try:
-        data = await socket_io.receive(stream, RECEIVE_SIZE)
+        data = await http1.receive(stream, RECEIVE_SIZE)
     except (trio.BrokenResourceError, OSError) as exc:
         if sockopts.is_dead_peer_error(exc) or trio.current_time() - written > STALE_WINDOW:
             raise map_error(name, "head", exc) from exc

@@ -40,11 +40,11 @@ from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
-from ..core import errors
-from ..core.config import Config, LiveConfig, Upstream, live_config, take_over
-from ..core.engine_parsers import next_detection
-from ..core.engine_state import EngineSignal
-from ..core.engines import (
+from ...core import errors
+from ...core.config import Config, LiveConfig, Upstream, live_config, take_over
+from ...core.engine_parsers import next_detection
+from ...core.engine_state import EngineSignal
+from ...core.engines import (
     DETECTION_PATHS,
     MAX_SIGNAL_BYTES,
     SIGNAL_ANSWER_TIMEOUT,
@@ -56,11 +56,11 @@ from ..core.engines import (
     EngineKind,
     configured_engine,
 )
-from ..core.inventory import CHECK_PATH
-from ..telemetry.logs import logger
-from ..wire.connect import Connector
-from ..wire.engine_metrics import read_signals
-from ..wire.fetch import fetch
+from ...core.inventory import CHECK_PATH
+from ...telemetry.logs import logger
+from ...wire.connect import Connector
+from ...wire.engine_metrics import read_signals
+from ...wire.fetch import fetch
 
 OnSignal = Callable[[str, EngineSignal], None]
 

@@ -3,8 +3,7 @@
 ``StatusView`` reads what the node board (``board.py``), the slot queue and
 ``Report`` keep (node state and counters, cooldowns, the slot ledger, the
 finished and live workloads) and
-builds the JSON only when asked; ``workload_event`` is a workload's
-``workload`` event. Nothing here writes the books.
+builds the JSON only when asked. Nothing here writes the books.
 """
 
 from __future__ import annotations
@@ -14,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..core.config import Config, LiveConfig, live_config, redact_url
-from ..core.inventory import DOWN_REASON, advertised_ids
-from ..core.version import __version__
-from .records import ms
+from ...core.config import Config, LiveConfig, live_config, redact_url
+from ...core.inventory import DOWN_REASON, advertised_ids
+from ...core.version import __version__
+from ..records import ms
 
 if TYPE_CHECKING:
+    from ..records import Workload
     from .board import NodeBoard
     from .queue import SlotQueue
-    from .records import Workload
 
 
 class StatusView:
@@ -103,26 +102,3 @@ class StatusView:
             "nodes": nodes,
             "workloads": workloads,
         }
-
-
-def workload_event(work: Workload, position: int | None) -> dict[str, Any]:
-    """The ``workload`` event of ``work``'s current state.
-
-    ``position``: its place in the queue as it starts waiting (1 = next).
-    """
-    event: dict[str, Any] = {
-        "type": "workload",
-        "id": work.id,
-        "state": str(work.state),
-        "node": work.node,
-        "attempt": work.attempt,
-        "method": work.method,
-        "path": work.path,
-        "client": work.client,
-        "model": work.model,
-    }
-    if work.status is not None:
-        event["status"] = work.status
-    if position is not None:
-        event["position"] = position
-    return event

@@ -16,18 +16,18 @@ from typing import Any
 import h11
 import trio
 
-from ..core.config import Config, LiveConfig, Upstream, live_config
-from ..core.errors import UpstreamError
-from ..core.headers import client_response_headers
-from ..core.liveness import question_period
-from ..core.outcome import Outcome, after_commit, may_pool
-from ..wire.client import ClientConnection, ClientGone, Closed
-from ..wire.upstream import UpstreamResponse
-from .board import NodeBoard
+from ...core.config import Config, LiveConfig, Upstream, live_config
+from ...core.errors import UpstreamError
+from ...core.headers import client_response_headers
+from ...core.liveness import question_period
+from ...core.outcome import Outcome, after_commit, may_pool
+from ...wire.client import ClientConnection, ClientGone, Closed
+from ...wire.upstream import UpstreamResponse
+from ..nodes.board import NodeBoard
+from ..nodes.silence import SilenceTimer, SilenceWatch
+from ..records import Workload
+from ..report import Report
 from .milestones import Milestones
-from .records import Workload
-from .report import Report
-from .silence import SilenceTimer, SilenceWatch
 
 
 class Relay:

@@ -45,9 +45,9 @@ from collections.abc import Callable
 
 import trio
 
-from ..core.config import Config, LiveConfig, live_config
-from ..core.liveness import moving, next_question, proof_window
-from ..core.node_change import ChangeKind, NodeChange
+from ...core.config import Config, LiveConfig, live_config
+from ...core.liveness import moving, next_question, proof_window
+from ...core.node_change import ChangeKind, NodeChange
 
 __all__ = ["SilenceTimer", "SilenceWatch"]
 

@@ -32,10 +32,10 @@ import attrs
 import h11
 import trio
 
-from ..core import errors
-from ..core.answers import error_document, error_headers
-from ..core.config import Config, LiveConfig, Upstream, live_config
-from ..core.inventory import (
+from ...core import errors
+from ...core.answers import error_document, error_headers
+from ...core.config import Config, LiveConfig, Upstream, live_config
+from ...core.inventory import (
     CHECK_PATH,
     MAX_LISTING_BYTES,
     advertised_ids,
@@ -44,30 +44,21 @@ from ..core.inventory import (
     parse_model_list,
     tags_document,
 )
-from ..core.requests import workload_id
-from ..telemetry.logs import logger
-from ..wire.client import ClientConnection, ClientGone, ClientRequest
-from ..wire.connect import Connector
-from ..wire.fetch import fetch
+from ...core.requests import TAGS_PATH, workload_id
+from ...telemetry.logs import logger
+from ...wire.client import ClientConnection, ClientGone, ClientRequest
+from ...wire.connect import Connector
+from ...wire.fetch import fetch
+from ..report import Report, log_listed
 from .board import NodeBoard
 from .queue import SlotQueue
-from .report import Report, log_listed
 
-MODELS_PATH = b"/v1/models"
-TAGS_PATH = b"/api/tags"
 LIST_ANSWER_TIMEOUT = 2.0  # per live question, after the connect
 NO_LIST_CODE = "upstream_unavailable"
 
 # Whether a 2xx body is a list of the route's kind.
 _ListTest = Callable[[bytes], bool]
 _ANSWERED = frozenset({"not_a_list"})  # results of a node that answered, not with a list
-
-
-def is_list_route(request: ClientRequest) -> bool:
-    """Whether the proxy answers this request itself (``GET /v1/models``, ``/api/tags``)."""
-    if request.method != b"GET":
-        return False
-    return request.target.split(b"?", 1)[0] in (MODELS_PATH, TAGS_PATH)
 
 
 @attrs.frozen

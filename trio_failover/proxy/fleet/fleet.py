@@ -42,15 +42,15 @@ from typing import Any
 
 import trio
 
-from ..core import fleet_records
-from ..core.config import Config
-from ..core.engine_book import EngineRead
-from ..core.node_change import NodeChange
-from ..core.redis_url import parse_state
-from ..core.state_layout import RemoteRecord
-from ..telemetry.logs import logger
-from .board import NodeBoard
-from .queue import SlotQueue
+from ...core import fleet_records
+from ...core.config import Config
+from ...core.engine_book import EngineRead
+from ...core.node_change import NodeChange
+from ...core.redis_url import parse_state
+from ...core.state_layout import RemoteRecord
+from ...telemetry.logs import logger
+from ..nodes.board import NodeBoard
+from ..nodes.queue import SlotQueue
 from .shared_state import SharedState
 from .spare_leases import SpareLease, SpareLeases
 

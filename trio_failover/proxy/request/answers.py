@@ -13,14 +13,14 @@ import contextlib
 
 import h11
 
-from ..core.answers import error_document, error_headers
-from ..core.headers import client_response_headers
-from ..core.outcome import SavedResponse
-from ..core.workload import State
-from ..wire.client import ClientConnection, ClientGone
-from .queue import REFUSALS
-from .records import Workload
-from .report import Report
+from ...core.answers import error_document, error_headers
+from ...core.headers import client_response_headers
+from ...core.outcome import SavedResponse
+from ...core.workload import State
+from ...wire.client import ClientConnection, ClientGone
+from ..nodes.queue import REFUSALS
+from ..records import Workload
+from ..report import Report
 
 
 async def send_saved(client: ClientConnection, work: Workload, saved: SavedResponse) -> bool:

@@ -7,7 +7,7 @@ request as that node gets it, and either hands a committed response to the
 relay or executes the failure's verdict (``milestones.py``) and moves on.
 When no node is left it answers itself (``answers.py``). The order of the
 candidates comes from ``core/ranking.py``, the request a node gets from
-``core/rewrite.py`` and ``core/headers.py``.
+``core/requests.py`` and ``core/headers.py``.
 """
 
 from __future__ import annotations
@@ -19,26 +19,31 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..core.config import Config, LiveConfig, Upstream, live_config
-from ..core.engine_book import EngineBook
-from ..core.errors import RetryableResponse, Unresponsive, UpstreamError
-from ..core.headers import get, upstream_request_headers
-from ..core.liveness import question_period
-from ..core.outcome import SavedResponse, failure_code, failure_status
-from ..core.ranking import affinity_key, resolve_candidates
-from ..core.requests import is_unstreamed, request_document, request_model
-from ..core.rewrite import node_body, node_target
-from ..core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
-from ..core.workload import State
-from ..wire.client import ClientConnection, ClientRequest
-from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from ...core.config import Config, LiveConfig, Upstream, live_config
+from ...core.engine_book import EngineBook
+from ...core.errors import RetryableResponse, Unresponsive, UpstreamError
+from ...core.headers import get, upstream_request_headers
+from ...core.liveness import question_period
+from ...core.outcome import SavedResponse, failure_code, failure_status
+from ...core.ranking import affinity_key, resolve_candidates
+from ...core.requests import (
+    is_unstreamed,
+    node_body,
+    node_target,
+    request_document,
+    request_model,
+)
+from ...core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
+from ...core.workload import State
+from ...wire.client import ClientConnection, ClientRequest
+from ...wire.pool import ConnectionPool
+from ...wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from ..nodes.queue import SlotQueue
+from ..nodes.silence import SilenceTimer, SilenceWatch
+from ..records import Workload
+from ..report import Report
 from .answers import send_failure, send_saved, turn_away
 from .milestones import Milestones
-from .queue import SlotQueue
-from .records import Workload
-from .report import Report
-from .silence import SilenceTimer, SilenceWatch
 
 
 @attrs.frozen

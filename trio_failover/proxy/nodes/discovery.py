@@ -36,8 +36,8 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from ..core import errors
-from ..core.checks import (
+from ...core import errors
+from ...core.checks import (
     HEALTH_PATH,
     TAGS_PATH,
     first_check_delays,
@@ -46,9 +46,9 @@ from ..core.checks import (
     next_check_at,
     tags_answer,
 )
-from ..core.config import Config, LiveConfig, Upstream, live_config, take_over
-from ..core.engines import Answer as EngineAnswer
-from ..core.inventory import (
+from ...core.config import Config, LiveConfig, Upstream, live_config, take_over
+from ...core.engines import Answer as EngineAnswer
+from ...core.inventory import (
     CHECK_ANSWER_TIMEOUT,
     CHECK_PATH,
     MAX_LISTING_BYTES,
@@ -57,13 +57,13 @@ from ..core.inventory import (
     Health,
     judge_check,
 )
-from ..core.liveness import CheckRecord
-from ..telemetry.logs import logger
-from ..wire.connect import Connector
-from ..wire.fetch import Answer, fetch_if
+from ...core.liveness import CheckRecord
+from ...telemetry.logs import logger
+from ...wire.connect import Connector
+from ...wire.fetch import Answer, fetch_if
+from ..report import Report
 from .board import NodeBoard
 from .queue import SlotQueue
-from .report import Report
 
 _TIMEOUTS = (errors.ConnectTimeout, errors.HeaderTimeout)
 _HEALTH_BODY = 4096  # the status is the answer; the body is read only to end it

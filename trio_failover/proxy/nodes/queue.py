@@ -24,13 +24,13 @@ from typing import Protocol
 
 import trio
 
-from ..core.config import Config
-from ..core.cooldown import ModelCooldowns
-from ..core.engine_book import EngineChange
-from ..core.engines import capacity_at_start
-from ..core.node_change import ChangeKind, NodeChange
-from ..core.slots import Acquired, Handoff, Queued, Slot, SlotLedger, SlotScheduler, Waiter
-from ..telemetry.metrics import Metrics
+from ...core.config import Config
+from ...core.cooldown import ModelCooldowns
+from ...core.engine_book import EngineChange
+from ...core.engines import capacity_at_start
+from ...core.node_change import ChangeKind, NodeChange
+from ...core.slots import Acquired, Handoff, Queued, Slot, SlotLedger, SlotScheduler, Waiter
+from ...telemetry.metrics import Metrics
 
 
 class Demoted(Protocol):

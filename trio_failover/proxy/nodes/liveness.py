@@ -37,9 +37,9 @@ import math
 
 import trio
 
-from ..core import errors
-from ..core.config import Config, LiveConfig, Upstream, live_config
-from ..core.liveness import (
+from ...core import errors
+from ...core.config import Config, LiveConfig, Upstream, live_config
+from ...core.liveness import (
     KIND,
     LIVENESS_PATH,
     CheckRecord,
@@ -48,10 +48,10 @@ from ..core.liveness import (
     reuses_pass,
     revive_delay,
 )
-from ..wire.connect import Connector
-from ..wire.fetch import fetch_head
+from ...wire.connect import Connector
+from ...wire.fetch import fetch_head
+from ..report import Report
 from .board import NodeBoard
-from .report import Report
 from .silence import SilenceWatch
 
 

@@ -56,19 +56,19 @@ from collections.abc import Callable, Iterable
 import attrs
 import trio
 
-from ..core.cooldown import Cooldown, CooldownTable, ModelCooldowns, ends_cooldown
-from ..core.engine_book import EngineBook, EngineChange, EngineRead, EngineSettings
-from ..core.engine_state import EngineSignal
-from ..core.inventory import (
+from ...core.cooldown import Cooldown, CooldownTable, ModelCooldowns, ends_cooldown
+from ...core.engine_book import EngineBook, EngineChange, EngineRead, EngineSettings
+from ...core.engine_state import EngineSignal
+from ...core.inventory import (
     DOWN_REASON,
     READY_REASON_CHECK,
     READY_REASON_SERVED,
     CheckVerdict,
     Health,
 )
-from ..core.liveness import DOWN_REASON as LIVENESS_DOWN
-from ..core.liveness import CheckRecord
-from ..core.node_change import ChangeKind, NodeChange
+from ...core.liveness import DOWN_REASON as LIVENESS_DOWN
+from ...core.liveness import CheckRecord
+from ...core.node_change import ChangeKind, NodeChange
 
 __all__ = ["EngineListener", "Listener", "NodeBoard", "NodeState"]
 

@@ -59,15 +59,15 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ..core import lease_script, state_layout
-from ..core.errors import StateError, StateReplyError
-from ..core.lease_script import LeaseTake, freed_channel, read_freed, wanted_channel
-from ..core.redis_url import RedisAddress
-from ..core.state_layout import Beats, RemoteRecord
-from ..telemetry.logs import logger
-from ..wire.redis import RedisConnection, Subscription, open_redis, open_subscription
-from ..wire.shared_records import SharedRecords
-from ..wire.slot_lease import SlotLeases
+from ...core import lease_script, state_layout
+from ...core.errors import StateError, StateReplyError
+from ...core.lease_script import LeaseTake, freed_channel, read_freed, wanted_channel
+from ...core.redis_url import RedisAddress
+from ...core.state_layout import Beats, RemoteRecord
+from ...telemetry.logs import logger
+from ...wire.redis import RedisConnection, Subscription, open_redis, open_subscription
+from ...wire.shared_records import SharedRecords
+from ...wire.slot_lease import SlotLeases
 
 __all__ = ["HEARTBEAT_MOST", "OWED_MOST", "RemoteRecord", "SharedState"]
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import trio
 
-from ..core.config import Config, LiveConfig, Upstream, live_config
-from ..core.engines import Scope, cooldown_scope, serves_many
-from ..core.errors import RetryableResponse, UpstreamError
-from ..core.outcome import AttemptRecord, Outcome, judge, retry_after_of
-from ..core.workload import State
-from ..wire.upstream import UpstreamResponse
-from .board import NodeBoard
-from .records import Workload
-from .report import Report
+from ...core.config import Config, LiveConfig, Upstream, live_config
+from ...core.engines import Scope, cooldown_scope, serves_many
+from ...core.errors import RetryableResponse, UpstreamError
+from ...core.outcome import AttemptRecord, Outcome, judge, retry_after_of
+from ...core.workload import State
+from ...wire.upstream import UpstreamResponse
+from ..nodes.board import NodeBoard
+from ..records import Workload
+from ..report import Report
 
 
 class Milestones:

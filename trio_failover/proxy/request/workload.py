@@ -9,7 +9,7 @@ and the watcher returns. Cancelling an attempt closes its upstream socket
 at once (``upstream.open_response`` does it in ``finally``).
 
 Decisions (candidate order, failover, cooldown, the request for a node) come
-from the pure core (``ranking``, ``outcome``, ``rewrite``); ``attempts.py``
+from the pure core (``ranking``, ``outcome``, ``requests``); ``attempts.py``
 and ``milestones.py`` execute them and tell ``Report`` what happened;
 ``answers.py`` writes the answers the proxy makes itself.
 """
@@ -18,24 +18,24 @@ from __future__ import annotations
 
 import trio
 
-from ..core.config import Config, LiveConfig, live_config
-from ..core.engine_book import EngineBook
-from ..core.outcome import AttemptRecord, Outcome
-from ..core.requests import workload_id
-from ..core.workload import FINAL, State
-from ..telemetry.logs import logger
-from ..wire.client import ClientConnection, ClientRequest, Closed
-from ..wire.pool import ConnectionPool
-from ..wire.upstream import Connector
+from ...core.config import Config, LiveConfig, live_config
+from ...core.engine_book import EngineBook
+from ...core.outcome import AttemptRecord, Outcome
+from ...core.requests import workload_id
+from ...core.workload import FINAL, State
+from ...telemetry.logs import logger
+from ...wire.client import ClientConnection, ClientRequest, Closed
+from ...wire.pool import ConnectionPool
+from ...wire.upstream import Connector
+from ..nodes.board import NodeBoard
+from ..nodes.queue import REFUSALS, SlotQueue
+from ..nodes.silence import SilenceWatch
+from ..records import Workload
+from ..report import Report
 from .answers import send_failure
 from .attempts import Attempts
-from .board import NodeBoard
 from .milestones import Milestones
-from .queue import REFUSALS, SlotQueue
-from .records import Workload
 from .relay import Relay
-from .report import Report
-from .silence import SilenceWatch
 
 # How long a workload that the proxy's stop cuts short may still take to
 # tell its client so (a 503, when nothing was sent yet): the stop waits for

@@ -16,10 +16,10 @@ from collections.abc import Iterable
 
 import trio
 
-from ..core.node_change import ChangeKind, NodeChange
-from ..telemetry.events import EventBus
-from ..telemetry.logs import logger
-from ..telemetry.metrics import Metrics
+from ...core.node_change import ChangeKind, NodeChange
+from ...telemetry.events import EventBus
+from ...telemetry.logs import logger
+from ...telemetry.metrics import Metrics
 from .board import NodeBoard
 
 
