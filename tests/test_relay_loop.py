@@ -80,7 +80,12 @@ class RecordingClient:
 
 
 class Work:
+    """The part of a ``Workload`` the relay loop tells: the bytes sent."""
+
     body_bytes = 0
+
+    def sent(self, count: int) -> None:
+        self.body_bytes += count
 
 
 async def relay(steps: list[tuple[bytes, bool]], *, sse: bool) -> tuple[bool, RecordingClient, int]:

@@ -17,7 +17,7 @@ Use, on the client listener::
     check = check_client(request.headers, keys)
     if not check.allowed:
         answer 401 invalid_api_key (answers.error_headers adds WWW-Authenticate)
-    work.client = check.name           # None when no key is configured
+    Workload(..., client=check.name)   # None when no key is configured
     upstream = forwarded_headers(request.headers, keys)   # then node headers as before
 
 and on the admin listener, for every route but ``/healthz``::

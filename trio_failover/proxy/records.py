@@ -1,8 +1,9 @@
 """The record the proxy keeps of its work: ``Workload``.
 
-``Workload`` is one client request across all its attempts, written by the
-workload shell (``workload.py``, ``attempts.py``, ``milestones.py``,
-``relay.py``) and read by ``Report``, ``StatusView`` and the traces. It
+``Workload`` is one client request across all its attempts, changed only
+through its own verbs (called by the workload shell: ``workload.py``,
+``attempts.py``, ``milestones.py``, ``relay.py``, ``answers.py``) and read by
+``Report``, ``StatusView`` and the traces. It
 lives apart from ``report.py`` so that every one of them can name it
 without importing another back: the package has no import cycle
 (import-linter's ``acyclic_siblings`` contract). A node's state is the
@@ -61,6 +62,71 @@ class Workload:
     @state.setter
     def state(self, new: State) -> None:
         self._state = transition(self._state, new)
+
+    # -- the verbs: the record's one writer ------------------------------------
+    # Every field changes here, through these verbs, as a node's state does
+    # through the board's: the shell (workload.py, attempts.py, milestones.py,
+    # relay.py, answers.py) calls them; Report, the traces, events and
+    # metrics only read the record.
+
+    def begin_attempt(self, node: str, now: float, number: int) -> None:
+        """Attempt ``number`` (from 1) at ``node`` begins at ``now``: the workload runs."""
+        self.node, self.attempt_started, self.attempt = node, now, number
+        self.state = State.RUNNING
+
+    def wait_in_queue(self, now: float) -> None:
+        """The workload begins to wait for a slot at ``now`` (again, after a failover)."""
+        if self._state is not State.QUEUED:
+            self.state = State.QUEUED
+        self.node, self.queued_since = None, now
+
+    def stop_waiting(self, now: float) -> None:
+        """A wait in the queue ended at ``now``: it counts against the queue budget."""
+        if self.queued_since is not None:
+            self.waited += now - self.queued_since
+        self.queued_since = None
+
+    def record(self, attempt: AttemptRecord) -> None:
+        """Keep an ended attempt (the final answer's status is picked from these)."""
+        self.attempts.append(attempt)
+
+    def committed(self, now: float, status: int) -> None:
+        """The head of ``status`` went to the client at ``now``."""
+        self.committed_at, self.status = now, status
+        self.state = State.COMMITTED
+
+    def answered(self, status: int) -> None:
+        """The proxy's (or a node's saved) answer of ``status`` goes to the client."""
+        self.status = status
+
+    def finish(self, state: State, reason: str | None = None) -> None:
+        """The workload ends as ``state`` (``reason``: why a cancelled one was)."""
+        self.state = state
+        if reason is not None:
+            self.reason = reason
+
+    def sent(self, count: int) -> None:
+        """``count`` more body bytes went to the client."""
+        self.body_bytes += count
+
+    def asked(self, checks: int, resends: int = 0) -> None:
+        """Liveness checks an attempt waited on, and requests it sent again (stale pool)."""
+        self.checks += checks
+        self.resends += resends
+
+    def client_left_by(self, how: Closed) -> None:
+        """The client closed its connection (a FIN or a reset)."""
+        self.client_left = how
+
+    def name(self, model: str | None) -> None:
+        """The model the client asked for, as the summaries show it."""
+        self.model = model
+
+    def traced(self, trace: WorkloadTrace | None) -> None:
+        """Its spans (traces on), kept for the milestones to tell."""
+        self.trace = trace
+
+    # -- reads -------------------------------------------------------------------
 
     def queued_for(self, now: float) -> float:
         """Seconds in the queue by ``now``, the current wait included."""

@@ -73,8 +73,7 @@ class Report:
             work.trace.attempt_started(work, node, request)
 
     def attempt_failed(self, work: Workload, record: AttemptRecord, *, moving_on: bool) -> None:
-        """Record a failed attempt before commit."""
-        work.attempts.append(record)
+        """Tell a failed attempt before commit (the record kept it already)."""
         if work.trace is not None:
             work.trace.attempt_ended(record)
         self.metrics.attempt_ended(record.node, str(record.outcome))
@@ -93,8 +92,7 @@ class Report:
             work.trace.committed(work.status, now)
 
     def stream_ended(self, work: Workload, record: AttemptRecord) -> None:
-        """Record how a committed stream ended."""
-        work.attempts.append(record)
+        """Tell how a committed stream ended (the record kept it already)."""
         if work.trace is not None:
             work.trace.attempt_ended(record)
         self.metrics.attempt_ended(record.node, str(record.outcome))
@@ -103,9 +101,8 @@ class Report:
         logger.warning("stream aborted", extra={"fields": {"id": work.id, **record.to_json()}})
 
     def client_aborted(self, work: Workload, record: AttemptRecord | None) -> None:
-        """Record that the client left before the workload was settled."""
+        """Tell that the client left before the workload was settled."""
         if record is not None:
-            work.attempts.append(record)
             self.metrics.attempt_ended(record.node, str(record.outcome))
             if work.trace is not None:
                 work.trace.attempt_ended(record)
@@ -159,12 +156,10 @@ class Report:
         self.live[id(work)] = work
         if self.tracing is not None:
             headers = request.headers if request is not None else []
-            work.trace = self.tracing.workload(work, headers, document, client_address, scheme)
+            work.traced(self.tracing.workload(work, headers, document, client_address, scheme))
 
     def waited(self, work: Workload, started: float, now: float) -> None:
-        """One wait in the queue ended (with a slot or not)."""
-        work.waited += now - started
-        work.queued_since = None
+        """Tell of one wait in the queue that ended (with a slot or not)."""
         self.metrics.queue_wait.observe(now - started)
         if work.trace is not None:
             work.trace.queue_waited(started, now)

@@ -42,7 +42,7 @@ async def send_saved(client: ClientConnection, work: Workload, saved: SavedRespo
         )
     except ClientGone:
         return False
-    work.body_bytes += 0 if work.method == "HEAD" else len(saved.body)
+    work.sent(0 if work.method == "HEAD" else len(saved.body))
     return True
 
 
@@ -54,7 +54,7 @@ async def send_failure(
     message: str,
 ) -> None:
     """Answer ``status`` with the proxy's JSON error and the attempt records."""
-    work.status = status
+    work.answered(status)
     attempts = [record.to_json() for record in work.attempts]
     # Ollama's shape under /api/, OpenAI's elsewhere.
     document = error_document(work.path, status, code, message, attempts)
@@ -65,13 +65,13 @@ async def send_failure(
     ]
     with contextlib.suppress(ClientGone, h11.LocalProtocolError):
         # The access line's bytes count the proxy's own bodies too.
-        work.body_bytes += await client.send_json(status, document, headers)
+        work.sent(await client.send_json(status, document, headers))
 
 
 async def turn_away(client: ClientConnection, work: Workload, report: Report, reason: str) -> bool:
     """Answer ``503`` for a workload the queue refused; nothing was sent for it."""
     code, message = REFUSALS[reason]
-    work.state = State.FAILED
+    work.finish(State.FAILED)
     report.turned_away(reason)
     await send_failure(client, work, 503, code, message)
     return True

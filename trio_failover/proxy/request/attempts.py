@@ -194,12 +194,7 @@ class Attempts:
             try:
                 node = nodes[slot.node]
                 tried.add(node.name)
-                work.node, work.attempt_started, work.state = (
-                    node.name,
-                    trio.current_time(),
-                    State.RUNNING,
-                )
-                work.attempt = len(tried)
+                work.begin_attempt(node.name, trio.current_time(), len(tried))
                 outgoing = request_for(node, plan, work)
                 if engines is not None and engines.signals:  # a cold load
                     cold = engines.head_timeout(node.name, plan.model)
@@ -222,9 +217,9 @@ class Attempts:
                 self.queue.release(slot)
             if not moving_on:
                 break
-        work.state = State.FAILED
+        work.finish(State.FAILED)
         if last_answer is not None:
-            work.status = last_answer.status
+            work.answered(last_answer.status)
             return await send_saved(client, work, last_answer)
         status = failure_status(work.attempts)
         await send_failure(client, work, status, failure_code(status), "every node failed")
@@ -276,7 +271,7 @@ class Attempts:
         finally:
             self.silence.unregister(timer)
             if timer.resends:  # a pooled connection found stale: told, not hidden
-                work.resends += timer.resends
+                work.asked(0, timer.resends)
                 self.report.resent(node.name, timer.resends)
         # Only the watch cancels the timer's scope: the node was found down.
         phase = "first body byte" if timer.head_seen else "head"
@@ -286,7 +281,8 @@ class Attempts:
 
     async def _no_node(self, client: ClientConnection, work: Workload, model: str | None) -> bool:
         self.report.publish_workload(work)
-        work.state, work.status = State.FAILED, 404
+        work.finish(State.FAILED)
+        work.answered(404)
         message = f"no node serves model {model!r}"
         await send_failure(client, work, 404, "model_not_found", message)
         return True
@@ -353,10 +349,8 @@ async def take_slot(
             return result.slot
         return "queue_full" if isinstance(result, QueueFull) else None
     waiter = result.waiter
-    if work.state is not State.QUEUED:
-        work.state = State.QUEUED  # failed over into a full fleet
     started = trio.current_time()
-    work.node, work.queued_since = None, started
+    work.wait_in_queue(started)  # again, if it failed over into a full fleet
     report.publish_workload(work, position=waiter.position)
     if fleet is not None:
         try:
@@ -369,7 +363,9 @@ async def take_slot(
     try:
         slot = await queue.wait(waiter, budget.deadline(started))
     finally:
-        report.waited(work, started, trio.current_time())
+        ended = trio.current_time()
+        work.stop_waiting(ended)
+        report.waited(work, started, ended)
     if slot is not None:
         return slot
     if waiter.moved:  # a reload changed the nodes: resolve the candidates again

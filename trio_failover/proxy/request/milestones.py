@@ -62,7 +62,8 @@ class Milestones:
             status=status,
             detail=str(failure),
         )
-        work.checks += failure.checks
+        work.asked(failure.checks)
+        work.record(record)
         self.board.attempt_ended(node.name, str(failure.outcome), record.detail, failed=True)
         self.report.attempt_failed(work, record, moving_on=verdict.fail_over and not last)
         if verdict.cooldown > 0:
@@ -77,11 +78,9 @@ class Milestones:
         # The attempt read the clock last when its first bytes came, and
         # nothing has waited since.
         now = timings.first_body
-        work.committed_at = now
-        work.state = State.COMMITTED
-        work.status = response.status
+        work.committed(now, response.status)
         if response.checks:
-            work.checks += response.checks
+            work.asked(response.checks)
         self.board.served(node.name, response.status, now, model=work.model)
         self.report.committed(work, node.name, timings.head - timings.written, now)
 
@@ -89,7 +88,8 @@ class Milestones:
         """A committed stream ended, whole or cut; a cut one may cool the node."""
         now = trio.current_time()
         record = AttemptRecord(node.name, outcome, now - work.attempt_started, work.status, detail)
-        work.state = State.COMPLETED if outcome is Outcome.COMPLETED else State.FAILED
+        work.record(record)
+        work.finish(State.COMPLETED if outcome is Outcome.COMPLETED else State.FAILED)
         failed = outcome is not Outcome.COMPLETED
         self.board.attempt_ended(node.name, str(outcome), detail if failed else None, failed=failed)
         self.report.stream_ended(work, record)
@@ -121,5 +121,6 @@ class Milestones:
             detail = f"client {work.client_left.value if work.client_left else 'left'}"
             elapsed = trio.current_time() - work.attempt_started
             record = AttemptRecord(work.node, Outcome.CLIENT_ABORT, elapsed, detail=detail)
-        work.state = State.CANCELLED
+            work.record(record)
+        work.finish(State.CANCELLED, Outcome.CLIENT_ABORT.value)
         self.report.client_aborted(work, record)

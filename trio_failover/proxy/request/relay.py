@@ -86,7 +86,7 @@ class Relay:
         ]
         if response.first_chunk:
             commit.append(h11.Data(data=response.first_chunk))
-            work.body_bytes += len(response.first_chunk)
+            work.sent(len(response.first_chunk))
         if response.complete:
             commit.append(h11.EndOfMessage())
         idle_timeout = self.config.stream_idle_timeout or math.inf
@@ -110,7 +110,7 @@ class Relay:
             return False
         except ClientGone:
             if work.client_left is None:
-                work.client_left = Closed.RESET
+                work.client_left_by(Closed.RESET)
             if self.config.client_close == "ignore":
                 await _drain_ignored(response, idle_timeout)
             return False
@@ -180,7 +180,7 @@ async def _relay_chunks(
                 if timer.scope.cancel_called:
                     return False  # the timer fired as the chunk came: the deadline passed
                 timer.waiting_since = None
-                work.body_bytes += len(chunk)
+                work.sent(len(chunk))
                 if scanner is None or scanner.first_event_line(chunk) is not None:
                     if not timer.armed and work.trace is not None:  # the first event line
                         work.trace.first_token(trio.current_time())

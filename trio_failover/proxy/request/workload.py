@@ -120,7 +120,7 @@ class WorkloadRunner:
         plan = self._attempts.plan(request, client_address, scheme)
         model = plan.model
         # Shown in /status and the events: a client's megabyte of "model" is not.
-        work.model = model if model is None or len(model) <= MODEL_SHOWN else model[:MODEL_SHOWN]
+        work.name(model if model is None or len(model) <= MODEL_SHOWN else model[:MODEL_SHOWN])
         self.report.started(work, request, plan.document, client_address, scheme)
 
         keep_alive = False
@@ -141,7 +141,7 @@ class WorkloadRunner:
                 # the process keeps serving other connections.
                 logger.exception("internal error", extra={"fields": {"id": work.id}})
                 if work.state not in FINAL:
-                    work.state = State.FAILED
+                    work.finish(State.FAILED)
                 if work.committed_at is None:
                     await send_failure(client, work, 502, "internal_error", "internal proxy error")
                 keep_alive = False
@@ -154,7 +154,6 @@ class WorkloadRunner:
             raise
         if work.client_left is not None and work.state not in FINAL:
             self._milestones.client_aborted(work)
-            work.reason = Outcome.CLIENT_ABORT.value
             keep_alive = False
         self.report.finish(work)
         return keep_alive and client.reusable
@@ -176,10 +175,9 @@ class WorkloadRunner:
             elapsed = trio.current_time() - work.attempt_started
             detail = "the proxy stopped (end of the drain)"
             record = AttemptRecord(work.node, Outcome.SHUTDOWN, elapsed, detail=detail)
-            work.attempts.append(record)
+            work.record(record)
             self.report.metrics.attempt_ended(record.node, str(record.outcome))
-        work.state = State.CANCELLED
-        work.reason = Outcome.SHUTDOWN.value
+        work.finish(State.CANCELLED, Outcome.SHUTDOWN.value)
         if work.committed_at is None:
             code, message = REFUSALS["shutdown"]
             with trio.move_on_after(SHUTDOWN_ANSWER_TIMEOUT, shield=True):
@@ -211,5 +209,5 @@ class WorkloadRunner:
                 return  # the workload is done
         if how is Closed.EOF and self.config.client_close == "rst-only":
             return  # a half-closed client still waits for its answer
-        work.client_left = how
+        work.client_left_by(how)
         workload_scope.cancel()
