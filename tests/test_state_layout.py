@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trio_failover.core import state_layout
-from trio_failover.core.state_layout import (
-    Beats,
-    RemoteRecord,
-    Verdict,
-    decode_envelope,
-    encode_envelope,
-)
+from trio_failover.core import fleet_records, state_layout
+from trio_failover.core.fleet_records import RemoteRecord, decode_envelope, encode_envelope
+from trio_failover.core.state_layout import Beats, Verdict
 
 
 def test_names_start_with_the_prefix() -> None:
@@ -80,7 +75,7 @@ def test_a_snapshot_ages_each_record_by_redis_clock() -> None:
         [],
         [b"down", b"10000 " + two],
     ]
-    assert state_layout.read_snapshot(reply) == [
+    assert fleet_records.read_snapshot(reply) == [
         RemoteRecord(origin="a", node="n1", record={"kind": "cooldown"}, age=2.5),
         RemoteRecord(origin="b", node="n2", record={"kind": "down"}, age=0.0),
     ]
@@ -89,7 +84,7 @@ def test_a_snapshot_ages_each_record_by_redis_clock() -> None:
 @pytest.mark.parametrize("reply", [None, [], [b"1"], [1, [b"odd"]], [1, b"x"]])
 def test_a_snapshot_reply_not_of_our_script_raises(reply: object) -> None:
     with pytest.raises(ValueError, match="snapshot"):
-        state_layout.read_snapshot(reply)
+        fleet_records.read_snapshot(reply)
 
 
 def test_heartbeat_replies() -> None:
