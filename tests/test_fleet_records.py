@@ -219,3 +219,61 @@ def test_a_record_is_json_text_without_loss() -> None:
 def test_the_snapshot_is_applied_oldest_first() -> None:
     records = [RemoteRecord("r", "a", {"kind": k}, age) for k, age in (("x", 1.0), ("y", 5.0))]
     assert [r.record["kind"] for r in fleet_records.snapshot_order(records)] == ["y", "x"]
+
+
+# -- the envelope and the snapshot ------------------------------------------------
+
+
+def test_an_envelope_round_trips() -> None:
+    record = {"kind": "cooldown", "remaining_s": 12.5, "models": ["a"]}
+    data = encode_envelope("r1", "gpu-1", record)
+    assert decode_envelope(data) == RemoteRecord(origin="r1", node="gpu-1", record=record)
+    assert decode_envelope(encode_envelope("r1", None, {"kind": "x"}), 2.0) == RemoteRecord(
+        origin="r1", node=None, record={"kind": "x"}, age=2.0
+    )
+
+
+@pytest.mark.parametrize(
+    "record", [{}, {"kind": 1}, {"kind": "x", "at": object()}, {"kind": "x", "v": float("nan")}]
+)
+def test_a_record_without_a_kind_or_not_json_is_refused(record: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="record"):
+        encode_envelope("r1", None, record)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"not json",
+        b"\xff",
+        b"[]",
+        b'{"from": 1, "node": null, "record": {"kind": "x"}}',
+        b'{"from": "a", "node": 2, "record": {"kind": "x"}}',
+        b'{"from": "a", "node": null, "record": []}',
+        b'{"from": "a", "node": null, "record": {"no": "kind"}}',
+    ],
+)
+def test_what_is_not_our_envelope_is_none(data: bytes) -> None:
+    assert decode_envelope(data) is None
+
+
+def test_a_snapshot_ages_each_record_by_redis_clock() -> None:
+    one = encode_envelope("a", "n1", {"kind": "cooldown"})
+    two = encode_envelope("b", "n2", {"kind": "down"})
+    reply = [
+        10_000,
+        [b"cooldown", b"7500 " + one, b"junk", b"no stamp", b"bad", b"9000 not json"],
+        [],
+        [b"down", b"10000 " + two],
+    ]
+    assert fleet_records.read_snapshot(reply) == [
+        RemoteRecord(origin="a", node="n1", record={"kind": "cooldown"}, age=2.5),
+        RemoteRecord(origin="b", node="n2", record={"kind": "down"}, age=0.0),
+    ]
+
+
+@pytest.mark.parametrize("reply", [None, [], [b"1"], [1, [b"odd"]], [1, b"x"]])
+def test_a_snapshot_reply_not_of_our_script_raises(reply: object) -> None:
+    with pytest.raises(ValueError, match="snapshot"):
+        fleet_records.read_snapshot(reply)
