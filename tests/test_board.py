@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 
-from trio_failover.core.engine_book import EngineChange, EngineRead, EngineSettings
-from trio_failover.core.engine_state import EngineSignal
+from trio_failover.core.engine_book import EngineChange, EngineSettings
+from trio_failover.core.engine_state import EngineRead
 from trio_failover.core.engines import Detection, EngineKind, Signals
 from trio_failover.core.inventory import CheckFailure, judge_check
 from trio_failover.core.liveness import CheckRecord
-from trio_failover.core.node_change import ChangeKind, NodeChange
-from trio_failover.proxy.nodes.board import NodeBoard
+from trio_failover.core.node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
+from trio_failover.proxy.nodes.board import BoardRecord, NodeBoard
 
 COOLING, READY, DOWN, UP, COOLED = (
     ChangeKind.COOLING,
@@ -32,7 +33,7 @@ SICK = judge_check(status=503, body=b"")
 def board_heard(*names: str) -> tuple[NodeBoard, list[NodeChange]]:
     board = NodeBoard(names or ("a", "b"))
     heard: list[NodeChange] = []
-    board.listen(heard.append)
+    board.listen(lambda record: heard.append(record) if isinstance(record, NodeChange) else None)
     return board, heard
 
 
@@ -283,8 +284,13 @@ def engine_board() -> tuple[NodeBoard, list[EngineChange]]:
             engines=dict.fromkeys(["auto", "fixed"], kind), auto=frozenset({"auto"}), max_age=6.0
         )
     )
-    told: list[EngineChange] = []
-    board.listen_engines(told.append)
+    told: list[EngineChange] = []  # without the read folded (``read``), told below
+
+    def heard(record: BoardRecord) -> None:
+        if isinstance(record, EngineChange):
+            told.append(attrs.evolve(record, read=None))
+
+    board.listen(heard)
     return board, told
 
 
@@ -294,9 +300,9 @@ LLAMA = Detection(EngineKind.LLAMA_SERVER, "configured")
 def test_engine_read_folds_the_signals_and_tells_capacity_and_change() -> None:
     board, told = engine_board()
     reading = Signals(busy=1, total_slots=4)
-    board.engine_read("auto", EngineSignal(LLAMA, reading, 10.0), 10.0)
-    board.engine_read("auto", EngineSignal(LLAMA, reading, 12.0), 12.0)  # the same again
-    board.engine_read("fixed", EngineSignal(LLAMA, reading, 12.0), 12.0)
+    board.apply(EngineRead("auto", LLAMA, reading, 10.0), 10.0)
+    board.apply(EngineRead("auto", LLAMA, reading, 12.0), 12.0)  # the same again
+    board.apply(EngineRead("fixed", LLAMA, reading, 12.0), 12.0)
     assert told == [
         EngineChange("auto", reading, 4, True, fresh=True),
         EngineChange("auto", reading, 4, False, fresh=True),  # a good read: anchored anew
@@ -307,11 +313,11 @@ def test_engine_read_folds_the_signals_and_tells_capacity_and_change() -> None:
 
 def test_a_failed_read_keeps_the_last_good_one_until_it_goes_stale() -> None:
     board, told = engine_board()
-    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=2, total_slots=2), 0.0), 0.0)
-    board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 5.0), 5.0)
+    board.apply(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), 0.0), 0.0)
+    board.apply(EngineRead("auto", LLAMA, Signals(last_error="refused"), 5.0), 5.0)
     assert board.engines.signals["auto"].busy == 2
     assert not told[-1].fresh  # a failed read keeps the old anchor
-    board.engine_read("auto", EngineSignal(LLAMA, Signals(last_error="refused"), 7.0), 7.0)
+    board.apply(EngineRead("auto", LLAMA, Signals(last_error="refused"), 7.0), 7.0)
     assert "auto" not in board.engines.signals  # older than three intervals: unknown
     # The load goes stale, the capacity does not: a frozen engine's slots
     # do not vanish (the last total_slots holds until it says another).
@@ -320,32 +326,60 @@ def test_a_failed_read_keeps_the_last_good_one_until_it_goes_stale() -> None:
 
 def test_a_remote_read_counts_its_age_and_an_unknown_node_is_ignored() -> None:
     board, told = engine_board()
-    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=1), age=7.0), 100.0)
+    board.apply(EngineRead("auto", LLAMA, Signals(busy=1), 93.0, "r2"), 100.0)
     assert "auto" not in board.engines.signals  # read 7 s ago: stale already
-    board.apply_engine(EngineRead("gone", LLAMA, Signals(busy=1)), 100.0)
+    board.apply(EngineRead("gone", LLAMA, Signals(busy=1), 100.0, "r2"), 100.0)
     assert [change.node for change in told] == ["auto"]
 
 
 def test_a_remote_read_older_than_the_reading_changes_nothing_and_is_not_fresh() -> None:
     board, told = engine_board()
-    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=1, total_slots=2), 10.0), 10.0)
+    board.apply(EngineRead("auto", LLAMA, Signals(busy=1, total_slots=2), 10.0), 10.0)
     # Another replica's, taken at 9.5 and heard at 10.2: older than ours.
-    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), age=0.7), 10.2)
+    board.apply(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), 9.5, "r2"), 10.2)
     assert board.engines.signals["auto"].busy == 1
     assert told[-1] == EngineChange("auto", Signals(busy=1, total_slots=2), 2, False)
     # One taken after ours wins, and anchors the count.
-    board.apply_engine(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), age=0.1), 10.5)
+    board.apply(EngineRead("auto", LLAMA, Signals(busy=2, total_slots=2), 10.4, "r2"), 10.5)
     assert board.engines.signals["auto"].busy == 2
     assert told[-1].fresh
 
 
-def test_only_a_read_of_ours_goes_to_the_hook_and_judging_drops_a_stale_reading() -> None:
+def test_every_record_goes_to_the_one_listener_list_with_its_origin() -> None:
+    board, _ = engine_board()
+    heard: list[BoardRecord] = []
+    board.listen(heard.append)
+    mine = EngineRead("auto", LLAMA, Signals(busy=1), 9.0)
+    theirs = EngineRead("fixed", LLAMA, Signals(busy=2), 10.0, origin="r2")
+    board.apply(mine, 10.0)
+    board.apply(theirs, 10.0)  # another replica's: the same verb, its origin as data
+    check = CheckRecord("health", True, 200, None, 10.0)
+    board.check_finished("auto", LISTED, 10.0, record=check)
+    board.liveness_checked("fixed", attrs.evolve(check, kind="liveness"), 10.0)
+    board.apply(InventoryChange("fixed", ("x",), "r2"), 10.0)
+    board.apply(LastCheck("gone", check, "r2"), 10.0)  # a node it does not have: ignored
+    board.demote("auto", 5.0, "stall", 10.0)
+    assert [
+        (type(record).__name__, record.read.origin if isinstance(record, EngineChange) else None)
+        for record in heard
+    ] == [("EngineChange", None), ("EngineChange", "r2")] + [
+        (name, None) for name in ("InventoryChange", "LastCheck", "LastCheck")
+    ] + [("InventoryChange", None), ("NodeChange", None)]
+    assert [r.read for r in heard[:2] if isinstance(r, EngineChange)] == [mine, theirs]
+    assert heard[2:5] == [
+        InventoryChange("auto", ("m",)),
+        LastCheck("auto", check),
+        LastCheck("fixed", attrs.evolve(check, kind="liveness")),
+    ]
+    assert heard[5] == InventoryChange("fixed", ("x",), "r2")
+    assert board.nodes["fixed"].inventory == ("x",)
+    assert board.inventories == {"auto": ("m",), "fixed": ("x",)}
+    assert board.nodes["fixed"].last_check == attrs.evolve(check, kind="liveness")
+
+
+def test_judging_drops_a_stale_reading() -> None:
     board, told = engine_board()
-    hooked: list[EngineRead] = []
-    board.on_engine_read = hooked.append
-    board.engine_read("auto", EngineSignal(LLAMA, Signals(busy=1), 9.0), 10.0)
-    board.apply_engine(EngineRead("fixed", LLAMA, Signals(busy=2)), 10.0)  # another replica's
-    assert hooked == [EngineRead("auto", LLAMA, Signals(busy=1), age=1.0)]
+    board.apply(EngineRead("fixed", LLAMA, Signals(busy=2), 10.0, "r2"), 10.0)
     board.judge_engine("fixed", 16.0)  # six seconds: three intervals, still fresh
     assert "fixed" in board.engines.signals
     assert told[-1] == EngineChange("fixed", Signals(busy=2), None, False)
@@ -353,4 +387,4 @@ def test_only_a_read_of_ours_goes_to_the_hook_and_judging_drops_a_stale_reading(
     assert "fixed" not in board.engines.signals
     assert told[-1] == EngineChange("fixed", Signals(), None, True)
     board.judge_engine("gone", 16.5)  # a node the book does not have: nothing told
-    assert len(told) == 4
+    assert len(told) == 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trio_failover.core.engine_state import (
-    EngineSignal,
+    EngineRead,
     EngineState,
     attempt_head_timeout,
     auto_capacity,
@@ -20,8 +20,8 @@ LLAMA = Detection(EngineKind.LLAMA_SERVER, "configured")
 GOOD = Signals(busy=1, total_slots=2)
 
 
-def read(signals: Signals, at: float) -> EngineSignal:
-    return EngineSignal(LLAMA, signals, at)
+def read(signals: Signals, at: float) -> EngineRead:
+    return EngineRead("n", LLAMA, signals, at)
 
 
 # -- folding reads into a state --------------------------------------------------------

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from trio_failover import Config
-from trio_failover.core.engine_state import EngineSignal
+from trio_failover.core.engine_state import EngineRead
 from trio_failover.core.engines import UNKNOWN, Answer, EngineKind
 from trio_failover.proxy import Proxy
 from trio_failover.proxy.nodes.engine_reader import EngineReader
@@ -46,13 +46,13 @@ class Signals:
     """The callback: every signal, with its node, in order."""
 
     def __init__(self) -> None:
-        self.got: list[tuple[str, EngineSignal]] = []
+        self.got: list[tuple[str, EngineRead]] = []
 
-    def __call__(self, node: str, signal: EngineSignal) -> None:
-        self.got.append((node, signal))
+    def __call__(self, read: EngineRead) -> None:
+        self.got.append((read.node, read))
 
-    def of(self, node: str) -> list[EngineSignal]:
-        return [signal for name, signal in self.got if name == node]
+    def of(self, node: str) -> list[EngineRead]:
+        return [read for name, read in self.got if name == node]
 
 
 async def after_one_good_check(fleet: Fleet, listing: Answer | None = None) -> Signals:

@@ -1,4 +1,4 @@
-"""core/fleet_records.py: an engine read as a shared record, table-tested."""
+"""core/fleet_records.py: an engine read as a shared record, its signals field by field."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 import attrs
 import pytest
 
-from trio_failover.core import fleet_records
-from trio_failover.core.engine_book import EngineRead
+from trio_failover.core.engine_state import EngineRead
 from trio_failover.core.engines import (
     UNKNOWN,
     Detection,
@@ -19,7 +18,16 @@ from trio_failover.core.engines import (
     Signals,
     failed,
 )
-from trio_failover.core.state_layout import decode_envelope, encode_envelope, record_field
+from trio_failover.core.fleet_records import (
+    RemoteRecord,
+    decode,
+    decode_envelope,
+    encode,
+    encode_envelope,
+    read_value,
+    record_field,
+    value_json,
+)
 
 LLAMA = Detection(EngineKind.LLAMA_SERVER, "configured")
 # Every field set to something other than its default.
@@ -45,7 +53,7 @@ EVERYTHING = Signals(
 
 def test_every_field_of_signals_is_in_its_json_form() -> None:
     """A field added to ``Signals`` must be added to the record too (else it is lost on the way)."""
-    assert set(fleet_records.signals_json(UNKNOWN)) == {f.name for f in attrs.fields(Signals)}
+    assert set(value_json(UNKNOWN)) == {f.name for f in attrs.fields(Signals)}
     for field in attrs.fields(Signals):
         assert getattr(EVERYTHING, field.name) != getattr(UNKNOWN, field.name), field.name
 
@@ -62,8 +70,8 @@ def test_every_field_of_signals_is_in_its_json_form() -> None:
     ],
 )
 def test_signals_go_and_come_back_whole_through_json_text(signals: Signals) -> None:
-    text = json.dumps(fleet_records.signals_json(signals), allow_nan=False)
-    assert fleet_records.signals_from_json(json.loads(text)) == signals
+    text = json.dumps(value_json(signals), allow_nan=False)
+    assert read_value(Signals, json.loads(text), "signals") == signals
 
 
 @pytest.mark.parametrize(
@@ -71,31 +79,31 @@ def test_signals_go_and_come_back_whole_through_json_text(signals: Signals) -> N
     [LLAMA, Detection(EngineKind.OLLAMA, "GET /api/version"), Detection(EngineKind.VLLM, "")],
 )
 def test_a_detection_goes_and_comes_back(detection: Detection) -> None:
-    document = json.loads(json.dumps(fleet_records.detection_json(detection)))
-    assert fleet_records.detection_from_json(document) == detection
+    document = json.loads(json.dumps(value_json(detection)))
+    assert read_value(Detection, document, "engine") == detection
 
 
 def test_an_engine_read_goes_through_an_envelope_and_comes_back_aged() -> None:
-    read = EngineRead("gpu-1", LLAMA, EVERYTHING, age=0.25)
-    record = fleet_records.engine_record(read)
+    read = EngineRead("gpu-1", LLAMA, EVERYTHING, at=9.75)
+    record = encode(read, now=10.0)
     assert record_field(record) == "engine"  # one per node's hash: the latest replaces it
     remote = decode_envelope(encode_envelope("replica-a", "gpu-1", record), age=1.5)
     assert remote is not None
     # Its age: the 0.25 s it had when written and the 1.5 s it lay in Redis.
-    expected = attrs.evolve(read, age=1.75)
-    assert fleet_records.read_engine(remote.node, remote.record, remote.age) == expected
+    expected = attrs.evolve(read, at=100.0 - 1.75, origin="replica-a")
+    assert decode(remote, now=100.0) == expected
 
 
 def test_a_field_left_out_is_its_default() -> None:
-    assert fleet_records.signals_from_json({}) == UNKNOWN
-    assert fleet_records.signals_from_json({"busy": 1}) == Signals(busy=1)
-    assert fleet_records.signals_from_json({"per_model": {"m": {}}}) == Signals(
+    assert read_value(Signals, {}, "signals") == UNKNOWN
+    assert read_value(Signals, {"busy": 1}, "signals") == Signals(busy=1)
+    assert read_value(Signals, {"per_model": {"m": {}}}, "signals") == Signals(
         per_model={"m": ModelLoad()}
     )
 
 
 def signals_with(**fields: Any) -> dict[str, Any]:
-    return {**fleet_records.signals_json(EVERYTHING), **fields}
+    return {**value_json(EVERYTHING), **fields}
 
 
 @pytest.mark.parametrize(
@@ -129,7 +137,7 @@ def signals_with(**fields: Any) -> dict[str, Any]:
 )
 def test_malformed_signals_are_a_clear_error(document: object, names: str) -> None:
     with pytest.raises(ValueError, match=names.replace(".", r"\.")):
-        fleet_records.signals_from_json(document)
+        read_value(Signals, document, "signals")
 
 
 @pytest.mark.parametrize(
@@ -143,10 +151,10 @@ def test_malformed_signals_are_a_clear_error(document: object, names: str) -> No
 )
 def test_a_malformed_detection_is_a_clear_error(document: object, names: str) -> None:
     with pytest.raises(ValueError, match=names.replace(".", r"\.")):
-        fleet_records.detection_from_json(document)
+        read_value(Detection, document, "engine")
 
 
-GOOD_RECORD = fleet_records.engine_record(EngineRead("a", LLAMA, Signals(busy=1)))
+GOOD_RECORD = encode(EngineRead("a", LLAMA, Signals(busy=1), at=0.0), now=0.0)
 
 
 @pytest.mark.parametrize(
@@ -163,11 +171,11 @@ GOOD_RECORD = fleet_records.engine_record(EngineRead("a", LLAMA, Signals(busy=1)
     ],
 )
 def test_what_is_not_a_whole_engine_record_is_none(record: dict[str, Any]) -> None:
-    assert fleet_records.read_engine("a", record, 0.0) is None
+    assert decode(RemoteRecord("r2", "a", record), 0.0) is None
 
 
 def test_an_engine_record_of_no_node_is_none_and_a_good_one_is_not() -> None:
-    assert fleet_records.read_engine(None, GOOD_RECORD, 0.0) is None
-    assert fleet_records.read_engine("a", GOOD_RECORD, 0.0) == EngineRead(
-        "a", LLAMA, Signals(busy=1)
+    assert decode(RemoteRecord("r2", None, GOOD_RECORD), 0.0) is None
+    assert decode(RemoteRecord("r2", "a", GOOD_RECORD), 5.0) == EngineRead(
+        "a", LLAMA, Signals(busy=1), 5.0, "r2"
     )

@@ -16,8 +16,7 @@ from conftest import RedisServer
 from test_replicas import LIMIT, STREAM, leases_at, replicas_at, until_connected
 from test_shared_state import Seen, joined, replica, wait_connected
 
-from trio_failover.core.lease_script import slots_key
-from trio_failover.core.state_layout import replicas_key
+from trio_failover.core.state_layout import replicas_key, slots_key
 from trio_failover.testing import FakeNode, HeldRequests, request
 from trio_failover.wire.redis import open_redis
 

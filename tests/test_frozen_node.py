@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from trio_failover import Config
+from trio_failover.core.node_change import NodeChange
 from trio_failover.proxy import Proxy
 from trio_failover.testing import (
     FakeNode,
@@ -244,7 +245,13 @@ async def test_a_node_down_by_a_check_is_back_within_seconds_of_waking(
     async with Fleet({"a": FakeNode(wakes), "b": FakeNode(healthy(b"from b"))}) as fleet:
         proxy = make_proxy(fleet)
         ready = trio.Event()
-        proxy.board.listen(lambda change: ready.set() if change.kind.value == "ready" else None)
+        proxy.board.listen(
+            lambda change: (
+                ready.set()
+                if isinstance(change, NodeChange) and change.kind.value == "ready"
+                else None
+            )
+        )
         async with proxy:
             with trio.fail_after(LIMIT):
                 response = await request(proxy, body=STREAMED)

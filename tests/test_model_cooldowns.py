@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from trio_failover import Config, Upstream
+from trio_failover.core.node_change import NodeChange
 from trio_failover.proxy import Proxy
 from trio_failover.testing import (
     Behaviour,
@@ -152,7 +153,11 @@ async def test_a_served_answer_for_x_ends_xs_cooldown(autojump_clock: trio.abc.C
         proxy = proxy_over(fleet, {"a": ["x", "y"], "b": ["x", "y"]})
         events: list[dict[str, Any]] = []
         proxy.board.listen(
-            lambda change: events.append({"kind": str(change.kind), "model": change.model})
+            lambda change: (
+                events.append({"kind": str(change.kind), "model": change.model})
+                if isinstance(change, NodeChange)
+                else None
+            )
         )
         with trio.fail_after(LIMIT):
             proxy.board.demote("a", 60.0, "header_timeout", trio.current_time(), model="x")
@@ -177,7 +182,13 @@ async def test_a_model_cooldown_runs_out_and_a_waiter_for_it_is_dispatched(
         config = Config(upstreams=upstreams, admin_listen=None, discovery_interval=0)
         proxy = Proxy(config, connector=fleet.connector)
         heard: list[tuple[str, str | None]] = []
-        proxy.board.listen(lambda change: heard.append((str(change.kind), change.model)))
+        proxy.board.listen(
+            lambda change: (
+                heard.append((str(change.kind), change.model))
+                if isinstance(change, NodeChange)
+                else None
+            )
+        )
         took: dict[str, float] = {}
         served: dict[str, str | None] = {}
 

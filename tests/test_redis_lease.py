@@ -18,7 +18,7 @@ from conftest import RedisServer
 
 from trio_failover.core import state_layout
 from trio_failover.core.errors import StateError
-from trio_failover.core.lease_script import LeaseTake, slots_key
+from trio_failover.core.state_layout import LeaseTake, slots_key
 from trio_failover.wire.redis import (
     Message,
     RedisConnection,
@@ -26,8 +26,7 @@ from trio_failover.wire.redis import (
     open_redis,
     open_subscription,
 )
-from trio_failover.wire.shared_records import SharedRecords
-from trio_failover.wire.slot_lease import SlotLeases
+from trio_failover.wire.slot_lease import SharedRecords, SlotLeases
 
 LIMIT = 10.0
 TTL = 30.0

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from trio_failover.core import lease_script
-from trio_failover.core.lease_script import LeaseTake, lease_ms, read_take
+from trio_failover.core import state_layout
+from trio_failover.core.state_layout import LeaseTake, lease_ms, read_take
 
 
 def test_names_carry_the_prefix() -> None:
-    assert lease_script.slots_key("trio-failover:", "gpu-1") == "trio-failover:slots:gpu-1"
-    assert lease_script.freed_channel("fleet-b:") == "fleet-b:freed"
+    assert state_layout.slots_key("trio-failover:", "gpu-1") == "trio-failover:slots:gpu-1"
+    assert state_layout.freed_channel("fleet-b:") == "fleet-b:freed"
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_read_take_refuses_other_replies(reply: object) -> None:
 
 
 @pytest.mark.parametrize(
-    "script", [lease_script.TAKE, lease_script.RENEW, lease_script.RELEASE, lease_script.IN_FLIGHT]
+    "script", [state_layout.TAKE, state_layout.RENEW, state_layout.RELEASE, state_layout.IN_FLIGHT]
 )
 def test_every_script_reads_redis_clock_and_announces(script: str) -> None:
     # The replicas' clocks never enter: expiry is Redis' own TIME.
@@ -62,7 +62,7 @@ def test_every_script_reads_redis_clock_and_announces(script: str) -> None:
 
 
 def test_reap_arguments_name_each_lease_its_slot_set_node_and_owner() -> None:
-    keys, args = lease_script.reap_arguments(
+    keys, args = state_layout.reap_arguments(
         "p:replicas",
         "p:",
         "p:freed",
@@ -79,23 +79,23 @@ def test_reap_arguments_name_each_lease_its_slot_set_node_and_owner() -> None:
         *(2, "gpu-1", "c:3", "c"),
         *(3, "gpu-2", "b:7", "b"),
     ]
-    assert lease_script.reap_arguments("p:replicas", "p:", "p:freed", ["x"], {}) == (
+    assert state_layout.reap_arguments("p:replicas", "p:", "p:freed", ["x"], {}) == (
         ["p:replicas"],
         ["p:freed", 1, "x"],
     )
 
 
 def test_read_reap() -> None:
-    assert lease_script.read_reap([]) == {}
-    assert lease_script.read_reap([b"b", 2, b"c", 0]) == {"b": 2, "c": 0}
+    assert state_layout.read_reap([]) == {}
+    assert state_layout.read_reap([b"b", 2, b"c", 0]) == {"b": 2, "c": 0}
 
 
 @pytest.mark.parametrize("reply", [None, 1, [b"b"], [b"b", -1], ["b", 1], [b"b", b"1"]])
 def test_read_reap_refuses_other_replies(reply: object) -> None:
     with pytest.raises(ValueError, match="reap"):
-        lease_script.read_reap(reply)
+        state_layout.read_reap(reply)
 
 
 def test_the_reap_reads_redis_clock_and_announces_each_lease() -> None:
-    assert "redis.call('TIME')" in lease_script.REAP
-    assert "redis.call('PUBLISH', ARGV[1], node)" in lease_script.REAP
+    assert "redis.call('TIME')" in state_layout.REAP
+    assert "redis.call('PUBLISH', ARGV[1], node)" in state_layout.REAP

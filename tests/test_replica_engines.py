@@ -19,13 +19,13 @@ from conftest import RedisServer
 from test_replicas import LIMIT, SLACK, replica_config, replicas
 
 from trio_failover.core import fleet_records
-from trio_failover.core.engine_book import EngineChange, EngineRead, EngineSettings
+from trio_failover.core.engine_book import EngineChange, EngineSettings
+from trio_failover.core.engine_state import EngineRead
 from trio_failover.core.engines import UNKNOWN, Detection, EngineKind, Signals
+from trio_failover.core.fleet_records import RemoteRecord
 from trio_failover.core.redis_url import RedisAddress
-from trio_failover.core.state_layout import RemoteRecord
-from trio_failover.proxy.fleet.fleet import FleetBoard
-from trio_failover.proxy.fleet.shared_state import SharedState
 from trio_failover.proxy.nodes.board import NodeBoard
+from trio_failover.proxy.fleet.fleet import FleetBoard
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import FakeLlamaServer, FakeNode, Fleet, healthy, request, start_in_fleet
 
@@ -45,8 +45,17 @@ def replica(fleet: Fleet, address: RedisAddress, **settings: Any) -> Proxy:
 def engine_told(proxy: Proxy, condition: Callable[[EngineChange], bool]) -> trio.Event:
     """An event set once ``proxy``'s board tells an engine change for which ``condition`` holds."""
     told = trio.Event()
-    proxy.board.listen_engines(lambda change: told.set() if condition(change) else None)
+    proxy.board.listen(
+        lambda change: (
+            told.set() if isinstance(change, EngineChange) and condition(change) else None
+        )
+    )
     return told
+
+
+def engine_record(signals: Signals, age: float) -> dict[str, Any]:
+    """The record of a read of node ``a`` that was ``age`` seconds old when written."""
+    return fleet_records.encode(EngineRead("a", LLAMA, signals, at=-age), now=0.0)
 
 
 def busy_at(node: str, busy: int) -> Callable[[EngineChange], bool]:
@@ -146,7 +155,7 @@ async def test_a_reading_that_arrives_older_than_three_intervals_is_unknown_at_o
                 assert a.fleet is not None
                 full = Signals(busy=2, total_slots=2)
                 told = engine_told(b, lambda change: change.node == "a")
-                old = fleet_records.engine_record(EngineRead("a", LLAMA, full, age=1.0))
+                old = engine_record(full, 1.0)
                 assert await a.fleet.state.publish(old, node="a") is True
                 await told.wait()
                 assert "a" not in b.engines.signals  # read a second ago: stale on arrival
@@ -156,7 +165,7 @@ async def test_a_reading_that_arrives_older_than_three_intervals_is_unknown_at_o
                 assert node_status(b, "a")["capacity"] == 2  # the capacity never goes stale
 
                 fresh = engine_told(b, busy_at("a", 2))
-                new = fleet_records.engine_record(EngineRead("a", LLAMA, full, age=0.0))
+                new = engine_record(full, 0.0)
                 assert await a.fleet.state.publish(new, node="a") is True
                 await fresh.wait()
                 assert b.engines.signals["a"] == full
@@ -166,7 +175,7 @@ async def test_a_reading_that_arrives_older_than_three_intervals_is_unknown_at_o
                 # One taken before the reading B has (late, from a slow replica) is no news.
                 late = engine_told(b, lambda change: change.node == "a")
                 idle = Signals(busy=0, total_slots=2)
-                older = fleet_records.engine_record(EngineRead("a", LLAMA, idle, age=0.4))
+                older = engine_record(idle, 0.4)
                 assert await a.fleet.state.publish(older, node="a") is True
                 await late.wait()
                 assert b.engines.signals["a"] == full
@@ -180,11 +189,15 @@ async def test_a_late_older_reading_does_not_shorten_the_watch_of_the_newer_one(
     board.configure_engines(EngineSettings(engines={"a": LLAMA}, max_age=3 * INTERVAL))
     link = FleetBoard(board, cast(SharedState, None))  # nothing published here
     told: list[tuple[float, EngineChange]] = []
-    board.listen_engines(lambda change: told.append((trio.current_time(), change)))
+    board.listen(
+        lambda change: (
+            told.append((trio.current_time(), change)) if isinstance(change, EngineChange) else None
+        )
+    )
 
     def heard(busy: int, age: float) -> None:
-        read = EngineRead("a", LLAMA, Signals(busy=busy, total_slots=2), age=age)
-        link.on_record(RemoteRecord("replica-a", "a", fleet_records.engine_record(read)))
+        record = engine_record(Signals(busy=busy, total_slots=2), age)
+        link.on_record(RemoteRecord("replica-a", "a", record))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(link.age_engines)

@@ -19,7 +19,7 @@ import trio_websocket
 from conftest import RedisServer
 from support import ProxyProcess, serve_process
 
-from trio_failover.core.lease_script import freed_channel, slots_key
+from trio_failover.core.state_layout import freed_channel, slots_key
 from trio_failover.testing import (
     FakeNode,
     Fleet,

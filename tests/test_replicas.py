@@ -23,12 +23,12 @@ from test_redis_wire import SilentServer
 
 from trio_failover.core.config import Config
 from trio_failover.core.engines import Signals
+from trio_failover.core.fleet_records import RemoteRecord
 from trio_failover.core.inventory import CheckVerdict, Health
-from trio_failover.core.lease_script import slots_key
 from trio_failover.core.liveness import CheckRecord
 from trio_failover.core.node_change import NodeChange
 from trio_failover.core.redis_url import RedisAddress
-from trio_failover.core.state_layout import RemoteRecord
+from trio_failover.core.state_layout import slots_key
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import (
     FakeNode,
@@ -84,7 +84,9 @@ async def replicas_at(
 async def until_told(proxy: Proxy, condition: Callable[[NodeChange], bool]) -> None:
     """Return once ``proxy``'s board applied a change for which ``condition`` holds."""
     told = trio.Event()
-    proxy.board.listen(lambda change: told.set() if condition(change) else None)
+    proxy.board.listen(
+        lambda change: told.set() if isinstance(change, NodeChange) and condition(change) else None
+    )
     await told.wait()
 
 
@@ -319,7 +321,9 @@ async def test_checks_and_inventories_are_shared_a_joiner_loads_them_and_nothing
 
             a.fleet.state.on_record = a_heard
             b_changed = trio.Event()
-            b.board.listen(lambda change: b_changed.set())
+            b.board.listen(
+                lambda change: b_changed.set() if isinstance(change, NodeChange) else None
+            )
             now = trio.current_time()
             verdict = CheckVerdict(Health.UNCHANGED, None, True, ("m1", "m2"), None, "ok")
             check = CheckRecord("health", True, 200, None, now)

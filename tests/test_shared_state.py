@@ -19,13 +19,11 @@ import trio
 from conftest import LogRecords, RedisServer
 from test_redis_wire import SilentServer
 
-from trio_failover.core.lease_script import LeaseTake
 from trio_failover.core.redis_url import RedisAddress
-from trio_failover.core.state_layout import replicas_key
+from trio_failover.core.state_layout import LeaseTake, replicas_key
 from trio_failover.proxy.fleet.shared_state import RemoteRecord, SharedState
 from trio_failover.wire.redis import open_redis
-from trio_failover.wire.shared_records import SharedRecords
-from trio_failover.wire.slot_lease import SlotLeases
+from trio_failover.wire.slot_lease import SharedRecords, SlotLeases
 
 LIMIT = 15.0
 SLACK = 1.0  # how late a deadline may fire on a busy two-core machine

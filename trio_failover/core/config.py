@@ -21,8 +21,8 @@ from .client_key import ClientKey as ClientKey  # re-exported: part of the setti
 from .engines import check_engine_kind
 from .errors import ConfigError
 from .names import WILDCARD, accepts, node_model_name
+from .redis_url import StateSettings
 from .slots import BALANCE_MODES, Balance
-from .state_settings import StateSettings
 
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]

@@ -13,11 +13,10 @@ current:
   last ``total_slots``, which does not go stale, else 0); None for a
   configured one.
 
-A read is a record, ``EngineRead`` (node, engine, signals, and its age in
-seconds rather than a clock time, so a board over a shared store can carry
-it to another process); ``EngineChange`` is what the board tells its
-engine listeners after folding one. Times are float seconds of the shell's
-clock.
+A read is a record, ``engine_state.EngineRead`` (node, engine, signals,
+when, and which replica read it); ``EngineChange`` is what the board tells
+its listeners after folding one, the read included. Times are float
+seconds of the shell's clock.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import attrs
 
 from .config import Config
 from .engine_state import (
-    EngineSignal,
+    EngineRead,
     EngineState,
     attempt_head_timeout,
     auto_capacity,
@@ -45,20 +44,7 @@ from .engines import (
     stale_after,
 )
 
-__all__ = ["EngineBook", "EngineChange", "EngineRead", "EngineSettings", "engine_settings"]
-
-
-@attrs.frozen
-class EngineRead:
-    """One read of one node's engine, as a record (``NodeBoard.engine_read`` makes it).
-
-    ``age``: seconds from the read's end to the record's making (0 locally).
-    """
-
-    node: str
-    engine: Detection
-    signals: Signals
-    age: float = 0.0
+__all__ = ["EngineBook", "EngineChange", "EngineSettings", "engine_settings"]
 
 
 @attrs.frozen
@@ -73,6 +59,8 @@ class EngineChange:
         fresh: a good read, now the node's current signals: the ledger
             anchors it to this proxy's in-flight count of now
             (``SlotLedger.note_reading``).
+        read: the read folded; None when a reading was judged again
+            without one (``EngineBook.judge``).
     """
 
     node: str
@@ -80,6 +68,7 @@ class EngineChange:
     capacity: int | None
     changed: bool
     fresh: bool = False
+    read: EngineRead | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -119,9 +108,8 @@ class EngineBook:
         node = read.node
         if node not in self.states:
             return None
-        signal = EngineSignal(read.engine, read.signals, now - read.age)
-        self.states[node] = next_state(self.states[node], signal)
-        return self._judged(node, now, signal.at)
+        self.states[node] = next_state(self.states[node], read)
+        return attrs.evolve(self._judged(node, now, read.at), read=read)
 
     def judge(self, node: str, now: float) -> EngineChange | None:
         """What ``node``'s reading is at ``now``, without a read (None: no such node).

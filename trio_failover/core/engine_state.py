@@ -1,8 +1,9 @@
 """Pure: what the proxy keeps of each node's engine between reads (docs/engines.md).
 
-The reader (``proxy/nodes/engine_reader.py``) hands over one ``EngineSignal`` per
-read: the node's engine kind, the parsed ``Signals`` and the time of the
-read. Whoever owns node state (the node board) folds it into that node's
+The reader (``proxy/nodes/engine_reader.py``) hands over one ``EngineRead`` per
+read: the node, its engine kind, the parsed ``Signals`` and the time of the
+read (another replica's reads arrive as the same record, with their
+``origin``). Whoever owns node state (the node board) folds it into that node's
 ``EngineState`` with ``next_state`` and asks ``EngineState.current`` when it
 decides: a reading older than three intervals is unknown, and unknown limits
 nothing (but the capacity, which does not go stale: ``auto_capacity``).
@@ -33,7 +34,7 @@ from .engines import (
 )
 
 __all__ = [
-    "EngineSignal",
+    "EngineRead",
     "EngineState",
     "attempt_head_timeout",
     "auto_capacity",
@@ -44,20 +45,28 @@ __all__ = [
 
 
 @attrs.frozen
-class EngineSignal:
-    """One read of one node's engine, as the reader hands it to ``on_signal``.
+class EngineRead:
+    """One read of one node's engine: the reader's, or another replica's.
+
+    A record of the node board (``NodeBoard.apply``); it travels between
+    replicas as an ``engine`` record (``core/fleet_records.py``), its
+    clock time as an age.
 
     Attributes:
+        node: the node read.
         engine: the node's engine kind and how it was found (configured, or
             detected at its first good check).
         signals: what the read gave; ``last_error`` says why any part of it
             failed (a read that failed whole has nothing else set).
-        at: when the read ended (the Trio clock).
+        at: when the read ended (the Trio clock of this process).
+        origin: the replica that read it; None: this one.
     """
 
+    node: str
     engine: Detection
     signals: Signals
     at: float
+    origin: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -84,7 +93,7 @@ class EngineState:
         return current_signals(self.signals, self.read_at, now, max_age)
 
 
-def next_state(state: EngineState, signal: EngineSignal) -> EngineState:
+def next_state(state: EngineState, signal: EngineRead) -> EngineState:
     """Fold one read into a node's state.
 
     A good read replaces the signals and dates them. A read with an error

@@ -1,60 +1,108 @@
-"""Pure: the node board's news as the records replicas share (docs/replicas.md).
+"""Pure: the node board's records as the replicas share them, and their envelope.
 
-Three kinds of record travel between replicas (``proxy/fleet/fleet.py`` sends
-and applies them; ``core/state_layout.py`` carries them):
+One codec for every record the board tells (``core/node_change.py``,
+``engine_state.EngineRead``), driven by the records' own attrs fields: a
+table (``KINDS``) names each type's ``kind``, the JSON names that differ
+from the attributes, and what a record's age does to it; the rest follows
+from each field's type. ``encode`` turns a record into the JSON object
+Redis holds, ``decode`` an object another replica wrote back into a record
+(None when it is not a whole one of ours). The kinds:
 
 - ``readiness``: one ``NodeChange`` (cooling, ready, down, up, cooled),
-  with the seconds its cooldown runs on from its making;
-- ``inventory``: the models a node's last discovery check listed (``null``:
-  it listed none it could tell);
-- ``last_check``: the node's last finished check, as ``/status`` shows it;
-- ``engine``: one good read of the node's engine (``EngineRead``), with the
-  seconds since the read ended (``age_s``); its ``Signals`` and
-  ``Detection`` in a JSON form of their own (``signals_json``,
-  ``detection_json`` and their readers, which raise ``ValueError`` naming
-  the field).
+  with the seconds its cooldown runs on from its making (``remaining_s``);
+- ``inventory``: an ``InventoryChange``, the models a node's last discovery
+  check listed (``null``: it listed none it could tell);
+- ``last_check``: a ``LastCheck``, the node's last finished check, as
+  ``/status`` shows it (its ``kind`` as ``check``);
+- ``engine``: one good read of the node's engine (``EngineRead``): its
+  ``Detection`` as ``engine``, its ``Signals`` as ``signals``.
 
-Each is kept in the node's hash by its kind (one ``engine`` record, the
-latest), a readiness record also by its ``key``, so that the hash keeps
+The rules of the JSON form, one for every type:
+
+- ``node`` and ``origin`` are the envelope's (``{"from": REPLICA, "node":
+  NODE|null, "record": {...}}``), not the record's;
+- a clock time (a field named ``at``) travels as its age, ``age_s``, since
+  the replicas' clocks differ; read back, it is dated on the reader's
+  clock, the seconds it lay in Redis (a snapshot's ``age``) included;
+- seconds (a JSON name ending in ``_s``) are rounded to the millisecond;
+- enums as their values, sets as sorted lists, tuples as lists, mappings
+  and nested records as objects;
+- read back, a field left out is its default and one not known is
+  ignored; a field of the wrong type (a count that is not a whole number
+  >= 0, a number that is not finite and >= 0) makes the record not one:
+  never half applied.
+
+Each record is kept in the node's hash by its kind (one ``engine`` record,
+the latest), a readiness record also by its ``key``, so that the hash keeps
 the latest of each part of the node's state: a readiness record's key is
 ``cooldown`` (its cooldown, or a model's: ``cooldown:MODEL``) or ``down``
 (its down flag). A joining replica applies the stored records oldest first
 (``snapshot_order``): played in the order they happened, the two parts
 give the state they made.
-
-The record readers never raise: what is not a record of ours is None (a replica of
-another version may send more kinds; they are skipped).
 """
 
 from __future__ import annotations
 
+import enum
+import functools
+import json
 import math
-from collections.abc import Iterable, Mapping
+import types
+import typing
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from .engine_book import EngineRead
-from .engines import Detection, EngineKind, LoadedModel, ModelLoad, Signals
-from .liveness import CheckRecord
-from .node_change import ChangeKind, NodeChange
-from .state_layout import RemoteRecord
+import attrs
+
+from .engine_state import EngineRead
+from .node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
 
 __all__ = [
-    "change_record",
-    "check_record",
-    "detection_from_json",
-    "detection_json",
-    "engine_record",
-    "inventory_record",
-    "read_change",
-    "read_check",
-    "read_engine",
-    "read_inventory",
-    "signals_from_json",
-    "signals_json",
+    "KINDS",
+    "Kind",
+    "Record",
+    "RemoteRecord",
+    "decode",
+    "decode_envelope",
+    "encode",
+    "encode_envelope",
+    "read_snapshot",
+    "read_value",
+    "record_field",
     "snapshot_order",
+    "value_json",
 ]
 
-READINESS, INVENTORY, LAST_CHECK, ENGINE = "readiness", "inventory", "last_check", "engine"
+Record = NodeChange | InventoryChange | LastCheck | EngineRead
+"""A record of the node board, as the replicas share it."""
+
+ENVELOPE = ("node", "origin")  # the envelope's fields, not the record's
+CLOCK, AGE = "at", "age_s"  # a clock time travels as its age
+
+
+@attrs.frozen
+class Kind:
+    """How one record type travels (``KINDS``).
+
+    Attributes:
+        kind: the record's ``"kind"``.
+        type: the record type.
+        names: attribute -> JSON name, where they differ.
+        inline: a field holding a record whose fields are this record's own
+            (``LastCheck.check``).
+        key: the record's part of the node's state, its hash field beside
+            its kind (None: one per kind).
+        aged: the record as it stands ``age`` seconds after it was written;
+            None: nothing left to apply.
+    """
+
+    kind: str
+    type: type
+    names: Mapping[str, str] = attrs.field(factory=dict)
+    inline: str | None = None
+    key: Callable[[Any], str] | None = None
+    aged: Callable[[Any, float], Any] | None = None
+
 
 # The part of a node's state each kind of change sets (its record's key).
 _PART = {
@@ -66,235 +114,212 @@ _PART = {
 }
 
 
-def change_record(change: NodeChange) -> dict[str, Any]:
-    """The record of ``change`` (``remaining_s``: from the moment it was applied)."""
+def _change_key(change: NodeChange) -> str:
     part = _PART[change.kind]
-    key = part if change.model is None or part != "cooldown" else f"{part}:{change.model}"
-    return {
-        "kind": READINESS,
-        "key": key,
-        "change": change.kind.value,
-        "reason": change.reason,
-        "remaining_s": round(change.remaining, 3),
-        "model": change.model,
-        "error": change.error,
-    }
+    return part if change.model is None or part != "cooldown" else f"{part}:{change.model}"
 
 
-def read_change(node: str | None, record: Mapping[str, Any], age: float) -> NodeChange | None:
-    """The change a ``readiness`` record tells, ``age`` seconds after it was made.
+def _aged_change(change: NodeChange, age: float) -> NodeChange | None:
+    """What is left of ``change`` ``age`` seconds on; None: a cooldown that ran out.
 
-    None when it is not one, or when it is a cooldown that ran out meanwhile
-    (nothing left to apply: this replica's own ticker sees to expiries).
+    Nothing left to apply then: this replica's own ticker sees to expiries.
     """
-    if record.get("kind") != READINESS or node is None:
+    left = max(0.0, change.remaining - max(0.0, age))
+    if change.kind is ChangeKind.COOLING and left <= 0:
         return None
+    if change.kind is ChangeKind.UP and left <= 0:
+        change = attrs.evolve(change, kind=ChangeKind.READY)  # its cooldown ran out too
+    return attrs.evolve(change, remaining=left)
+
+
+KINDS = (
+    Kind(
+        "readiness",
+        NodeChange,
+        names={"kind": "change", "remaining": "remaining_s"},
+        key=_change_key,
+        aged=_aged_change,
+    ),
+    Kind("inventory", InventoryChange),
+    Kind("last_check", LastCheck, names={"kind": "check"}, inline="check"),
+    Kind("engine", EngineRead),
+)
+_BY_TYPE = {kind.type: kind for kind in KINDS}
+_BY_KIND = {kind.kind: kind for kind in KINDS}
+
+
+# -- records -------------------------------------------------------------------------
+
+
+def encode(record: Record, now: float) -> dict[str, Any]:
+    """The JSON object of ``record``, written at ``now`` (this process's clock)."""
+    kind = _BY_TYPE[type(record)]
+    document: dict[str, Any] = {"kind": kind.kind}
+    if kind.key is not None:
+        document["key"] = kind.key(record)
+    document.update(_fields_json(record, kind.names, now, skip={*ENVELOPE, kind.inline}))
+    if kind.inline is not None:
+        document.update(_fields_json(getattr(record, kind.inline), kind.names, now))
+    return document
+
+
+def decode(remote: RemoteRecord, now: float) -> Record | None:
+    """The record ``remote`` carries, dated on this clock (``now``); never raises.
+
+    None when it is not a whole record of ours (another version's kind, a
+    field of the wrong type), when it is about no node, or when nothing of
+    it is left to apply (``Kind.aged``).
+    """
+    kind = _BY_KIND.get(str(remote.record.get("kind")))
+    if kind is None or remote.node is None:
+        return None
+    clock = (now, remote.age)
+    fields: dict[str, Any] = {"node": remote.node, "origin": remote.origin}
     try:
-        kind = ChangeKind(str(record.get("change")))
+        fields.update(
+            _read_fields(kind.type, remote.record, "", kind.names, clock, {*ENVELOPE, kind.inline})
+        )
+        if kind.inline is not None:
+            inline = _hints(kind.type)[kind.inline]
+            fields[kind.inline] = _read_object(inline, remote.record, "", kind.names, clock)
     except ValueError:
         return None
-    reason, remaining = record.get("reason"), record.get("remaining_s", 0.0)
-    model, error = record.get("model"), record.get("error")
-    if not isinstance(reason, str) or type(remaining) not in (int, float):
-        return None
-    if not (model is None or isinstance(model, str)) or not (
-        error is None or isinstance(error, str)
-    ):
-        return None
-    left = max(0.0, float(remaining) - max(0.0, age))
-    if kind is ChangeKind.COOLING and left <= 0:
-        return None
-    if kind is ChangeKind.UP and left <= 0:
-        kind = ChangeKind.READY  # its cooldown ran out too: no longer demoted
-    return NodeChange(kind, node, reason, left, model, error)
-
-
-def inventory_record(inventory: tuple[str, ...] | None) -> dict[str, Any]:
-    """The record of a node's inventory as its last discovery check replaced it."""
-    return {"kind": INVENTORY, "models": None if inventory is None else list(inventory)}
-
-
-def read_inventory(record: Mapping[str, Any]) -> tuple[bool, tuple[str, ...] | None]:
-    """``(True, models)`` for an ``inventory`` record (None: unknown); else ``(False, None)``."""
-    if record.get("kind") != INVENTORY:
-        return False, None
-    models = record.get("models")
-    if models is None:
-        return True, None
-    if not isinstance(models, list) or not all(isinstance(name, str) for name in models):
-        return False, None
-    return True, tuple(models)
-
-
-def check_record(check: CheckRecord, now: float) -> dict[str, Any]:
-    """The record of a node's last finished check, ``now`` on the writer's clock."""
-    shown = check.to_json(now)
-    return {**shown, "kind": LAST_CHECK, "check": check.kind}
-
-
-def read_check(record: Mapping[str, Any], age: float, now: float) -> CheckRecord | None:
-    """The ``last_check`` record as a ``CheckRecord`` on this replica's clock (``now``)."""
-    if record.get("kind") != LAST_CHECK:
-        return None
-    kind, ok, status = record.get("check"), record.get("ok"), record.get("status")
-    error, check_age = record.get("error"), record.get("age_s", 0.0)
-    if not isinstance(kind, str) or type(ok) is not bool:
-        return None
-    if not (status is None or type(status) is int) or not (error is None or isinstance(error, str)):
-        return None
-    if type(check_age) not in (int, float):
-        return None
-    return CheckRecord(kind, ok, status, error, now - max(0.0, age) - max(0.0, check_age))
-
-
-def snapshot_order(records: Iterable[RemoteRecord]) -> list[RemoteRecord]:
-    """The snapshot's records oldest first: the order to apply them in."""
-    return sorted(records, key=lambda record: -record.age)
-
-
-# -- engine reads ---------------------------------------------------------------
-
-
-def engine_record(read: EngineRead) -> dict[str, Any]:
-    """The record of one read of a node's engine (``age_s``: since the read ended)."""
-    return {
-        "kind": ENGINE,
-        "engine": detection_json(read.engine),
-        "signals": signals_json(read.signals),
-        "age_s": round(read.age, 3),
-    }
-
-
-def read_engine(node: str | None, record: Mapping[str, Any], age: float) -> EngineRead | None:
-    """The read an ``engine`` record tells, ``age`` seconds after it was written.
-
-    None when it is not one, or not a whole one: a malformed part is never
-    half applied. Its age is the record's ``age_s`` and ``age`` together.
-    """
-    if record.get("kind") != ENGINE or node is None:
-        return None
-    try:
-        engine = detection_from_json(record.get("engine"))
-        signals = signals_from_json(record.get("signals"))
-        read_age = _number(record.get("age_s", 0.0), "age_s")
-    except ValueError:
-        return None
-    return EngineRead(node, engine, signals, max(0.0, age) + read_age)
-
-
-def detection_json(detection: Detection) -> dict[str, Any]:
-    """A ``Detection`` as JSON: ``{"kind": "llama-server", "found_by": "configured"}``."""
-    return {"kind": detection.kind.value, "found_by": detection.found_by}
-
-
-def detection_from_json(document: object) -> Detection:
-    """The ``Detection`` of ``detection_json``.
-
-    Raises:
-        ValueError: not one (the message names the field).
-    """
-    if not isinstance(document, dict):
-        raise ValueError(f"engine: expected an object, got {document!r}")
-    kind, found_by = document.get("kind"), document.get("found_by")
-    try:
-        engine = EngineKind(kind if isinstance(kind, str) else "")
-    except ValueError:
-        raise ValueError(f"engine.kind: not an engine kind: {kind!r}") from None
-    if not isinstance(found_by, str):
-        raise ValueError(f"engine.found_by: expected a string, got {found_by!r}")
-    return Detection(engine, found_by)
-
-
-def signals_json(signals: Signals) -> dict[str, Any]:
-    """``Signals`` as JSON: every field, sets as sorted lists, records as objects."""
-    return {
-        "busy": signals.busy,
-        "waiting": signals.waiting,
-        "total_slots": signals.total_slots,
-        "kv_cache_usage": signals.kv_cache_usage,
-        "per_model": {
-            name: {
-                "running": load.running,
-                "waiting": load.waiting,
-                "kv_cache_usage": load.kv_cache_usage,
-            }
-            for name, load in sorted(signals.per_model.items())
-        },
-        "loaded": None if signals.loaded is None else sorted(signals.loaded),
-        "not_loaded": sorted(signals.not_loaded),
-        "loaded_is_complete": signals.loaded_is_complete,
-        "loaded_details": [
-            {"name": item.name, "expires_at": item.expires_at, "size_vram": item.size_vram}
-            for item in signals.loaded_details
-        ],
-        "last_error": signals.last_error,
-    }
-
-
-def signals_from_json(document: object) -> Signals:
-    """The ``Signals`` of ``signals_json``; a field left out is its default.
-
-    Raises:
-        ValueError: not an object, or a field of the wrong type (the message
-            names it: ``signals.busy: expected a whole number >= 0 or null``).
-    """
-    if not isinstance(document, dict):
-        raise ValueError(f"signals: expected an object, got {document!r}")
-    per_model = document.get("per_model", {})
-    if not isinstance(per_model, dict):
-        raise ValueError(f"signals.per_model: expected an object, got {per_model!r}")
-    loaded = document.get("loaded")
-    details = document.get("loaded_details", [])
-    if not isinstance(details, list):
-        raise ValueError(f"signals.loaded_details: expected a list, got {details!r}")
-    complete, error = document.get("loaded_is_complete", False), document.get("last_error", "")
-    if type(complete) is not bool:
-        raise ValueError(f"signals.loaded_is_complete: expected true or false, got {complete!r}")
-    if not isinstance(error, str):
-        raise ValueError(f"signals.last_error: expected a string, got {error!r}")
-    return Signals(
-        busy=_count(document.get("busy"), "signals.busy"),
-        waiting=_count(document.get("waiting"), "signals.waiting"),
-        total_slots=_count(document.get("total_slots"), "signals.total_slots"),
-        kv_cache_usage=_fraction(document.get("kv_cache_usage"), "signals.kv_cache_usage"),
-        per_model={
-            _name(name, "signals.per_model"): _model_load(load, f"signals.per_model.{name}")
-            for name, load in per_model.items()
-        },
-        loaded=None if loaded is None else frozenset(_names(loaded, "signals.loaded")),
-        not_loaded=frozenset(_names(document.get("not_loaded", []), "signals.not_loaded")),
-        loaded_is_complete=complete,
-        loaded_details=tuple(_loaded_model(item) for item in details),
-        last_error=error,
+    record: Record = kind.type(**fields)
+    return (
+        record if kind.aged is None else typing.cast(Record | None, kind.aged(record, remote.age))
     )
 
 
-def _model_load(document: object, where: str) -> ModelLoad:
+def value_json(value: Any) -> Any:
+    """Any value of a record's field (``Signals``, ``Detection``, ...) in its JSON form."""
+    return _json(value, "", 0.0)
+
+
+def read_value(hint: Any, document: object, where: str) -> Any:
+    """The value of type ``hint`` whose JSON form is ``document``.
+
+    Raises:
+        ValueError: not one; the message names the field by ``where``
+            (``signals.busy: expected a whole number >= 0 or null``).
+    """
+    return _read(hint, document, where, (0.0, 0.0))
+
+
+# -- the codec, by the fields' types -------------------------------------------------
+
+
+def _fields_json(
+    record: Any, names: Mapping[str, str], now: float, skip: Collection[str | None] = ()
+) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for field in attrs.fields(type(record)):
+        if field.name in skip:
+            continue
+        value = getattr(record, field.name)
+        if field.name == CLOCK:
+            document[AGE] = round(max(0.0, now - value), 3)
+            continue
+        name = names.get(field.name, field.name)
+        document[name] = _json(value, name, now)
+    return document
+
+
+def _json(value: Any, name: str, now: float) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if attrs.has(type(value)):
+        return _fields_json(value, {}, now)
+    if isinstance(value, frozenset):
+        return sorted(_json(item, name, now) for item in value)
+    if isinstance(value, tuple | list):
+        return [_json(item, name, now) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _json(item, name, now) for key, item in sorted(value.items())}
+    if isinstance(value, float) and name.endswith("_s"):
+        return round(value, 3)
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _read_object(
+    cls: type,
+    document: object,
+    where: str,
+    names: Mapping[str, str],
+    clock: tuple[float, float],
+) -> Any:
     if not isinstance(document, dict):
         raise ValueError(f"{where}: expected an object, got {document!r}")
-    return ModelLoad(
-        _whole(document.get("running", 0), f"{where}.running"),
-        _whole(document.get("waiting", 0), f"{where}.waiting"),
-        _fraction(document.get("kv_cache_usage"), f"{where}.kv_cache_usage"),
-    )
+    return cls(**_read_fields(cls, document, where, names, clock))
 
 
-def _loaded_model(document: object) -> LoadedModel:
-    where = "signals.loaded_details"
-    if not isinstance(document, dict):
-        raise ValueError(f"{where}: expected objects, got {document!r}")
-    expires = document.get("expires_at")
-    if not (expires is None or isinstance(expires, str)):
-        raise ValueError(f"{where}.expires_at: expected a string or null, got {expires!r}")
-    name = _name(document.get("name"), f"{where}.name")
-    return LoadedModel(name, expires, _count(document.get("size_vram"), f"{where}.size_vram"))
+def _read_fields(
+    cls: type,
+    document: Mapping[str, Any],
+    where: str,
+    names: Mapping[str, str],
+    clock: tuple[float, float],
+    skip: Collection[str | None] = (),
+) -> dict[str, Any]:
+    hints, fields = _hints(cls), {}
+    for field in attrs.fields(cls):
+        if field.name in skip:
+            continue
+        name = AGE if field.name == CLOCK else names.get(field.name, field.name)
+        path = f"{where}.{name}" if where else name
+        if field.name == CLOCK:
+            now, age = clock
+            fields[field.name] = now - max(0.0, age) - _number(document.get(name, 0.0), path)
+        elif name in document or field.default is attrs.NOTHING:
+            fields[field.name] = _read(hints[field.name], document.get(name), path, clock)
+    return fields
 
 
-def _count(value: object, where: str) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{where}: expected a whole number >= 0 or null, got {value!r}")
+def _read(hint: Any, value: object, where: str, clock: tuple[float, float]) -> Any:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = (arg for arg in args if arg is not type(None))
+        return _read(inner, value, where, clock)
+    origin = typing.get_origin(hint) or hint
+    if origin in (frozenset, tuple):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        return origin(_read(args[0], item, where, clock) for item in value)
+    if origin in (Mapping, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object, got {value!r}")
+        return {
+            _text(key, where): _read(args[1], item, f"{where}.{key}", clock)
+            for key, item in value.items()
+        }
+    if attrs.has(origin):
+        return _read_object(origin, value, where, {}, clock)
+    if isinstance(origin, type) and issubclass(origin, enum.Enum):
+        try:
+            return origin(_text(value, where))
+        except ValueError:
+            raise ValueError(f"{where}: not a {origin.__name__}: {value!r}") from None
+    reader = _SCALARS.get(origin)
+    if reader is None:  # a record type this codec was not taught: a bug, not bad data
+        raise TypeError(f"{where}: no JSON form for {hint!r}")
+    return reader(value, where)
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _flag(value: object, where: str) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
     return value
 
 
@@ -302,10 +327,6 @@ def _whole(value: object, where: str) -> int:
     if type(value) is not int or value < 0:
         raise ValueError(f"{where}: expected a whole number >= 0, got {value!r}")
     return value
-
-
-def _fraction(value: object, where: str) -> float | None:
-    return None if value is None else _number(value, where)
 
 
 def _number(value: object, where: str) -> float:
@@ -316,13 +337,102 @@ def _number(value: object, where: str) -> float:
     return float(value)
 
 
-def _name(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: expected a string, got {value!r}")
-    return value
+_SCALARS: dict[Any, Callable[[object, str], Any]] = {
+    str: _text,
+    bool: _flag,
+    int: _whole,
+    float: _number,
+}
 
 
-def _names(value: object, where: str) -> list[str]:
-    if not isinstance(value, list):
-        raise ValueError(f"{where}: expected a list of strings, got {value!r}")
-    return [_name(name, where) for name in value]
+# -- the envelope ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class RemoteRecord:
+    """A record another replica published, or one loaded from the snapshot.
+
+    Attributes:
+        origin: the replica that wrote it (its id).
+        node: the node it is about, or None.
+        record: the record's JSON object (a ``"kind"`` in it): ``decode`` reads it.
+        age: seconds since it was written, by Redis' clock: 0.0 for a record
+            just told, more for one loaded from the snapshot.
+    """
+
+    origin: str
+    node: str | None
+    record: Mapping[str, Any]
+    age: float = 0.0
+
+
+def encode_envelope(origin: str, node: str | None, record: Mapping[str, Any]) -> bytes:
+    """The envelope of ``record`` as published and stored.
+
+    Raises:
+        ValueError: the record has no string ``"kind"``, or is not JSON-serialisable
+            (``TypeError`` from ``json`` becomes this too).
+    """
+    if not isinstance(record.get("kind"), str):
+        raise ValueError(f"a record needs a string 'kind': {record!r}")
+    try:
+        text = json.dumps({"from": origin, "node": node, "record": dict(record)}, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # ValueError: NaN or infinity
+        raise ValueError(f"a record must be JSON-serialisable: {exc}") from exc
+    return text.encode()
+
+
+def record_field(record: Mapping[str, Any]) -> str:
+    """The field of a node's hash that keeps ``record``: its kind, and its key if it has one.
+
+    ``{"kind": "readiness", "key": "cooldown:qwen3"}`` -> ``readiness:cooldown:qwen3``:
+    a per-model cooldown does not replace another model's, while a later
+    record of the same kind and key replaces the earlier one.
+    """
+    key = record.get("key")
+    return str(record["kind"]) if key is None else f"{record['kind']}:{key}"
+
+
+def decode_envelope(data: bytes, age: float = 0.0) -> RemoteRecord | None:
+    """The record in ``data``, or None when it is not one of our envelopes (never raises)."""
+    try:
+        envelope = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(envelope, dict):
+        return None
+    origin, node, record = envelope.get("from"), envelope.get("node"), envelope.get("record")
+    if not isinstance(origin, str) or not (node is None or isinstance(node, str)):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+        return None
+    return RemoteRecord(origin=origin, node=node, record=record, age=age)
+
+
+def read_snapshot(reply: object) -> list[RemoteRecord]:
+    """The ``SNAPSHOT`` script's reply as records, each with its age; what is not ours is skipped.
+
+    Raises:
+        ValueError: the reply is not ``[now_ms, [field, value, ...], ...]``.
+    """
+    if not (isinstance(reply, list) and reply and isinstance(reply[0], int)):
+        raise ValueError(f"unexpected reply to the snapshot script: {reply!r}")
+    now_ms = reply[0]
+    records: list[RemoteRecord] = []
+    for flat in reply[1:]:
+        if not isinstance(flat, list) or len(flat) % 2:
+            raise ValueError(f"unexpected hash in the snapshot: {flat!r}")
+        for value in flat[1::2]:
+            stamp, _, data = value.partition(b" ") if isinstance(value, bytes) else (b"", b"", b"")
+            if not stamp.isdigit():
+                continue
+            age = max(0, now_ms - int(stamp)) / 1000
+            record = decode_envelope(data, age)
+            if record is not None:
+                records.append(record)
+    return records
+
+
+def snapshot_order(records: Iterable[RemoteRecord]) -> list[RemoteRecord]:
+    """The snapshot's records oldest first: the order to apply them in."""
+    return sorted(records, key=lambda record: -record.age)

@@ -1,4 +1,14 @@
-"""Pure: the records of a change of a node's readiness, as the node board tells them.
+"""Pure: the node board's records of what it keeps of a node (not its engine's).
+
+The board (``proxy/board.py``) tells every listener each record it applies,
+and takes another replica's through the same verb (``NodeBoard.apply``),
+with that replica's id as the record's ``origin`` (None: made here). Its
+records are these three and ``engine_state.EngineRead``; all four travel
+between replicas through one codec (``core/fleet_records.py``).
+
+- ``NodeChange``: a change of the node's readiness (below);
+- ``InventoryChange``: the models its last discovery check listed;
+- ``LastCheck``: its last finished check, as ``/status`` shows it.
 
 Every change of whether a node takes requests is one ``NodeChange``: it
 began cooling (``COOLING``), it takes requests again (``READY``), its last
@@ -18,7 +28,9 @@ import enum
 
 import attrs
 
-__all__ = ["ChangeKind", "NodeChange"]
+from .liveness import CheckRecord
+
+__all__ = ["ChangeKind", "InventoryChange", "LastCheck", "NodeChange"]
 
 
 class ChangeKind(enum.StrEnum):
@@ -46,6 +58,7 @@ class NodeChange:
             cooldown runs on from the record's making; else 0.
         model: the model a cooldown is for; None: the whole node.
         error: with ``DOWN``, what the failed check said.
+        origin: the replica that made it; None: this one.
     """
 
     kind: ChangeKind
@@ -54,3 +67,34 @@ class NodeChange:
     remaining: float = 0.0
     model: str | None = None
     error: str | None = None
+    origin: str | None = None
+
+
+@attrs.frozen
+class InventoryChange:
+    """A node's inventory, as its last discovery check replaced it.
+
+    Attributes:
+        node: the node's name.
+        models: the models it listed; None: none it could tell.
+        origin: the replica that checked; None: this one.
+    """
+
+    node: str
+    models: tuple[str, ...] | None
+    origin: str | None = None
+
+
+@attrs.frozen
+class LastCheck:
+    """A node's last finished check (a liveness check, or discovery's).
+
+    Attributes:
+        node: the node's name.
+        check: the check, as ``/status`` shows it.
+        origin: the replica that checked; None: this one.
+    """
+
+    node: str
+    check: CheckRecord
+    origin: str | None = None

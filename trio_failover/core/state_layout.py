@@ -1,4 +1,10 @@
-"""Pure: what the replicas' shared state looks like in Redis, and its small decisions.
+"""Pure: what the replicas' shared state looks like in Redis: its names, its
+Lua, the reading of the scripts' replies, and the small decisions on them.
+
+``wire/slot_lease.py`` runs the scripts (``EVALSHA``, then ``EVAL`` once the
+server says ``NOSCRIPT``); this module holds the text, the key names and
+the reading of the replies, so that all of it is tested without Redis. The
+records themselves, and their envelope, are ``core/fleet_records.py``'s.
 
 Every name starts with ``--state-prefix`` (``P`` below, ``trio-failover:``
 by default):
@@ -7,8 +13,9 @@ by default):
 ``P records``              channel: every change record a replica publishes,
                            as an envelope (below)
 ``P freed``                channel: a freed slot, the message is the node's
-                           name (``core/lease_script.py``)
-``P slots:NODE``           sorted set: the node's slot leases (lease_script)
+                           name (below)
+``P wanted``               channel: a take refused at a node, its name
+``P slots:NODE``           sorted set: the node's slot leases (below)
 ``P node:NODE``            hash: the latest record of each field of a node
                            (``FIELD`` -> ``AT_MS JSON-envelope``), what a
                            replica loads when it (re)joins
@@ -16,53 +23,81 @@ by default):
                            expiry of its last beat (Redis' ``TIME``, ms)
 =========================  ==================================================
 
-A record is any JSON-serialisable ``dict`` with a ``"kind"`` (the node
-board's change records: ``{"kind": "cooldown", "node": ..., "remaining_s":
-...}``). It travels in an envelope, ``{"from": REPLICA, "node": NODE|null,
-"record": {...}}``, so that a replica skips its own and the record's own
-keys are never ours to choose. Records carry remaining seconds, never clock
-times (the replicas' clocks differ); a stored record is kept with Redis'
-time of its writing (``AT_MS``), so that a replica loading it later learns
-its age (``age_s``) and can take it off the remaining seconds.
+A record is a JSON object with a ``"kind"`` (the node board's records, in
+the form ``core/fleet_records.py`` gives them, with their envelope). A
+stored record is kept with Redis' time of its writing (``AT_MS``), so that
+a replica loading it later learns its age (``age_s``) and can take it off
+the remaining seconds.
 
 The heartbeat is a sorted set rather than a key per replica with a TTL:
 counting keys needs ``SCAN``, while the set's one script adds ours and
 reads every member, in one round trip (the lease's design). A member past
 its expiry is left in the set for the replicas that watched it stop
 (``judge``): one of them frees its slot leases and drops it, in one
-script (``lease_script.REAP``), so a dead replica's slots are free within
+script (``REAP``), so a dead replica's slots are free within
 seconds rather than one lease TTL.
+
+The slot lease
+--------------
+
+A node's slots held by all replicas are one sorted set, ``PREFIX slots:NODE``:
+each member a lease id, scored by its expiry in Redis' own milliseconds
+(``TIME``, so the replicas' clocks never enter). Every script first drops
+the leases past their expiry, then acts, all in one atomic step: a take is
+never two round trips (count, then add) that two replicas could interleave.
+
+Expiry is noticed lazily, by the next script that touches the node's set.
+A refused take therefore says when the oldest lease ends (``retry_after``),
+so a waiter whose holder died asks again then; whichever script drops
+expired leases announces it: ``PUBLISH PREFIX freed NODE``. A release
+announces its slot (``NODE REPLICA``) only when a waiter may be hoping for
+it: the node was full before it, or the releasing replica saw it full.
+The set itself expires one TTL after its last lease, so nodes that are gone
+leave nothing behind, while a waiter still sees (and announces) the expiry.
+The leases of a replica that stopped beating are freed sooner, by the
+others: ``REAP`` drops it from the replicas' set and frees the leases
+``leases_to_free`` picked, each announced as an expiry.
+
+Requires Redis 5 or later: a script that reads ``TIME`` and then writes is
+replicated by its effects, the default since 5.0 (the only way since 7.0).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import attrs
 
 __all__ = [
     "HEARTBEAT",
+    "IN_FLIGHT",
     "PUBLISH",
+    "REAP",
+    "RELEASE",
+    "RENEW",
     "SNAPSHOT",
+    "TAKE",
     "Beats",
-    "RemoteRecord",
+    "LeaseTake",
     "Verdict",
-    "decode_envelope",
-    "encode_envelope",
+    "freed_channel",
     "judge",
+    "lease_ms",
     "lease_owner",
     "leases_to_free",
     "node_key",
+    "read_freed",
     "read_heartbeat",
-    "read_snapshot",
-    "record_field",
+    "read_reap",
+    "read_take",
+    "reap_arguments",
     "records_channel",
     "rejoin_delay",
     "replicas_key",
     "share_of",
+    "slots_key",
+    "wanted_channel",
 ]
 
 # KEYS[1] the node's hash, or none for a record that is only told;
@@ -114,6 +149,256 @@ return result
 """
 
 
+# KEYS[1] the node's lease set; ARGV[1] lease id, ARGV[2] node name (the
+# message), ARGV[3] the freed channel. `freed` counts the leases that end
+# in this script; `now` is Redis' clock in milliseconds.
+_PROLOGUE = """
+local key, id, node, channel = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local freed = redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+local function keep_until_last(ttl)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then redis.call('PEXPIREAT', key, tonumber(last[2]) + ttl) end
+end
+local function announce()
+  if freed > 0 then redis.call('PUBLISH', channel, node) end
+end
+"""
+
+TAKE = (
+    _PROLOGUE
+    + """
+-- ARGV[4] capacity (0 = no limit), ARGV[5] ttl in ms, ARGV[6] the wanted
+-- channel, told the node's name when a take is refused (a replica that
+-- kept a spare lease there gives it back).
+-- Returns {1, in_flight, 0} taken (a lease already held is renewed, so a
+-- take retried after a lost reply does not count twice), or
+-- {0, in_flight, ms until the oldest lease ends} refused.
+local capacity, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local held = redis.call('ZSCORE', key, id)
+local count = redis.call('ZCARD', key)
+local result
+if held or capacity <= 0 or count < capacity then
+  redis.call('ZADD', key, now + ttl, id)
+  if not held then count = count + 1 end
+  keep_until_last(ttl)
+  result = {1, count, 0}
+else
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  result = {0, count, tonumber(first[2]) - now}
+  if ARGV[6] then redis.call('PUBLISH', ARGV[6], node) end
+end
+announce()
+return result
+"""
+)
+
+RENEW = (
+    _PROLOGUE
+    + """
+-- ARGV[4] ttl in ms. Returns 1 renewed, 0 the lease was gone (expired).
+local ttl = tonumber(ARGV[4])
+local result = 0
+if redis.call('ZSCORE', key, id) then
+  redis.call('ZADD', key, now + ttl, id)
+  keep_until_last(ttl)
+  result = 1
+end
+announce()
+return result
+"""
+)
+
+RELEASE = (
+    _PROLOGUE
+    + """
+-- ARGV[4] capacity (0 = no limit), ARGV[5] 1 when the releasing replica saw
+-- the node full (by an engine's count too), ARGV[6] the releasing replica.
+-- The freed slot is announced only when someone may be waiting for it: the
+-- node was full before this release (a take may have been refused), or the
+-- replica saw it full. Leases that expired are announced without a replica:
+-- they were nobody's to release. Returns 1 released, 0 the lease was
+-- already gone (expired, or released).
+local capacity, seen_full, origin = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
+local before = redis.call('ZCARD', key)
+local removed = redis.call('ZREM', key, id)
+if freed > 0 then
+  announce()
+elseif removed == 1 and (seen_full or (capacity > 0 and before >= capacity)) then
+  redis.call('PUBLISH', channel, node .. ' ' .. origin)
+end
+return removed
+"""
+)
+
+IN_FLIGHT = (
+    _PROLOGUE
+    + """
+-- Returns the leases held now at the node, by every replica.
+announce()
+return redis.call('ZCARD', key)
+"""
+)
+
+# KEYS[1] the replicas' set (HEARTBEAT), KEYS[2..] slot sets.
+# ARGV[1] the freed channel, ARGV[2] n, ARGV[3..2+n] the replicas to drop,
+# then one row of four per lease to free: the index of its slot set in
+# KEYS, the node's name, the lease id, the replica that took it.
+# A replica is dropped only if its beat is still past its expiry: one that
+# beat again since it was judged is alive. Only a dropped replica's leases
+# are freed, each announced as an expiry (the node's name alone) so that
+# the waiters of every replica ask again; the replicas that judged the same
+# death meanwhile find it gone and free nothing twice.
+# Returns {id, leases freed, ...} for each replica dropped.
+REAP = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[2])
+local dropped, freed, order = {}, {}, {}
+for i = 3, 2 + n do
+  local id = ARGV[i]
+  local expiry = redis.call('ZSCORE', KEYS[1], id)
+  if expiry and tonumber(expiry) <= now then
+    redis.call('ZREM', KEYS[1], id)
+    dropped[id] = true
+    freed[id] = 0
+    order[#order + 1] = id
+  end
+end
+for i = 3 + n, #ARGV, 4 do
+  local key, node, lease, owner = KEYS[tonumber(ARGV[i])], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  if dropped[owner] and redis.call('ZREM', key, lease) == 1 then
+    redis.call('PUBLISH', ARGV[1], node)
+    freed[owner] = freed[owner] + 1
+  end
+end
+local result = {}
+for _, id in ipairs(order) do
+  result[#result + 1] = id
+  result[#result + 1] = freed[id]
+end
+return result
+"""
+
+
+@attrs.frozen
+class LeaseTake:
+    """What a take said.
+
+    Attributes:
+        taken: the slot is ours until renewed or released.
+        in_flight: leases held at the node now, by every replica, ours included.
+        retry_after: seconds until the oldest lease ends when refused (a waiter
+            asks again then, in case its holder died); ``0.0`` when taken.
+    """
+
+    taken: bool
+    in_flight: int
+    retry_after: float = 0.0
+
+
+def slots_key(prefix: str, node: str) -> str:
+    """The sorted set of ``node``'s leases (``--state-prefix`` first)."""
+    return f"{prefix}slots:{node}"
+
+
+def freed_channel(prefix: str) -> str:
+    """The channel on which a freed slot is announced (``read_freed`` reads its messages)."""
+    return f"{prefix}freed"
+
+
+def wanted_channel(prefix: str) -> str:
+    """The channel on which a refused take names its node: spare leases there are given back."""
+    return f"{prefix}wanted"
+
+
+def read_freed(message: str) -> tuple[str, str]:
+    """A freed announcement as (node, releasing replica); the replica is "" for an expiry.
+
+    The message is the node's name, then for a release a space and the
+    replica's id (node names hold no space: ``core/config.py``).
+    """
+    node, _, origin = message.partition(" ")
+    return node, origin
+
+
+def lease_ms(ttl: float) -> int:
+    """``--lease-ttl`` in the scripts' whole milliseconds, rounded up, at least 1.
+
+    Raises:
+        ValueError: ``ttl`` is not a positive finite number of seconds.
+    """
+    if not (math.isfinite(ttl) and ttl > 0):
+        raise ValueError(f"a lease TTL must be a positive duration, not {ttl!r}")
+    return max(1, math.ceil(ttl * 1000 - 1e-9))
+
+
+def read_take(reply: object) -> LeaseTake:
+    """The ``TAKE`` script's reply as a ``LeaseTake``.
+
+    Raises:
+        ValueError: the reply is not ``[0|1, count, ms]``; the script under
+            that SHA is not ours.
+    """
+    if not (
+        isinstance(reply, list)
+        and len(reply) == 3
+        and all(isinstance(item, int) and not isinstance(item, bool) for item in reply)
+        and reply[0] in (0, 1)
+    ):
+        raise ValueError(f"unexpected reply to the take script: {reply!r}")
+    taken, count, wait_ms = reply
+    return LeaseTake(taken=taken == 1, in_flight=count, retry_after=max(0, wait_ms) / 1000)
+
+
+def reap_arguments(
+    replicas_key: str,
+    prefix: str,
+    freed: str,
+    drop: Sequence[str],
+    leases: Mapping[str, Sequence[str]],
+) -> tuple[list[str], list[str | int]]:
+    """``REAP``'s keys and arguments: drop the replicas ``drop``, free ``leases`` (node -> ids).
+
+    Each lease's owner is ``lease_owner`` of its id; the script
+    frees it only if that owner is dropped in the same step.
+
+    Args:
+        replicas_key: the replicas' set (``replicas_key``).
+        prefix: ``--state-prefix``, for the nodes' slot sets.
+        freed: the freed channel (``freed_channel``).
+        drop: the replicas to drop, if their beat is still expired.
+        leases: the leases to free at each node.
+    """
+    nodes = sorted(leases)
+    keys = [replicas_key, *(slots_key(prefix, node) for node in nodes)]
+    args: list[str | int] = [freed, len(drop), *drop]
+    for index, node in enumerate(nodes, start=2):
+        for lease in leases[node]:
+            args += [index, node, lease, lease_owner(lease)]
+    return keys, args
+
+
+def read_reap(reply: object) -> dict[str, int]:
+    """The ``REAP`` script's reply: each replica dropped -> the leases freed of it.
+
+    Raises:
+        ValueError: the reply is not ``[id, count, ...]``.
+    """
+    if not (
+        isinstance(reply, list)
+        and len(reply) % 2 == 0
+        and all(type(item) is bytes for item in reply[::2])
+        and all(type(item) is int and item >= 0 for item in reply[1::2])
+    ):
+        raise ValueError(f"unexpected reply to the reap script: {reply!r}")
+    return {
+        replica.decode(errors="replace"): count
+        for replica, count in zip(reply[::2], reply[1::2], strict=True)
+    }
+
+
 def records_channel(prefix: str) -> str:
     """The channel of the change records."""
     return f"{prefix}records"
@@ -127,91 +412,6 @@ def node_key(prefix: str, node: str) -> str:
 def replicas_key(prefix: str) -> str:
     """The sorted set of the live replicas' heartbeats."""
     return f"{prefix}replicas"
-
-
-@attrs.frozen
-class RemoteRecord:
-    """A record another replica published, or one loaded from the snapshot.
-
-    Attributes:
-        origin: the replica that wrote it (its id).
-        node: the node it is about, or None.
-        record: the record itself, as its writer passed it (a ``"kind"`` in it).
-        age: seconds since it was written, by Redis' clock: 0.0 for a record
-            just told, more for one loaded from the snapshot.
-    """
-
-    origin: str
-    node: str | None
-    record: Mapping[str, Any]
-    age: float = 0.0
-
-
-def encode_envelope(origin: str, node: str | None, record: Mapping[str, Any]) -> bytes:
-    """The envelope of ``record`` as published and stored.
-
-    Raises:
-        ValueError: the record has no string ``"kind"``, or is not JSON-serialisable
-            (``TypeError`` from ``json`` becomes this too).
-    """
-    if not isinstance(record.get("kind"), str):
-        raise ValueError(f"a record needs a string 'kind': {record!r}")
-    try:
-        text = json.dumps({"from": origin, "node": node, "record": dict(record)}, allow_nan=False)
-    except (TypeError, ValueError) as exc:  # ValueError: NaN or infinity
-        raise ValueError(f"a record must be JSON-serialisable: {exc}") from exc
-    return text.encode()
-
-
-def record_field(record: Mapping[str, Any]) -> str:
-    """The field of a node's hash that keeps ``record``: its kind, and its key if it has one.
-
-    ``{"kind": "cooldown", "key": "qwen3"}`` -> ``cooldown:qwen3``: a per-model
-    cooldown does not replace another model's, while a later record of the
-    same kind and key replaces the earlier one.
-    """
-    key = record.get("key")
-    return str(record["kind"]) if key is None else f"{record['kind']}:{key}"
-
-
-def decode_envelope(data: bytes, age: float = 0.0) -> RemoteRecord | None:
-    """The record in ``data``, or None when it is not one of our envelopes (never raises)."""
-    try:
-        envelope = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(envelope, dict):
-        return None
-    origin, node, record = envelope.get("from"), envelope.get("node"), envelope.get("record")
-    if not isinstance(origin, str) or not (node is None or isinstance(node, str)):
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
-        return None
-    return RemoteRecord(origin=origin, node=node, record=record, age=age)
-
-
-def read_snapshot(reply: object) -> list[RemoteRecord]:
-    """The ``SNAPSHOT`` script's reply as records, each with its age; what is not ours is skipped.
-
-    Raises:
-        ValueError: the reply is not ``[now_ms, [field, value, ...], ...]``.
-    """
-    if not (isinstance(reply, list) and reply and isinstance(reply[0], int)):
-        raise ValueError(f"unexpected reply to the snapshot script: {reply!r}")
-    now_ms = reply[0]
-    records: list[RemoteRecord] = []
-    for flat in reply[1:]:
-        if not isinstance(flat, list) or len(flat) % 2:
-            raise ValueError(f"unexpected hash in the snapshot: {flat!r}")
-        for value in flat[1::2]:
-            stamp, _, data = value.partition(b" ") if isinstance(value, bytes) else (b"", b"", b"")
-            if not stamp.isdigit():
-                continue
-            age = max(0, now_ms - int(stamp)) / 1000
-            record = decode_envelope(data, age)
-            if record is not None:
-                records.append(record)
-    return records
 
 
 @attrs.frozen

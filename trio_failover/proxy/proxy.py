@@ -110,7 +110,7 @@ class Proxy:
         self.engine_reader = EngineReader(
             live,
             self.connector,
-            lambda node, signal: board.engine_read(node, signal, trio.current_time()),
+            lambda read: board.apply(read, trio.current_time()),
         )
         self._workloads = WorkloadRunner(
             live,
@@ -483,8 +483,8 @@ class ClientGate:
 def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQueue]:
     """The node board and the slot queue, and what listens to the board.
 
-    The queue's dispatch and the node news (events, logs, gauges) hear its
-    readiness changes, the queue its engine readings.
+    The queue's dispatch hears its readiness changes and engine readings,
+    the node news (events, logs, gauges) its readiness changes.
     """
     board = NodeBoard(node.name for node in config.upstreams)
     queue = SlotQueue(config, board.is_demoted, board.model_cooldowns)
@@ -494,7 +494,6 @@ def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQue
     board.listen(NodeNews(board, report.events, report.metrics))
     board.configure_engines(engine_settings(config))
     queue.scheduler.ledger.signals = board.engines.signals
-    board.listen_engines(queue.engine_changed)
     return board, queue
 
 

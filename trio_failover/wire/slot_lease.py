@@ -1,7 +1,10 @@
-"""The slot lease in the shared state: take, renew, release (docs/replicas.md).
+"""The shared state's scripts in Redis: the slot lease, the records, the heartbeat.
 
-A thin shell over ``core/lease_script.py``'s Lua: one script, one round
-trip, per verb; the release is posted, its answer read later. Lease ids
+A thin shell over ``core/state_layout.py``'s Lua: one script, one round
+trip, per verb (docs/replicas.md). ``SlotLeases``: take, renew, release,
+want, reap; the release is posted, its answer read later. ``SharedRecords``:
+publish a record, load the snapshot, beat. The key and channel layout is
+documented in ``core/state_layout.py``. Lease ids
 are the caller's (unique per attempt, e.g. the replica's id and a
 counter), so that a take retried after a lost reply, or a release after a
 take that timed out, finds the same lease.
@@ -11,17 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from ..core import lease_script, state_layout
+from ..core import fleet_records, state_layout
 from ..core.errors import StateError, StateReplyError
-from ..core.lease_script import LeaseTake
+from ..core.fleet_records import RemoteRecord
+from ..core.state_layout import Beats, LeaseTake
 from .redis import Arg, RedisConnection, Script, checked
 
-__all__ = ["LeaseTake", "SlotLeases"]
+__all__ = ["NODE_KEEP", "LeaseTake", "SharedRecords", "SlotLeases"]
 
-_TAKE = Script(lease_script.TAKE)
-_RENEW = Script(lease_script.RENEW)
-_IN_FLIGHT = Script(lease_script.IN_FLIGHT)
-_REAP = Script(lease_script.REAP)
+_TAKE = Script(state_layout.TAKE)
+_RENEW = Script(state_layout.RENEW)
+_IN_FLIGHT = Script(state_layout.IN_FLIGHT)
+_REAP = Script(state_layout.REAP)
+_PUBLISH = Script(state_layout.PUBLISH)
+_SNAPSHOT = Script(state_layout.SNAPSHOT)
+_HEARTBEAT = Script(state_layout.HEARTBEAT)
+# How long a node's hash outlives its last write: a node removed from every
+# replica's configuration leaves nothing behind for ever.
+NODE_KEEP = 24 * 3600.0
 
 
 class SlotLeases:
@@ -34,11 +44,11 @@ class SlotLeases:
     def __init__(self, connection: RedisConnection, prefix: str = "trio-failover:") -> None:
         self.connection = connection
         self.prefix = prefix
-        self.freed_channel = lease_script.freed_channel(prefix)
-        self.wanted_channel = lease_script.wanted_channel(prefix)
+        self.freed_channel = state_layout.freed_channel(prefix)
+        self.wanted_channel = state_layout.wanted_channel(prefix)
 
     def _args(self, node: str, lease_id: str) -> tuple[list[str], list[str]]:
-        return [lease_script.slots_key(self.prefix, node)], [lease_id, node, self.freed_channel]
+        return [state_layout.slots_key(self.prefix, node)], [lease_id, node, self.freed_channel]
 
     async def take(
         self, node: str, lease_id: str, *, capacity: int, ttl: float, deadline: float
@@ -60,10 +70,10 @@ class SlotLeases:
             ``wanted`` channel.
         """
         keys, args = self._args(node, lease_id)
-        tail: list[Arg] = [*args, capacity, lease_script.lease_ms(ttl), self.wanted_channel]
+        tail: list[Arg] = [*args, capacity, state_layout.lease_ms(ttl), self.wanted_channel]
         reply = await self.connection.run_script(_TAKE, keys, tail, deadline=deadline)
         try:
-            return lease_script.read_take(reply)
+            return state_layout.read_take(reply)
         except ValueError as exc:
             raise StateReplyError("take", f"{exc}") from exc
 
@@ -71,7 +81,7 @@ class SlotLeases:
         """Extend the lease by ``ttl`` from now; False when it had already expired."""
         keys, args = self._args(node, lease_id)
         reply = await self.connection.run_script(
-            _RENEW, keys, [*args, lease_script.lease_ms(ttl)], deadline=deadline
+            _RENEW, keys, [*args, state_layout.lease_ms(ttl)], deadline=deadline
         )
         return reply == 1
 
@@ -99,7 +109,7 @@ class SlotLeases:
         ``deadline`` passed first).
         """
         keys, args = self._args(node, lease_id)
-        command: list[Arg] = ["EVAL", lease_script.RELEASE, len(keys), *keys, *args]
+        command: list[Arg] = ["EVAL", state_layout.RELEASE, len(keys), *keys, *args]
         command += [capacity, int(seen_full), origin]
 
         def answered(replies: list[object] | StateError) -> None:
@@ -131,7 +141,7 @@ class SlotLeases:
         """
         if not nodes:
             return {}
-        keys = [lease_script.slots_key(self.prefix, node) for node in nodes]
+        keys = [state_layout.slots_key(self.prefix, node) for node in nodes]
         replies = await self.connection.pipeline(
             [("ZRANGE", key, 0, -1) for key in keys], deadline=deadline
         )
@@ -153,16 +163,16 @@ class SlotLeases:
 
         A replica is dropped only if its beat is still expired, and only a
         dropped replica's leases are freed, each announced on the freed
-        channel (``lease_script.REAP``). Returns each replica dropped here
+        channel (``state_layout.REAP``). Returns each replica dropped here
         -> the leases freed of it (a replica another one dropped first is
         not in it).
         """
-        keys, args = lease_script.reap_arguments(
+        keys, args = state_layout.reap_arguments(
             state_layout.replicas_key(self.prefix), self.prefix, self.freed_channel, drop, leases
         )
         reply = await self.connection.run_script(_REAP, keys, args, deadline=deadline)
         try:
-            return lease_script.read_reap(reply)
+            return state_layout.read_reap(reply)
         except ValueError as exc:
             raise StateReplyError("reap", f"{exc}") from exc
 
@@ -177,3 +187,49 @@ class SlotLeases:
 
 def _ignore(replies: list[object] | StateError) -> None:
     """A told ``wanted`` needs no answer: a lost one only costs a waiter its hurry."""
+
+
+class SharedRecords:
+    """The records' and the heartbeat's verbs over one connection, under one ``--state-prefix``.
+
+    Every verb raises what ``RedisConnection.execute`` raises (``StateTimeout``
+    by ``deadline``, ``StateUnavailable``, ``StateReplyError``).
+    """
+
+    def __init__(self, connection: RedisConnection, prefix: str = "trio-failover:") -> None:
+        self.connection = connection
+        self.prefix = prefix
+        self.channel = state_layout.records_channel(prefix)
+
+    async def publish(
+        self, envelope: bytes, node: str | None, field: str, *, deadline: float
+    ) -> None:
+        """Tell ``envelope`` on the records channel; with ``node``, store it in its hash too.
+
+        ``envelope`` and ``field`` come from ``core/fleet_records.py``'s
+        ``encode_envelope`` and ``record_field``: the latest record of each
+        field of a node is what a joining replica loads.
+        """
+        keys = [state_layout.node_key(self.prefix, node)] if node is not None else []
+        args: list[Arg] = [self.channel, envelope, field, round(NODE_KEEP * 1000)]
+        await self.connection.run_script(_PUBLISH, keys, args, deadline=deadline)
+
+    async def snapshot(self, nodes: Sequence[str], *, deadline: float) -> list[RemoteRecord]:
+        """The stored records of ``nodes``, each with its age by Redis' clock."""
+        keys = [state_layout.node_key(self.prefix, node) for node in nodes]
+        reply = await self.connection.run_script(_SNAPSHOT, keys, [], deadline=deadline)
+        try:
+            return fleet_records.read_snapshot(reply)
+        except ValueError as exc:
+            raise StateReplyError("snapshot", str(exc)) from exc
+
+    async def heartbeat(self, replica_id: str, ttl: float, *, deadline: float) -> Beats:
+        """Say this replica is live for ``ttl`` s more (``ttl`` 0: leave); what the set holds."""
+        key = [state_layout.replicas_key(self.prefix)]
+        reply = await self.connection.run_script(
+            _HEARTBEAT, key, [replica_id, round(ttl * 1000)], deadline=deadline
+        )
+        try:
+            return state_layout.read_heartbeat(reply)
+        except ValueError as exc:
+            raise StateReplyError("heartbeat", str(exc)) from exc

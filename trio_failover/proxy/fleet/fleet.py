@@ -5,16 +5,15 @@ the Redis client, ``hiredis``); with ``memory`` nothing here exists and
 nothing costs. ``Fleet`` owns the replica's ``SharedState`` and joins it to
 the proxy's parts:
 
-- **the board** (``FleetBoard``): every change the board applies is
-  published (a listener), and so is every finished check (``on_check``)
-  and every good engine read (``on_engine_read``); the other replicas'
-  records and the join's snapshot are applied to the board with
-  ``apply``, ``shared_check`` and ``apply_engine``. What came from
-  elsewhere is never told again: it is applied with ``_remote`` set, which
-  the listener reads (``apply_engine`` calls no hook at all). A remote
-  engine reading is judged again once it is three intervals old
-  (``age_engines``), so it goes stale here even on a replica that reads no
-  engine itself.
+- **the board** (``FleetBoard``): one of the board's listeners; every
+  record the board applies that was made here (its ``origin`` None) is
+  published: readiness changes, checks, inventories and good engine reads,
+  each through the one codec (``core/fleet_records.py``). The other
+  replicas' records and the join's snapshot are decoded with their origin
+  and applied through the board's same verb, ``apply``; their origin is
+  what keeps them from being told again. A remote engine reading is
+  judged again once it is three intervals old (``age_engines``), so it
+  goes stale here even on a replica that reads no engine itself.
 - **the slots** (``FleetSlots``): an attempt that has its local slot takes
   the node's lease in Redis (``Attempts``' fleet step); when Redis says the
   node is full, the node counts as full in the local ledger
@@ -44,12 +43,13 @@ import trio
 
 from ...core import fleet_records
 from ...core.config import Config
-from ...core.engine_book import EngineRead
+from ...core.engine_book import EngineChange
+from ...core.engine_state import EngineRead
+from ...core.fleet_records import RemoteRecord
 from ...core.node_change import NodeChange
 from ...core.redis_url import parse_state
-from ...core.state_layout import RemoteRecord
 from ...telemetry.logs import logger
-from ..nodes.board import NodeBoard
+from ..nodes.board import BoardRecord, NodeBoard
 from ..nodes.queue import SlotQueue
 from .shared_state import SharedState
 from .spare_leases import SpareLease, SpareLeases
@@ -69,45 +69,34 @@ class FleetBoard:
     def __init__(self, board: NodeBoard, state: SharedState) -> None:
         self.board = board
         self.state = state
-        self._remote = False
         self._send, self._outbox = trio.open_memory_channel[tuple[dict[str, Any], str]](OUTBOX)
         # node -> when the last remote engine read folded was taken (this clock).
         self._engine_reads: dict[str, float] = {}
         self._engine_news = trio.Event()
-        board.listen(self.changed)
-        board.on_check = self.checked
-        board.on_engine_read = self.engine_read
+        board.listen(self.told)
 
     # -- out -----------------------------------------------------------------
 
-    def changed(self, change: NodeChange) -> None:
-        """The board's listener: publish a change made here.
+    def told(self, record: BoardRecord) -> None:
+        """The board's listener: publish a record made here (``origin`` None).
 
         Not an expiry: every replica's ticker sees its cooldowns run out, and
         a late "expired" could erase a cooldown another replica began since.
+        Of an engine's reads only the good ones: a failed one is this
+        replica's own news (its path to the engine); the last good reading
+        goes stale on every replica on its own.
         """
-        if not self._remote and change.reason != EXPIRED:
-            self._queue(fleet_records.change_record(change), change.node)
-
-    def checked(self, node: str, inventory_replaced: bool) -> None:
-        """The board's ``on_check``: publish a check made here."""
-        if self._remote:
+        if isinstance(record, EngineChange):
+            read = record.read
+            if read is None or read.signals.last_error:
+                return
+            shared: fleet_records.Record = read
+        elif isinstance(record, NodeChange) and record.reason == EXPIRED:
             return
-        state = self.board.nodes[node]
-        if inventory_replaced:
-            self._queue(fleet_records.inventory_record(state.inventory), node)
-        if state.last_check is not None:
-            record = fleet_records.check_record(state.last_check, trio.current_time())
-            self._queue(record, node)
-
-    def engine_read(self, read: EngineRead) -> None:
-        """The board's ``on_engine_read``: publish a good read made here.
-
-        A failed one is this replica's own news (its path to the engine);
-        the last good reading goes stale on every replica on its own.
-        """
-        if not self._remote and not read.signals.last_error:
-            self._queue(fleet_records.engine_record(read), read.node)
+        else:
+            shared = record
+        if shared.origin is None:
+            self._queue(fleet_records.encode(shared, trio.current_time()), shared.node)
 
     def _queue(self, record: dict[str, Any], node: str) -> None:
         try:
@@ -124,40 +113,25 @@ class FleetBoard:
 
     def on_record(self, remote: RemoteRecord) -> None:
         """Apply one record of another replica (``SharedState``'s ``on_record``)."""
-        node = remote.node
-        if node is None or node not in self.board.nodes:
+        if remote.node not in self.board.nodes:
             return
         now = trio.current_time()
-        self._remote = True
-        try:
-            change = fleet_records.read_change(node, remote.record, remote.age)
-            if change is not None:
-                self.board.apply(change, now)
-                return
-            read = fleet_records.read_engine(node, remote.record, remote.age)
-            if read is not None:
-                self._fold_engine(read, now)
-                return
-            known, inventory = fleet_records.read_inventory(remote.record)
-            if known:
-                self.board.shared_check(node, inventory=inventory, replace_inventory=True)
-                return
-            check = fleet_records.read_check(remote.record, remote.age, now)
-            if check is not None:
-                self.board.shared_check(node, last_check=check)
-        finally:
-            self._remote = False
+        record = fleet_records.decode(remote, now)
+        if record is None:
+            return
+        self.board.apply(record, now)
+        if isinstance(record, EngineRead):
+            self._watch_engine(record, now)
 
     def on_snapshot(self, records: list[RemoteRecord]) -> None:
         """Apply a join's snapshot, oldest record first."""
         for record in fleet_records.snapshot_order(records):
             self.on_record(record)
 
-    def _fold_engine(self, read: EngineRead, now: float) -> None:
-        """Fold a remote read (the newest reading wins: ``next_state``), and watch its age."""
-        self.board.apply_engine(read, now)
+    def _watch_engine(self, read: EngineRead, now: float) -> None:
+        """Watch a folded remote read's age (the newest reading wins: ``next_state``)."""
         # A late, older read changed nothing: the newer one's age still counts.
-        taken = max(now - read.age, self._engine_reads.get(read.node, -math.inf))
+        taken = max(read.at, self._engine_reads.get(read.node, -math.inf))
         self._engine_reads[read.node] = taken
         self._engine_news.set()
 

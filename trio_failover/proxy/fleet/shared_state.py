@@ -59,15 +59,14 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from ...core import lease_script, state_layout
+from ...core import fleet_records, state_layout
 from ...core.errors import StateError, StateReplyError
-from ...core.lease_script import LeaseTake, freed_channel, read_freed, wanted_channel
+from ...core.fleet_records import RemoteRecord
 from ...core.redis_url import RedisAddress
-from ...core.state_layout import Beats, RemoteRecord
+from ...core.state_layout import Beats, LeaseTake, freed_channel, read_freed, wanted_channel
 from ...telemetry.logs import logger
 from ...wire.redis import RedisConnection, Subscription, open_redis, open_subscription
-from ...wire.shared_records import SharedRecords
-from ...wire.slot_lease import SlotLeases
+from ...wire.slot_lease import SharedRecords, SlotLeases
 
 __all__ = ["HEARTBEAT_MOST", "OWED_MOST", "RemoteRecord", "SharedState"]
 
@@ -198,8 +197,8 @@ class SharedState:
         Raises:
             ValueError: ``record`` has no string ``"kind"`` or is not JSON.
         """
-        envelope = state_layout.encode_envelope(self.replica_id, node, record)
-        field = state_layout.record_field(record)
+        envelope = fleet_records.encode_envelope(self.replica_id, node, record)
+        field = fleet_records.record_field(record)
 
         async def publish(link: _Link, deadline: float) -> bool:
             await link.records.publish(envelope, node, field, deadline=deadline)
@@ -411,7 +410,7 @@ class SharedState:
             elif message.channel == wanted:
                 self.on_wanted(message.data.decode(errors="replace"))
             elif message.channel == records:
-                record = state_layout.decode_envelope(message.data)
+                record = fleet_records.decode_envelope(message.data)
                 if record is not None and record.origin != self.replica_id:
                     self.on_record(record)
         raise StateError("subscription", "ended")
@@ -447,7 +446,7 @@ class SharedState:
                     "shared state: live replicas",
                     extra={"fields": {**self._fields(), "before": before}},
                 )
-            lease_ttl_ms = lease_script.lease_ms(self.lease_ttl)
+            lease_ttl_ms = state_layout.lease_ms(self.lease_ttl)
             verdict = state_layout.judge(beats, self.replica_id, self.since_ms, lease_ttl_ms)
             if verdict:
                 await self._reap(leases, verdict)

@@ -24,7 +24,7 @@ in anyone's way:
   work besides its own (``SlotLedger.full_by_others``): a replica waiting
   on that count needs the announcement to run now;
 - a spare no attempt used within ``SPARE_HOLD`` is given back (announced
-  freed when the node was full: ``lease_script.RELEASE``);
+  freed when the node was full: ``state_layout.RELEASE``);
 - a lease is kept only within ``RECYCLE_MOST`` (and a third of
   ``--lease-ttl`` less a hold) of its take: a kept lease is not renewed
   (``FleetSlots.renew_all`` renews the leases of running attempts every

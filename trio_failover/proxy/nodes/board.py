@@ -10,19 +10,25 @@ The contract, for this board and for one over a shared store (issue 31):
 
 - State changes only through the verbs: ``demote``, ``served``,
   ``attempt_ended``, ``check_finished``, ``liveness_checked``, ``expire``,
-  ``keep_tags``, ``reconcile``, ``shared_check`` (another replica's check)
-  and the engine verbs, below. Nothing else
+  ``keep_tags``, ``reconcile``, ``apply`` and ``judge_engine``. Nothing else
   writes a ``NodeState`` (the stream counter and the re-check event are
   this process's own).
-- A change of a node's readiness is a ``core.node_change.NodeChange``
-  record. The verbs make them and hand them to ``apply``, which changes the
-  state and then calls every listener (``listen``) with the record as
-  applied (a ``COOLING`` record then says how long the kept cooldown runs).
-  Listeners run synchronously, in the order they were added, and must not
-  raise: the queue's dispatch, the events, log lines and gauges are
-  listeners (``proxy.py`` wires them), not code in here.
-- ``apply`` also takes records made elsewhere (another replica's): their
-  ``remaining`` counts from the moment they are applied.
+- What the board keeps of a node is a record (``core/node_change.py``): a
+  change of its readiness (``NodeChange``), its inventory
+  (``InventoryChange``), its last check (``LastCheck``), a read of its
+  engine (``engine_state.EngineRead``). The verbs make them and hand them
+  to ``apply``, which changes the state and then calls every listener
+  (``listen``) with the record as applied (a ``COOLING`` record then says
+  how long the kept cooldown runs; an engine read is told as the
+  ``EngineChange`` its fold left, the read in it). One list of listeners
+  for all of them: each takes the records it cares for. Listeners run
+  synchronously, in the order they were added, and must not raise: the
+  queue's dispatch, the events, log lines and gauges, and the replicas'
+  fleet are listeners (``proxy.py`` wires them), not code in here.
+- ``apply`` also takes records made elsewhere (another replica's), their
+  ``origin`` set: a ``NodeChange``'s ``remaining`` counts from the moment
+  it is applied. Readiness never changes with a remote check's records
+  (it comes as ``NodeChange`` records of its own).
 - Reads: ``is_demoted`` (the one readiness predicate the slot queue asks),
   ``cooldown``, ``is_down``, ``inventories``, ``nodes`` (the per-node view
   of ``/status``), ``wake_at`` (the next cooldown's end, for the ticker).
@@ -38,14 +44,12 @@ it, or its expiry on a node not down) and ``COOLED`` (its expiry on a down
 node) end it; node-wide records never touch model cooldowns; ``DOWN``
 and ``UP`` with a model are ignored.
 
-Engines (docs/engines.md): ``engine_read(node, signal, now)``, the reader's
-callback, makes a ``core.engine_book.EngineRead`` record (node, engine,
-``Signals``, ``age`` in seconds: no clock time), folds it into ``engines``
-(an ``EngineBook``: states, the ledger's fresh ``signals``, ``auto``
-capacities) with ``apply_engine(read, now)``, which tells the engine
-listeners an ``EngineChange``, and hands it to ``on_engine_read`` (the
-fleet's hook). Another replica's read comes in through ``apply_engine``;
-``judge_engine`` lets it go stale. ``configure_engines`` takes a reload's.
+Engines (docs/engines.md): the reader hands each read (an ``EngineRead``)
+to ``apply``, which folds it into ``engines`` (an ``EngineBook``: states,
+the ledger's fresh ``signals``, ``auto`` capacities) and tells the
+listeners the ``EngineChange`` it left. Another replica's read comes in
+the same way; ``judge_engine`` lets it go stale. ``configure_engines``
+takes a reload's.
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ import attrs
 import trio
 
 from ...core.cooldown import Cooldown, CooldownTable, ModelCooldowns, ends_cooldown
-from ...core.engine_book import EngineBook, EngineChange, EngineRead, EngineSettings
-from ...core.engine_state import EngineSignal
+from ...core.engine_book import EngineBook, EngineChange, EngineSettings
+from ...core.engine_state import EngineRead
 from ...core.inventory import (
     DOWN_REASON,
     READY_REASON_CHECK,
@@ -68,12 +72,15 @@ from ...core.inventory import (
 )
 from ...core.liveness import DOWN_REASON as LIVENESS_DOWN
 from ...core.liveness import CheckRecord
-from ...core.node_change import ChangeKind, NodeChange
+from ...core.node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
 
-__all__ = ["EngineListener", "Listener", "NodeBoard", "NodeState"]
+__all__ = ["BoardRecord", "Listener", "NodeBoard", "NodeState", "Record"]
 
-Listener = Callable[[NodeChange], None]
-EngineListener = Callable[[EngineChange], None]
+Record = NodeChange | InventoryChange | LastCheck | EngineRead
+"""What ``apply`` takes: a record made here, or another replica's."""
+BoardRecord = NodeChange | InventoryChange | LastCheck | EngineChange
+"""What the listeners hear: each record as applied (an engine read as its fold's change)."""
+Listener = Callable[[BoardRecord], None]
 
 
 @attrs.define
@@ -108,15 +115,10 @@ class NodeBoard:
         # By node and model; the slot queue reads its ``by_model``.
         self.model_cooldowns = ModelCooldowns()
         self._listeners: list[Listener] = []
-        self.engines = EngineBook(EngineSettings())  # read it; ``engine_read`` changes it
-        self._engine_listeners: list[EngineListener] = []
-        # After a check: (node, inventory replaced?); the fleet tells the replicas.
-        self.on_check: Callable[[str, bool], None] = _unheard
-        # Likewise, after each fold of an engine read of ours.
-        self.on_engine_read: Callable[[EngineRead], None] = _unheard
+        self.engines = EngineBook(EngineSettings())  # read it; ``apply`` changes it
 
     def listen(self, listener: Listener) -> None:
-        """Have ``listener`` called with every change the board applies."""
+        """Have ``listener`` called with every record the board applies, in order."""
         self._listeners.append(listener)
 
     # -- reads ---------------------------------------------------------------
@@ -226,13 +228,11 @@ class NodeBoard:
         ``record``: the check as ``/status`` shows it (None: leave ``last_check``).
         """
         state = self.nodes[node]
-        _keep_verdict(state, verdict, record)
+        _keep_verdict(state, verdict)
         if verdict.replace_inventory:
-            if verdict.inventory:
-                self.inventories[node] = verdict.inventory
-            else:
-                self.inventories.pop(node, None)
-        self.on_check(node, verdict.replace_inventory)
+            self.apply(InventoryChange(node, verdict.inventory), now)
+        if record is not None:
+            self.apply(LastCheck(node, record), now)
         if verdict.health is Health.DOWN and not state.down:
             change = NodeChange(ChangeKind.DOWN, node, DOWN_REASON, error=verdict.last_error)
             self.apply(change, now)
@@ -258,8 +258,7 @@ class NodeBoard:
         state = self.nodes.get(node)
         if state is None:
             return
-        state.last_check = record
-        self.on_check(node, False)
+        self.apply(LastCheck(node, record), now)
         if not record.ok and not state.down:
             self.apply(NodeChange(ChangeKind.DOWN, node, LIVENESS_DOWN, error=record.error), now)
             self.ask_recheck(node)
@@ -302,35 +301,37 @@ class NodeBoard:
                 self.inventories.pop(name, None)
         self.configured = tuple(wanted)
 
-    def shared_check(
-        self,
-        node: str,
-        *,
-        last_check: CheckRecord | None = None,
-        inventory: tuple[str, ...] | None = None,
-        replace_inventory: bool = False,
-    ) -> None:
-        """Keep another replica's check of ``node``: its ``last_check``, its inventory.
-
-        The verb for the shared state (``fleet.py``). Readiness is not
-        changed here: that comes as ``NodeChange`` records (``apply``).
-        """
-        state = self.nodes.get(node)
-        if state is None:
-            return
-        if last_check is not None:
-            state.last_check = last_check
-        if replace_inventory:
-            state.inventory = inventory
-            if inventory:
-                self.inventories[node] = inventory
-            else:
-                self.inventories.pop(node, None)
-
     # -- the one writer of readiness -----------------------------------------
 
-    def apply(self, change: NodeChange, now: float) -> None:
-        """Apply ``change`` at ``now`` (local or another replica's), then tell the listeners."""
+    def apply(self, record: Record, now: float) -> None:
+        """Apply ``record`` at ``now`` (this replica's or another's), then tell the listeners.
+
+        A record of a node this board does not have (a remote's older fleet) is ignored.
+        """
+        if isinstance(record, NodeChange):
+            self._apply_change(record, now)
+        elif isinstance(record, EngineRead):
+            self._tell_engine(self.engines.fold(record, now))
+        else:
+            self._keep_check(record)
+
+    def _keep_check(self, record: InventoryChange | LastCheck) -> None:
+        """Keep a check's inventory or ``last_check``: never its readiness."""
+        state = self.nodes.get(record.node)
+        if state is None:
+            return
+        if isinstance(record, LastCheck):
+            state.last_check = record.check
+        else:
+            state.inventory = record.models
+            if record.models:
+                self.inventories[record.node] = record.models
+            else:
+                self.inventories.pop(record.node, None)
+        self._tell(record)
+
+    def _apply_change(self, change: NodeChange, now: float) -> None:
+        """``apply`` of a change of readiness."""
         state = self.nodes.get(change.node)
         if state is None:  # a node this board does not have (a remote's older fleet)
             return
@@ -369,53 +370,28 @@ class NodeBoard:
             return
         self._tell(change)
 
-    def _tell(self, change: NodeChange) -> None:
+    def _tell(self, record: BoardRecord) -> None:
         for listener in self._listeners:
-            listener(change)
+            listener(record)
 
-    # -- the engine verbs ----------------------------------------------------
-    # Each read folded into ``engines``, then told to the engine listeners
-    # (``listen_engines``), not the readiness ones: a read changes no node's
-    # readiness, only its load and capacity.
-
-    def listen_engines(self, listener: EngineListener) -> None:
-        """Have ``listener`` called with what every folded engine read left."""
-        self._engine_listeners.append(listener)
+    # -- the engines ---------------------------------------------------------
+    # A read changes no node's readiness, only its load and capacity.
 
     def configure_engines(self, settings: EngineSettings) -> None:
         """Take the engine settings of a (re)loaded configuration."""
         self.engines.configure(settings)
 
-    def engine_read(self, node: str, signal: EngineSignal, now: float) -> None:
-        """The engine reader's callback: fold one read of ``node``'s engine at ``now``."""
-        read = EngineRead(node, signal.engine, signal.signals, now - signal.at)
-        self.apply_engine(read, now)
-        self.on_engine_read(read)
-
-    def apply_engine(self, read: EngineRead, now: float) -> None:
-        """Fold ``read`` (this process's or another's), then tell the engine listeners."""
-        self._tell_engines(self.engines.fold(read, now))
-
     def judge_engine(self, node: str, now: float) -> None:
         """Judge ``node``'s reading at ``now``, no read: gone stale, it leaves the signals."""
-        self._tell_engines(self.engines.judge(node, now))
+        self._tell_engine(self.engines.judge(node, now))
 
-    def _tell_engines(self, change: EngineChange | None) -> None:
+    def _tell_engine(self, change: EngineChange | None) -> None:
         if change is not None:
-            for listener in self._engine_listeners:
-                listener(change)
+            self._tell(change)
 
 
-def _unheard(*_told: object) -> None:
-    """``on_check`` and ``on_engine_read`` with nobody to tell (``--state memory``)."""
-
-
-def _keep_verdict(state: NodeState, verdict: CheckVerdict, record: CheckRecord | None) -> None:
-    """Keep what a finished check says of the node, beside its health."""
+def _keep_verdict(state: NodeState, verdict: CheckVerdict) -> None:
+    """Keep what a finished check says of the node, beside its health and records."""
     state.last_outcome = f"check_{verdict.result}"
-    if record is not None:
-        state.last_check = record
     if verdict.last_error is not None:
         state.last_error = verdict.last_error
-    if verdict.replace_inventory:
-        state.inventory = verdict.inventory

@@ -19,11 +19,11 @@ server's services nursery starts it, like discovery). Each task:
    connection each (``wire.fetch``:
    never a slot, never pooled), within the connect timeout and then
    ``SIGNAL_ANSWER_TIMEOUT`` (2 s), at most ``MAX_SIGNAL_BYTES``;
-3. hands each parsed reading to the one callback, ``on_signal(node,
-   EngineSignal)``; a read that failed gives ``Signals`` with nothing but
+3. hands each parsed reading to the one callback, ``on_signal(EngineRead)``
+   (the board's ``apply``); a read that failed gives ``Signals`` with nothing but
    ``last_error``. The callback is synchronous: it decides, it does not wait.
 
-An ``openai`` node (or a kind without reads) gets one ``EngineSignal``
+An ``openai`` node (or a kind without reads) gets one ``EngineRead``
 (its kind, no signals) and its task ends. With ``--load-interval 0`` reads
 happen only with checks; with that and discovery off, never.
 
@@ -43,7 +43,7 @@ import trio
 from ...core import errors
 from ...core.config import Config, LiveConfig, Upstream, live_config, take_over
 from ...core.engine_parsers import next_detection
-from ...core.engine_state import EngineSignal
+from ...core.engine_state import EngineRead
 from ...core.engines import (
     DETECTION_PATHS,
     MAX_SIGNAL_BYTES,
@@ -62,7 +62,7 @@ from ...wire.connect import Connector
 from ...wire.engine_metrics import read_signals
 from ...wire.fetch import fetch
 
-OnSignal = Callable[[str, EngineSignal], None]
+OnSignal = Callable[[EngineRead], None]
 
 _FAILURES: tuple[tuple[type[errors.UpstreamError], str], ...] = (
     (errors.ConnectTimeout, "connect timed out"),
@@ -191,7 +191,7 @@ class EngineReader:
                 continue
             paths = SIGNAL_PATHS.get(engine.kind, ())
             if not paths:
-                self.on_signal(node.name, EngineSignal(engine, UNKNOWN, trio.current_time()))
+                self.on_signal(EngineRead(node.name, engine, UNKNOWN, trio.current_time()))
                 return
             answers: dict[str, Answer | str] = {p: a for p, a in in_hand.items() if p in paths}
             try:
@@ -202,7 +202,7 @@ class EngineReader:
                 # read must not end the server.
                 logger.exception("engine read failed", extra={"fields": {"node": node.name}})
                 signals = read_signals(engine.kind, dict.fromkeys(paths, type(exc).__name__))
-            self.on_signal(node.name, EngineSignal(engine, signals, trio.current_time()))
+            self.on_signal(EngineRead(node.name, engine, signals, trio.current_time()))
 
     async def _detect(self, node: Upstream) -> tuple[Detection | None, dict[str, Answer]]:
         """The engine of an ``auto`` node (None: no answer decided), and the answers it got.

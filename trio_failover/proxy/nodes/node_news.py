@@ -31,7 +31,9 @@ class NodeNews:
         self.events = events
         self.metrics = metrics
 
-    def __call__(self, change: NodeChange) -> None:
+    def __call__(self, change: object) -> None:
+        if not isinstance(change, NodeChange):  # a check's or an engine's: no news
+            return
         node, reason, kind = change.node, change.reason, change.kind
         metrics = self.metrics
         if change.model is not None:

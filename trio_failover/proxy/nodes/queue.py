@@ -174,15 +174,22 @@ class SlotQueue:
         if len(self.scheduler):
             self._wake(self.scheduler.dispatch(ready=self.is_ready))
 
-    def board_changed(self, change: NodeChange) -> None:
-        """The node board's listener: a node changed between ready and demoted."""
-        if change.kind is ChangeKind.COOLING:
-            self.demoted()  # also lets the ticker see its end
-        else:
-            self.dispatch()
+    def board_changed(self, record: object) -> None:
+        """The node board's listener: a node's readiness, load or capacity changed.
 
-    def engine_changed(self, change: EngineChange) -> None:
-        """The board's engine listener: a read may change a node's load or capacity."""
+        A ``NodeChange``: it changed between ready and demoted. An
+        ``EngineChange``: a read may have changed its load or capacity. The
+        board's other records (a check's) change nothing here.
+        """
+        if isinstance(record, NodeChange):
+            if record.kind is ChangeKind.COOLING:
+                self.demoted()  # also lets the ticker see its end
+            else:
+                self.dispatch()
+        elif isinstance(record, EngineChange):
+            self._engine_changed(record)
+
+    def _engine_changed(self, change: EngineChange) -> None:
         changed = change.changed
         if change.fresh:
             # The engine's count is of now, this proxy's attempts of now among it.

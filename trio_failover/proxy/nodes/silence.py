@@ -289,9 +289,13 @@ class SilenceWatch:
         if not passed:
             self._end_waits(node, detail)
 
-    def board_changed(self, change: NodeChange) -> None:
+    def board_changed(self, change: object) -> None:
         """The board's listener: a node marked down ends every wait on it (``_end_waits``)."""
-        if change.kind is ChangeKind.DOWN and change.model is None:
+        if (
+            isinstance(change, NodeChange)
+            and change.kind is ChangeKind.DOWN
+            and change.model is None
+        ):
             detail = f"node down ({change.reason})"
             if change.error:
                 detail += f": {change.error}"
