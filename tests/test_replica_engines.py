@@ -24,8 +24,9 @@ from trio_failover.core.engine_state import EngineRead
 from trio_failover.core.engines import UNKNOWN, Detection, EngineKind, Signals
 from trio_failover.core.fleet_records import RemoteRecord
 from trio_failover.core.redis_url import RedisAddress
-from trio_failover.proxy.nodes.board import NodeBoard
 from trio_failover.proxy.fleet.fleet import FleetBoard
+from trio_failover.proxy.fleet.shared_state import SharedState
+from trio_failover.proxy.nodes.board import NodeBoard
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import FakeLlamaServer, FakeNode, Fleet, healthy, request, start_in_fleet
 

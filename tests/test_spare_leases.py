@@ -21,8 +21,8 @@ from conftest import RedisServer
 from test_replicas import LIMIT, SLACK, STREAM, replicas, replicas_at, until_connected
 
 from trio_failover.core.redis_url import RedisAddress
-from trio_failover.proxy.fleet.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
 from trio_failover.core.state_layout import slots_key
+from trio_failover.proxy.fleet.spare_leases import RECYCLE_MOST, SpareLease, SpareLeases
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import FakeNode, Fleet, HeldRequests, healthy, request
 from trio_failover.wire.redis import open_redis
