@@ -12,12 +12,13 @@ with the defaults (``--response-header-timeout`` 120 s, ``--liveness-interval``
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import h11
 import pytest
 import trio
+from test_liveness import LIMIT, STREAMED, UNSTREAMED, outcomes, status_of
+from test_liveness import check_times as health_times
 
 from trio_failover import Config
 from trio_failover.core.node_change import NodeChange
@@ -34,31 +35,12 @@ from trio_failover.testing import (
 )
 from trio_failover.testing.fakes import NodeIO, is_health
 
-LIMIT = 3600  # virtual seconds; every test ends long before
-UNSTREAMED = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-STREAMED = json.dumps(
-    {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-).encode()
-
 
 def make_proxy(fleet: Fleet, **settings: Any) -> Proxy:
     """The defaults but for the admin listener (and discovery, off unless asked)."""
     settings.setdefault("discovery_interval", 0)
     config = Config(upstreams=fleet.upstreams(), admin_listen=None, **settings)
     return Proxy(config, connector=fleet.connector)
-
-
-def health_times(node: FakeNode) -> list[float]:
-    return [r.at for r in node.received if is_health(r)]
-
-
-def status_of(proxy: Proxy, name: str) -> dict[str, Any]:
-    nodes: list[dict[str, Any]] = proxy.status()["nodes"]
-    return next(node for node in nodes if node["name"] == name)
-
-
-def outcomes(proxy: Proxy) -> list[list[tuple[str, str]]]:
-    return [[(a["node"], a["outcome"]) for a in w["attempts"]] for w in proxy.recent]
 
 
 @pytest.mark.parametrize("body", [STREAMED, UNSTREAMED], ids=["streamed", "unstreamed"])
