@@ -53,6 +53,11 @@ class Workload:
     queued_since: float | None = None  # when the current wait began, while waiting
     # Why a cancelled workload was: "client_abort" or "shutdown"; None otherwise.
     reason: str | None = None
+    # The answer's tokens as the engine reported them (or estimated from a
+    # stream's content chunks: ``usage_estimated``); None until the answer ends.
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_estimated: bool = False
 
     @property
     def state(self) -> State:
