@@ -165,12 +165,16 @@ def workload_end(
     attempts: int,
     queued: float,
     reason: str | None = None,
+    tokens: tuple[int, int] | None = None,
 ) -> SpanEnd:
     """The end of a workload's span, from its final state and the status it answered.
 
     ``cancelled`` (the client left, or the drain's end cut it) is an error
     of type ``cancelled``, with ``reason`` (``client_abort``, ``shutdown``)
-    as ``trio_failover.reason``, the access line's and events' ``reason``. A
+    as ``trio_failover.reason``, the access line's and events' ``reason``.
+    ``tokens`` (prompt, completion), when the answer's are known, become
+    the GenAI conventions' ``gen_ai.usage.input_tokens`` and
+    ``gen_ai.usage.output_tokens``. A
     ``failed`` workload is one after the HTTP conventions for a server: a
     stream cut after commit has its cut's outcome as ``error.type``; an
     answer of the proxy's own, its status (``"502"``, ``"503"``, ``"504"``),
@@ -188,6 +192,9 @@ def workload_end(
         attributes["trio_failover.node"] = node
     if reason is not None:
         attributes["trio_failover.reason"] = reason
+    if tokens is not None:
+        attributes["gen_ai.usage.input_tokens"] = tokens[0]
+        attributes["gen_ai.usage.output_tokens"] = tokens[1]
     if state == "cancelled":
         attributes["error.type"] = "cancelled"
         return SpanEnd(attributes, "cancelled")

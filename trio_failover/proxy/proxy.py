@@ -396,6 +396,10 @@ class Proxy:
         document["state"] = self._state_status()
         return document
 
+    def usage(self) -> dict[str, Any]:
+        """The ``GET /usage`` document: every client's use, per model."""
+        return self.report.usage.document(trio.current_time())
+
     def _state_status(self) -> dict[str, Any]:
         """``/status``'s ``state``: ``{"backend", "connected", "replicas"}``."""
         return dict(MEMORY_STATE) if self.fleet is None else self.fleet.status()

@@ -127,6 +127,11 @@ class Workload:
         """The model the client asked for, as the summaries show it."""
         self.model = model
 
+    def note_usage(self, prompt: int, completion: int, *, estimated: bool) -> None:
+        """The answer's tokens, as its engine told them (or estimated), before it ends."""
+        self.prompt_tokens, self.completion_tokens = prompt, completion
+        self.usage_estimated = estimated
+
     def traced(self, trace: WorkloadTrace | None) -> None:
         """Its spans (traces on), kept for the milestones to tell."""
         self.trace = trace
@@ -155,6 +160,9 @@ class Workload:
             ),
             "duration_ms": ms(now - self.started),
             "queued_ms": ms(self.queued_for(now)),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "usage_estimated": self.usage_estimated,
         }
         if self.reason is not None:
             summary["reason"] = self.reason

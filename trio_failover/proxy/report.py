@@ -20,6 +20,7 @@ import trio
 from ..core.config import Config, LiveConfig, live_config
 from ..core.liveness import CheckRecord
 from ..core.outcome import AttemptRecord, Outcome
+from ..core.usage_book import UsageBook
 from ..core.workload import State
 from ..telemetry.events import EventBus
 from ..telemetry.logs import access_logger, log_access, logger
@@ -49,6 +50,8 @@ class Report:
         self.recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
         self.live: dict[int, Workload] = {}
+        # Every client's requests, tokens and slot-seconds (``GET /usage``).
+        self.usage = UsageBook()
         # The traces' sink. None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
         if self.config.otel_endpoint is not None:
@@ -184,6 +187,7 @@ class Report:
         self.recent.append((work, now))
         client = ANONYMOUS if work.client is None else work.client
         self.metrics.finished(str(work.state), client, work.node, now - work.started)
+        self._count_usage(work, client, now)
         if work.trace is not None:
             work.trace.finished(work, now)
         if self.events.subscriber_count:
@@ -211,8 +215,33 @@ class Report:
                 "bytes": work.body_bytes,
                 **({} if work.reason is None else {"reason": work.reason}),
                 **({"resends": work.resends} if work.resends else {}),
+                **(
+                    {}
+                    if work.prompt_tokens is None
+                    else {
+                        "prompt_tokens": work.prompt_tokens,
+                        "completion_tokens": work.completion_tokens,
+                        "usage_estimated": work.usage_estimated,
+                    }
+                ),
             }
         )
+
+    def _count_usage(self, work: Workload, client: str, now: float) -> None:
+        """Count a finished workload's request, tokens and slot-seconds (``GET /usage``)."""
+        prompt, completion = work.prompt_tokens or 0, work.completion_tokens or 0
+        model = self.usage.add(
+            client,
+            work.model,
+            prompt=prompt,
+            completion=completion,
+            estimated=work.usage_estimated,
+            # Each attempt held its slot from its connect to its end (its record's elapsed).
+            slot_seconds=sum(record.elapsed for record in work.attempts),
+            now=now,
+        )
+        if work.prompt_tokens is not None and work.node is not None:
+            self.metrics.used(client, "" if model is None else model, work.node, prompt, completion)
 
     def unauthorized(
         self, request_id: str, method: str, path: str, started: float, sent: int = 0

@@ -1,4 +1,5 @@
-"""The admin listener: ``/healthz``, ``/status``, ``/history``, ``/metrics``, ``/events``, ``/``.
+"""The admin listener: ``/healthz``, ``/status``, ``/usage``, ``/history``, ``/metrics``,
+``/events``, ``/``.
 
 It listens on its own address (``--admin-listen``), apart from the client
 listener, so exposing the proxy never exposes the admin API. Requests are
@@ -226,6 +227,7 @@ def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History |
     routes: dict[bytes, Callable[[Proxy, ClientRequest], Reply]] = {
         b"/healthz": lambda p, _: _healthz_reply(p),
         b"/status": lambda p, _: _status_reply(p),
+        b"/usage": lambda p, _: Reply(200, json.dumps(p.usage()).encode()),
         b"/metrics": _metrics_reply,
         b"/config": lambda p, _: Reply(200, json.dumps(running_config(p.config)).encode()),
         b"/": lambda _, __: _dashboard_reply(),

@@ -134,6 +134,7 @@ class Metrics:
         self._attempts = HeldCounter(self.attempts)
         self._commits = HeldCounter(self.commits)
         self._workloads = HeldCounter(self.workloads)
+        self._tokens = HeldCounter(self.tokens)
         self._time_to_head = HeldHistograms(self.time_to_head, _LATENCY_BUCKETS)
         self._time_to_commit = HeldHistograms(self.time_to_commit, _LATENCY_BUCKETS)
         self._duration = HeldHistograms(self.duration, _LATENCY_BUCKETS)
@@ -141,6 +142,7 @@ class Metrics:
             self._attempts,
             self._commits,
             self._workloads,
+            self._tokens,
             self._time_to_head,
             self._time_to_commit,
             self._duration,
@@ -213,6 +215,14 @@ class Metrics:
             "trio_failover_workloads",
             "Finished workloads by final state and client",
             ["state", "client"],
+            registry=r,
+        )
+        # Summed over --workers like every counter. ``model``: the name the
+        # client asked for, as GET /usage shows it (core/usage_book.py bounds them).
+        self.tokens = Counter(
+            "trio_failover_tokens",
+            "Tokens of the answers, as the engines told them or estimated, by kind",
+            ["client", "model", "node", "kind"],
             registry=r,
         )
         self.unauthorized = Counter(
@@ -334,6 +344,14 @@ class Metrics:
             held = self._duration.by_node.get(node) or self._duration.of(node)
             held.buckets[bisect_left(held.bounds, duration)] += 1
             held.total += duration
+
+    def used(self, client: str, model: str, node: str, prompt: int, completion: int) -> None:
+        """Count an answer's ``prompt`` and ``completion`` tokens (``tokens``)."""
+        tokens = self._tokens
+        labels = (client, model, node, "prompt")
+        (tokens.by_labels.get(labels) or tokens.of(*labels)).count += prompt
+        labels = (client, model, node, "completion")
+        (tokens.by_labels.get(labels) or tokens.of(*labels)).count += completion
 
     def child(self, metric: _Metric, *labels: str) -> _Metric:
         """``metric.labels(*labels)``, kept: the proxy asks on every request.

@@ -84,6 +84,10 @@ class TracedWorkload(Protocol):
     @property
     def reason(self) -> str | None: ...
     @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
+    @property
     def started(self) -> float: ...
     @property
     def attempt(self) -> int: ...
@@ -295,6 +299,11 @@ class WorkloadTrace:
             attempts=work.attempt,
             queued=work.waited,
             reason=work.reason,
+            tokens=(
+                None
+                if work.prompt_tokens is None or work.completion_tokens is None
+                else (work.prompt_tokens, work.completion_tokens)
+            ),
         )
         _end(self.span, end, ends)
 

@@ -74,7 +74,8 @@ class FleetSlots(Protocol):
 
 
 # Commit a response and stream it to the client; True: relayed to its end.
-Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse], Awaitable[bool]]
+# The int: the size of the request's body (a stream's estimated prompt tokens).
+Relay = Callable[[ClientConnection, Workload, Upstream, UpstreamResponse, int], Awaitable[bool]]
 
 
 class Attempts:
@@ -209,7 +210,7 @@ class Attempts:
                     last = len(tried) == limit
                     moving_on = self.milestones.attempt_failed(work, node, failure, last=last)
                 else:
-                    return await self.relay(client, work, node, response)
+                    return await self.relay(client, work, node, response, len(plan.request.body))
             finally:
                 if lease is not None:
                     assert self.fleet is not None

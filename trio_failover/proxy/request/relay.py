@@ -18,9 +18,10 @@ import trio
 
 from ...core.config import Config, LiveConfig, Upstream, live_config
 from ...core.errors import UpstreamError
-from ...core.headers import client_response_headers
+from ...core.headers import client_response_headers, get
 from ...core.liveness import question_period
 from ...core.outcome import Outcome, after_commit, may_pool
+from ...core.usage import UsageReader, body_kind
 from ...wire.client import ClientConnection, ClientGone, Closed
 from ...wire.upstream import UpstreamResponse
 from ..nodes.board import NodeBoard
@@ -48,11 +49,24 @@ class Relay:
         self._milestones = milestones
 
     async def commit_and_relay(
-        self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
+        self,
+        client: ClientConnection,
+        work: Workload,
+        node: Upstream,
+        response: UpstreamResponse,
+        request_bytes: int = 0,
     ) -> bool:
+        """Commit ``response``, relay it; True: relayed to its end.
+
+        ``request_bytes``: the size of the request's body, a stream's
+        prompt tokens when its engine tells none (``core/usage.py``).
+        """
+        reader = UsageReader(body_kind(get(response.headers, b"content-type")))
         try:
-            relayed = await self._relay(client, work, node, response)
+            relayed = await self._relay(client, work, node, response, reader, request_bytes)
         except BaseException:
+            if work.prompt_tokens is None:  # cut by the client's leaving: what came is counted
+                _note_usage(work, reader, request_bytes)
             await response.aclose()  # cancelled or failed: never pooled
             raise
         if may_pool(relayed=relayed, client_gone=client.closed is not None):
@@ -62,9 +76,18 @@ class Relay:
         return relayed
 
     async def _relay(
-        self, client: ClientConnection, work: Workload, node: Upstream, response: UpstreamResponse
+        self,
+        client: ClientConnection,
+        work: Workload,
+        node: Upstream,
+        response: UpstreamResponse,
+        reader: UsageReader,
+        request_bytes: int,
     ) -> bool:
-        """Commit the response and stream the rest, chunk by chunk, unbuffered."""
+        """Commit the response and stream the rest, chunk by chunk, unbuffered.
+
+        The answer's tokens are noted on the workload before its stream ends.
+        """
         self._milestones.committed(work, node, response)
         if work.trace is not None and response.progressed:  # else a later chunk's
             work.trace.first_token(response.timings.first_body)
@@ -87,6 +110,7 @@ class Relay:
         if response.first_chunk:
             commit.append(h11.Data(data=response.first_chunk))
             work.sent(len(response.first_chunk))
+            reader.feed(response.first_chunk)
         if response.complete:
             commit.append(h11.EndOfMessage())
         idle_timeout = self.config.stream_idle_timeout or math.inf
@@ -96,7 +120,9 @@ class Relay:
             # loop, no timer and its cancel scope to enter and leave.
             if not response.complete:
                 timer = self._timer(node, response, idle_timeout)
-                if not await self._stream_rest(client, work, response, timer):
+                relayed = await self._stream_rest(client, work, response, timer, reader)
+                if not relayed:
+                    _note_usage(work, reader, request_bytes)
                     if timer.ended_by is not None:  # the node answered no liveness check
                         outcome, detail = Outcome.UNRESPONSIVE, timer.ended_by
                     else:
@@ -106,14 +132,17 @@ class Relay:
         except UpstreamError as exc:
             # After commit nothing is replayed: the client sees a truncated
             # response (no terminating chunk, or a short Content-Length body).
+            _note_usage(work, reader, request_bytes)
             self._milestones.stream_ended(work, node, after_commit(exc.outcome), str(exc))
             return False
         except ClientGone:
             if work.client_left is None:
                 work.client_left_by(Closed.RESET)
             if self.config.client_close == "ignore":
-                await _drain_ignored(response, idle_timeout)
+                await _drain_ignored(response, idle_timeout, reader)
+            _note_usage(work, reader, request_bytes)
             return False
+        _note_usage(work, reader, request_bytes)
         self._milestones.stream_ended(work, node, Outcome.COMPLETED, "")
         return True
 
@@ -137,6 +166,7 @@ class Relay:
         work: Workload,
         response: UpstreamResponse,
         timer: SilenceTimer,
+        reader: UsageReader,
     ) -> Coroutine[Any, Any, bool]:
         """Relay the body after the commit; False: the node went silent too long.
 
@@ -154,7 +184,7 @@ class Relay:
         A plain function that returns the relay's coroutine: one suspended
         coroutine frame less per open stream than an ``async def`` around it.
         """
-        return _relay_chunks(client, work, response, timer, self.silence)
+        return _relay_chunks(client, work, response, timer, self.silence, reader)
 
 
 async def _relay_chunks(
@@ -163,6 +193,7 @@ async def _relay_chunks(
     response: UpstreamResponse,
     timer: SilenceTimer,
     watch: SilenceWatch | None,
+    reader: UsageReader,
 ) -> bool:
     """The relay loop: read from the node, write to the client, note the silence.
 
@@ -181,6 +212,7 @@ async def _relay_chunks(
                     return False  # the timer fired as the chunk came: the deadline passed
                 timer.waiting_since = None
                 work.sent(len(chunk))
+                reader.feed(chunk)
                 if scanner is None or scanner.first_event_line(chunk) is not None:
                     if not timer.armed and work.trace is not None:  # the first event line
                         work.trace.first_token(trio.current_time())
@@ -202,12 +234,24 @@ async def _relay_chunks(
     return not timer.fired
 
 
-async def _drain_ignored(response: UpstreamResponse, idle_timeout: float) -> None:
-    """``--client-close ignore``: let the node finish although nobody listens."""
+def _note_usage(work: Workload, reader: UsageReader, request_bytes: int) -> None:
+    """Note the answer's tokens on the workload, if its engine told them or it streamed."""
+    usage = reader.usage(request_bytes)
+    if usage is not None:
+        work.note_usage(usage.prompt_tokens, usage.completion_tokens, estimated=usage.estimated)
+
+
+async def _drain_ignored(
+    response: UpstreamResponse, idle_timeout: float, reader: UsageReader
+) -> None:
+    """``--client-close ignore``: let the node finish although nobody listens.
+
+    Its tokens are still the client's: the reader follows the rest.
+    """
     while not response.complete:
         with trio.move_on_after(idle_timeout) as idle:
             try:
-                await response.receive_chunk()
+                reader.feed(await response.receive_chunk())
             except UpstreamError:
                 return
         if idle.cancelled_caught:
