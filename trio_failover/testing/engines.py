@@ -28,7 +28,17 @@ import h11
 import trio
 
 from ..core.names import same_model
-from .fakes import NodeIO, ReceivedRequest, chat_chunk, chat_completion, healthy
+from .fakes import (
+    NodeIO,
+    ReceivedRequest,
+    chat_chunk,
+    chat_completion,
+    healthy,
+    include_usage,
+    prompt_tokens,
+    usage_chunk,
+    usage_event,
+)
 
 Route = Callable[[NodeIO, ReceivedRequest], Awaitable[None]]
 
@@ -163,7 +173,8 @@ class FakeEngine:
             words = [f"word{i} " for i in range(self.tokens)]
             if not streamed:
                 await io.pause(self.token_delay * self.tokens)
-                await _json(io, request, chat_completion(model, "".join(words)))
+                answer = chat_completion(model, "".join(words), tokens, self.tokens)
+                await _json(io, request, answer)
             else:
                 if not self.stream_head_first:
                     await io.send(_sse_head())
@@ -174,13 +185,20 @@ class FakeEngine:
                         self.interrupted += 1
                         return
                     await io.send(h11.Data(data=_event(chat_chunk(model, {"content": word}))))
-                await io.send(
-                    h11.Data(data=_event(chat_chunk(model, {}, "stop")) + b"data: [DONE]\n\n"),
-                    h11.EndOfMessage(),
-                )
+                end = self.stream_end(model, tokens, include_usage(document))
+                await io.send(h11.Data(data=end + b"data: [DONE]\n\n"), h11.EndOfMessage())
             self.served.append(model)
         finally:
             self._free_slot()
+
+    def stream_end(self, model: str, prompt: int, include_usage: bool) -> bytes:
+        """The events that end a stream before ``[DONE]``: the finish, and its usage if asked.
+
+        vLLM's and Ollama's ``/v1`` shape: a ``usage`` event with no
+        choices, only with ``stream_options.include_usage``.
+        """
+        end = _event(chat_chunk(model, {}, "stop"))
+        return end + usage_event(model, prompt, self.tokens) if include_usage else end
 
     def _free_slot(self) -> None:
         self.in_use -= 1
@@ -211,17 +229,6 @@ class FakeEngine:
             self.deferred -= 1
         if not taken:
             raise trio.BrokenResourceError("the proxy closed the connection")
-
-
-def prompt_tokens(document: Any) -> int:
-    """A request's prompt in the fakes' tokens: the words of its messages' contents and prompt."""
-    if not isinstance(document, dict):
-        return 0
-    texts = [document.get("prompt")]
-    messages = document.get("messages")
-    if isinstance(messages, list):
-        texts += [m.get("content") for m in messages if isinstance(m, dict)]
-    return sum(len(text.split()) for text in texts if isinstance(text, str))
 
 
 def _sse_head() -> h11.Response:
@@ -265,6 +272,17 @@ class FakeLlamaServer(FakeEngine):
             (b"GET", b"/health"): lambda io, r: _json(io, r, {"status": "ok"}),
             (b"GET", b"/metrics"): self._metrics,
         }
+
+    def stream_end(self, model: str, prompt: int, include_usage: bool) -> bytes:
+        """As recorded (tests/data/usage): ``timings`` in the finish event.
+
+        With ``include_usage``, a last event with ``usage`` and ``timings`` too.
+        """
+        timings = {"cache_n": 0, "prompt_n": prompt, "predicted_n": self.tokens}
+        end = _event({**chat_chunk(model, {}, "stop"), "timings": timings})
+        if include_usage:
+            end += _event({**usage_chunk(model, prompt, self.tokens), "timings": timings})
+        return end
 
     def props(self) -> dict[str, Any]:
         """The ``GET /props`` document (the fields the proxy and its tests read)."""
@@ -365,6 +383,10 @@ class FakeLlamaCppPython(FakeEngine):
 
     def cut_short(self) -> bool:
         return self.interrupt_requests and self.deferred > 0
+
+    def stream_end(self, model: str, prompt: int, include_usage: bool) -> bytes:
+        """As recorded (tests/data/usage): no tokens in its streams, ``include_usage`` or not."""
+        return _event(chat_chunk(model, {}, "stop"))
 
     async def _models(self, io: NodeIO, request: ReceivedRequest) -> None:
         await self._take_slot(io)  # Depends(get_llama_proxy): the model's lock

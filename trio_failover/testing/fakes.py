@@ -378,8 +378,9 @@ def openai(model: str = "fake-model", *, tokens: int = 5, token_delay: float = 0
             return
         document = request.json() if request.body else {}
         words = [f"word{i} " for i in range(tokens)]
+        prompt = prompt_tokens(document)
         if not document.get("stream"):
-            completion = chat_completion(model, "".join(words))
+            completion = chat_completion(model, "".join(words), prompt, tokens)
             await healthy(json.dumps(completion).encode())(io, request)
             return
         events = [
@@ -387,6 +388,8 @@ def openai(model: str = "fake-model", *, tokens: int = 5, token_delay: float = 0
             for word in words
         ]
         events.append(b"data: " + json.dumps(chat_chunk(model, {}, "stop")).encode() + b"\n\n")
+        if include_usage(document):
+            events.append(usage_event(model, prompt, tokens))
         events.append(b"data: [DONE]\n\n")
         await healthy(
             events, headers=(("content-type", "text/event-stream"),), chunk_delay=token_delay
@@ -395,8 +398,11 @@ def openai(model: str = "fake-model", *, tokens: int = 5, token_delay: float = 0
     return behave
 
 
-def chat_completion(model: str, text: str) -> dict[str, Any]:
-    """An OpenAI ``chat.completion`` answer of ``model`` saying ``text`` (for fake engines)."""
+def chat_completion(model: str, text: str, prompt: int = 1, completion: int = 1) -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` answer of ``model`` saying ``text`` (for fake engines).
+
+    ``prompt`` and ``completion``: the tokens its ``usage`` tells.
+    """
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -409,8 +415,43 @@ def chat_completion(model: str, text: str) -> dict[str, Any]:
                 "finish_reason": "stop",
             }
         ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        "usage": _usage(prompt, completion),
     }
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def usage_chunk(model: str, prompt: int, completion: int) -> dict[str, Any]:
+    """The last chunk of an OpenAI stream with ``stream_options.include_usage``: no choices."""
+    return {**chat_chunk(model, {}), "choices": [], "usage": _usage(prompt, completion)}
+
+
+def usage_event(model: str, prompt: int, completion: int) -> bytes:
+    """``usage_chunk`` as its event."""
+    return b"data: " + json.dumps(usage_chunk(model, prompt, completion)).encode() + b"\n\n"
+
+
+def include_usage(document: Any) -> bool:
+    """Whether a request asked for a stream's usage (``stream_options.include_usage``)."""
+    options = document.get("stream_options") if isinstance(document, dict) else None
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def prompt_tokens(document: Any) -> int:
+    """A request's prompt in the fakes' tokens: the words of its messages' contents and prompt."""
+    if not isinstance(document, dict):
+        return 0
+    texts = [document.get("prompt")]
+    messages = document.get("messages")
+    if isinstance(messages, list):
+        texts += [m.get("content") for m in messages if isinstance(m, dict)]
+    return sum(len(text.split()) for text in texts if isinstance(text, str))
 
 
 def chat_chunk(model: str, delta: dict[str, str], finish: str | None = None) -> dict[str, Any]:
