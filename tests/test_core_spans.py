@@ -140,6 +140,31 @@ def test_workload_end_says_why_a_workload_was_cancelled(state: str, reason: str 
     assert end.attributes.get("trio_failover.reason") == reason
 
 
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [(None, (None, None)), ((11, 6), (11, 6)), ((0, 0), (0, 0))],
+)
+def test_workload_end_carries_the_answers_tokens(
+    tokens: tuple[int, int] | None, expected: tuple[int | None, int | None]
+) -> None:
+    end = workload_end(
+        "completed",
+        200,
+        committed=True,
+        last_outcome="completed",
+        node="a",
+        attempts=1,
+        queued=0.0,
+        tokens=tokens,
+    )
+    attributes = end.attributes
+    found = (
+        attributes.get("gen_ai.usage.input_tokens"),
+        attributes.get("gen_ai.usage.output_tokens"),
+    )
+    assert found == expected
+
+
 def test_span_end_defaults_to_no_error() -> None:
     assert SpanEnd({}).error is None
 

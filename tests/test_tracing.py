@@ -339,6 +339,10 @@ async def test_a_streamed_answer_has_one_first_token(
     root, (attempt,) = tree(exporter)
     assert [name for name, _, _ in events(attempt)] == ["commit", "first_token"]
     assert attempt.end_time == root.end_time == at(2.0)  # 3 tokens, a stop and [DONE]
+    # No usage in the stream: estimated, an event each for 3 tokens and the stop.
+    attributes = dict(root.attributes or {})
+    assert attributes["gen_ai.usage.output_tokens"] == 4
+    assert attributes["gen_ai.usage.input_tokens"] == -(-len(STREAMED) // 4)
 
 
 async def test_every_node_failing_is_an_error_of_its_status(
