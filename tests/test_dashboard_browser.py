@@ -15,7 +15,9 @@ the test is skipped, unless ``TRIO_FAILOVER_REQUIRE_BROWSER=1`` is set (as
 in CI): then it fails, so CI cannot pass by skipping it.
 
 ``TRIO_FAILOVER_SCREENSHOT=docs/dashboard.png`` also saves a screenshot of
-the page as the sparklines test saw it (its history: 30 points of 1 s).
+the page as the sparklines test saw it (its history: 30 points of 1 s), and
+``TRIO_FAILOVER_CLIENTS_SCREENSHOT=docs/dashboard-clients.png`` one of its
+clients panel.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from trio_failover.testing import (
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRE_BROWSER = os.environ.get("TRIO_FAILOVER_REQUIRE_BROWSER", "") not in ("", "0")
 SCREENSHOT = os.environ.get("TRIO_FAILOVER_SCREENSHOT")
+CLIENTS_SCREENSHOT = os.environ.get("TRIO_FAILOVER_CLIENTS_SCREENSHOT")
 STALL = 5.0  # response-header timeout: the stall, and then the cooldown, last this long
 BODY = json.dumps(
     {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -71,6 +74,12 @@ READ_PAGE = """JSON.stringify({
   workloads: [...document.querySelectorAll("#workloads tr")].map(tr => ({
     id: tr.dataset.id, state: tr.dataset.state, text: tr.innerText})),
 })"""
+
+
+# The clients panel: one row per client, its cells' text.
+READ_CLIENTS = """JSON.stringify([...document.querySelectorAll("#clients tr")].map(tr => ({
+  client: tr.dataset.client,
+  cells: [...tr.cells].map(td => td.innerText)})))"""
 
 
 class DevTools:
@@ -575,6 +584,26 @@ async def send_waves(client_url: str, waves: list[int]) -> None:
                 wave.start_soon(trio.sleep, 1.0)
 
 
+def clients_match(rows: list[dict[str, Any]], usage: dict[str, Any]) -> bool:
+    """Whether the panel's rows are ``usage``'s entries added up per client."""
+    totals: dict[str, list[int]] = {}
+    for entry in usage["clients"]:
+        total = totals.setdefault(entry["client"], [0, 0, 0, 0])
+        total[0] += entry["requests"]
+        total[1] += entry["prompt_tokens"]
+        total[2] += entry["completion_tokens"]
+        total[3] += entry["estimated"]
+    shown = {}
+    for row in rows:
+        # Client, Models, Requests, Slot-seconds, Prompt, Completion, Waiting, Limits
+        cells = [cell.split("\n") for cell in row["cells"]]
+        numbers = [int(cells[i][0].replace(",", "")) for i in (2, 4, 5)]
+        estimated = [c for c in cells[5] if c.endswith(" estimated")]
+        numbers.append(int(estimated[0].split()[0].replace(",", "")) if estimated else 0)
+        shown[row["client"]] = numbers
+    return shown == totals
+
+
 async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path: Path) -> None:
     # gpu-a: two slots, streams; gpu-b: drops every answer before its body
     # (a failure, a failover, no cooldown); gpu-c: one slot, the rest waits.
@@ -626,6 +655,32 @@ async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path
                 else:
                     raise AssertionError(f"the sparklines never caught up: {drawn}")
                 page = await devtools.read_page()
+                # The clients panel adds up GET /usage per client (polled
+                # every 2 s): the same requests and tokens, total above the
+                # last hour's.
+                for _ in range(100):
+                    usage = (await admin.get("/usage")).json()
+                    clients = json.loads(await devtools.evaluate(READ_CLIENTS))
+                    if clients and clients_match(clients, usage):
+                        break
+                    await trio.sleep(0.1)
+                else:
+                    raise AssertionError(f"the clients panel never showed {usage}: {clients}")
+                if CLIENTS_SCREENSHOT:
+                    # The panel scrolled to the top of the viewport, with a margin.
+                    clip = json.loads(
+                        await devtools.evaluate(
+                            "(s => { s.scrollIntoView(); const r = s.getBoundingClientRect();"
+                            " return JSON.stringify({x: r.x - 8, y: r.y + scrollY - 8,"
+                            " width: r.width + 16, height: r.height + 16}); })"
+                            "(document.getElementById('clients').closest('section'))"
+                        )
+                    )
+                    await trio.sleep(0.3)
+                    shot = await devtools.call(
+                        "Page.captureScreenshot", format="png", clip={**clip, "scale": 1}
+                    )
+                    await trio.Path(CLIENTS_SCREENSHOT).write_bytes(base64.b64decode(shot["data"]))
                 if SCREENSHOT:
                     await devtools.call(
                         "Emulation.setDeviceMetricsOverride",
@@ -675,3 +730,10 @@ async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path
     # Id, Request, Client, Model, Nodes tried, ...
     assert {cells[2] for cells in done} == {"alice", "bob"}
     assert {cells[3] for cells in done} == {"qwen3:32b", "llama3.1:8b"}
+    # The clients panel: both keys, their models, their streams' tokens
+    # estimated (the fake streams tell none).
+    assert {row["client"] for row in clients} == {"alice", "bob"}
+    for row in clients:
+        assert "qwen3:32b" in row["cells"][1]
+        assert "estimated" in row["cells"][5]
+        assert row["cells"][7] == "\u2014"  # no limits known yet
