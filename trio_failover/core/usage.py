@@ -88,17 +88,22 @@ def reported(tail: bytes) -> Usage | None:
     """The counts the engine told in the last bytes of its answer, if any.
 
     ``usage`` first, then llama-server's ``timings``, then Ollama's counts.
+    A byte search for each key's end comes before its pattern: most
+    answers without counts (model lists, errors) pay three of those only.
     """
-    completion = _last(_USAGE_COMPLETION, tail)
-    if completion is not None:
-        return Usage(_last(_USAGE_PROMPT, tail) or 0, completion)
-    predicted = _last(_TIMINGS_PREDICTED, tail)
-    if predicted is not None:
-        prompt = (_last(_TIMINGS_PROMPT, tail) or 0) + (_last(_TIMINGS_CACHE, tail) or 0)
-        return Usage(prompt, predicted)
-    evaluated = _last(_OLLAMA_EVAL, tail)
-    if evaluated is not None:
-        return Usage(_last(_OLLAMA_PROMPT, tail) or 0, evaluated)
+    if b'_tokens"' in tail:
+        completion = _last(_USAGE_COMPLETION, tail)
+        if completion is not None:
+            return Usage(_last(_USAGE_PROMPT, tail) or 0, completion)
+    if b'predicted_n"' in tail:
+        predicted = _last(_TIMINGS_PREDICTED, tail)
+        if predicted is not None:
+            prompt = (_last(_TIMINGS_PROMPT, tail) or 0) + (_last(_TIMINGS_CACHE, tail) or 0)
+            return Usage(prompt, predicted)
+    if b'eval_count"' in tail:
+        evaluated = _last(_OLLAMA_EVAL, tail)
+        if evaluated is not None:
+            return Usage(_last(_OLLAMA_PROMPT, tail) or 0, evaluated)
     return None
 
 
@@ -110,7 +115,7 @@ def _last(pattern: re.Pattern[bytes], tail: bytes) -> int | None:
 # The reads of a body kept for the search at its end: a ring of references,
 # so a read costs two assignments. Eight hold the last event of every
 # engine recorded (some 600 bytes) even when it came a few dozen bytes a read.
-KEPT_READS = 8
+KEPT_READS = 8  # a power of two: a read's place in the ring is a bitwise and
 # The most bytes searched at the end: the counts are in an answer's last
 # few hundred bytes, and a long unstreamed answer's reads are 64 KiB each.
 TAIL_BYTES = 16384
@@ -133,15 +138,20 @@ class UsageReader:
 
     def feed(self, chunk: bytes) -> None:
         """The next read of the body: kept among the last ones, its events counted."""
-        self._kept[self._reads % KEPT_READS] = chunk
-        self._reads += 1
+        reads = self._reads
+        self._kept[reads & (KEPT_READS - 1)] = chunk
+        self._reads = reads + 1
         if self._marker is not None:
             self.events += chunk.count(self._marker)
 
     def tail(self) -> bytes:
         """The last ``TAIL_BYTES`` of the reads kept, oldest first."""
-        cut = self._reads % KEPT_READS
-        tail = b"".join(self._kept[cut:] + self._kept[:cut])
+        reads = self._reads
+        if reads <= 1:  # an answer that came in one read (most unstreamed ones)
+            tail = self._kept[0]
+        else:
+            cut = reads & (KEPT_READS - 1)
+            tail = b"".join(self._kept[cut:] + self._kept[:cut])
         return tail[-TAIL_BYTES:] if len(tail) > TAIL_BYTES else tail
 
     def usage(self, request_bytes: int) -> Usage | None:
