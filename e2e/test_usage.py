@@ -105,3 +105,28 @@ def test_usage_per_client_is_what_the_engines_told(fleet: Fleet) -> None:
             completion_tokens,
         ), line
         assert line["usage_estimated"] == "false"
+
+
+def test_llama_cpp_python_told_and_estimated(fleet: Fleet) -> None:
+    # Its unstreamed answer tells its usage; its streams tell nothing, with
+    # include_usage or not: the proxy counts their events, marked estimated.
+    engine = fleet.engine("llama-cpp-python")
+    proxy = fleet.proxy([("a", engine.url)])
+    unstreamed = Exchange.post(proxy.port, CHAT, chat_body(MAX_TOKENS, stream=False)).read_all()
+    assert unstreamed.status == 200, unstreamed.body_bytes[:300]
+    usage = unstreamed.json()["usage"]
+    body = chat_body(MAX_TOKENS, stream=True)
+    body["stream_options"] = {"include_usage": True}
+    streamed = Exchange.post(proxy.port, CHAT, body).read_all()
+    assert streamed.status == 200
+    events = [e.data for e in streamed.events()]
+    assert not any('"usage"' in data for data in events)  # it told nothing
+
+    code, _, raw = http_get(proxy.admin_port, "/usage")
+    assert code == 200
+    [entry] = json.loads(raw)["clients"]
+    assert (entry["client"], entry["requests"], entry["estimated"]) == ("anonymous", 2, 1)
+    # Told: exact. Estimated: one token per event but [DONE].
+    assert entry["completion_tokens"] == usage["completion_tokens"] + len(events) - 1
+    prompt = -(-len(streamed.body) // 4)
+    assert entry["prompt_tokens"] == usage["prompt_tokens"] + prompt
