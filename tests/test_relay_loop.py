@@ -21,6 +21,7 @@ import trio.testing
 
 from trio_failover import Config
 from trio_failover.core.sse import SseScanner
+from trio_failover.core.usage import Body, UsageReader
 from trio_failover.proxy import Proxy
 from trio_failover.proxy.nodes.silence import SilenceTimer
 from trio_failover.proxy.request.relay import _relay_chunks
@@ -95,7 +96,12 @@ async def relay(steps: list[tuple[bytes, bool]], *, sse: bool) -> tuple[bool, Re
     work = Work()
     with trio.fail_after(LIMIT):
         relayed = await _relay_chunks(
-            cast(Any, client), cast(Any, work), cast(Any, response), timer, None
+            cast(Any, client),
+            cast(Any, work),
+            cast(Any, response),
+            timer,
+            None,
+            UsageReader(Body.WHOLE),
         )
     return relayed, client, work.body_bytes
 
