@@ -48,6 +48,25 @@ def told(exchange: Exchange, streamed: bool) -> tuple[int, int]:
     return timings["prompt_n"] + timings["cache_n"], timings["predicted_n"]
 
 
+def usage_after(port: int, requests: int) -> list[dict[str, Any]]:
+    """``GET /usage``'s entries once they count ``requests`` in all.
+
+    A workload is counted as it ends, just after its last byte went to the
+    client: the client may ask before that.
+    """
+    found: list[list[dict[str, Any]]] = []
+
+    def counted() -> bool:
+        code, _, raw = http_get(port, "/usage")
+        assert code == 200
+        entries = json.loads(raw)["clients"]
+        found[:] = [entries]
+        return sum(entry["requests"] for entry in entries) >= requests
+
+    wait_for(counted, 10, what=f"GET /usage to count {requests} requests")
+    return found[0]
+
+
 def access_lines(text: str) -> dict[str, dict[str, str]]:
     """The access lines of the proxy's log, by request id."""
     lines = {}
@@ -79,9 +98,7 @@ def test_usage_per_client_is_what_the_engines_told(fleet: Fleet) -> None:
             expected[name][1] += tokens[1]
             by_id[exchange.response_headers["x-request-id"]] = tokens
 
-    code, _, raw = http_get(proxy.admin_port, "/usage")
-    assert code == 200
-    entries = {entry["client"]: entry for entry in json.loads(raw)["clients"]}
+    entries = {entry["client"]: entry for entry in usage_after(proxy.admin_port, len(by_id))}
     assert set(entries) == set(KEYS)
     for name, (prompt_tokens, completion_tokens) in expected.items():
         entry = entries[name]
@@ -122,9 +139,7 @@ def test_llama_cpp_python_told_and_estimated(fleet: Fleet) -> None:
     events = [e.data for e in streamed.events()]
     assert not any('"usage"' in data for data in events)  # it told nothing
 
-    code, _, raw = http_get(proxy.admin_port, "/usage")
-    assert code == 200
-    [entry] = json.loads(raw)["clients"]
+    [entry] = usage_after(proxy.admin_port, 2)
     assert (entry["client"], entry["requests"], entry["estimated"]) == ("anonymous", 2, 1)
     # Told: exact. Estimated: one token per event but [DONE].
     assert entry["completion_tokens"] == usage["completion_tokens"] + len(events) - 1
