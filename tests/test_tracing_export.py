@@ -85,6 +85,7 @@ async def test_a_failover_exported_over_otlp_http() -> None:
         "trio_failover.node": "b",
         "trio_failover.attempts": 2,
         "trio_failover.queued_ms": 0.0,
+        "trio_failover.client": "anonymous",
     }
     first_attributes = attributes(first.attributes)
     assert first_attributes["trio_failover.outcome"] == "retryable_response"

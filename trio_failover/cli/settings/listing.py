@@ -63,7 +63,8 @@ def describe(config: Config, sources: Mapping[str, Source]) -> list[tuple[str, s
         elif opt.name == "api_key":
             for client in config.clients:
                 source = sources.get(f"client:{client.name}", DEFAULT)
-                rows.append((f"api-key {client.name}", SECRET, str(source)))
+                shown = SECRET if client.key is not None else "none"
+                rows.append((f"api-key {client.name}", shown, str(source)))
             if not config.clients:
                 rows.append((opt.label, "none", str(sources.get("clients", DEFAULT))))
         elif opt.field is not None:

@@ -1,0 +1,65 @@
+"""The clients of a shared fleet in the request path: their priority and rate limits.
+
+Which client a request is comes from the gate (``proxy.ClientGate``: the
+key's name, else ``--client-header``, else ``anonymous``). Here the
+client's ``[[client]]`` table gives the request its priority (lowered by
+``X-Priority: low``) and its ``rpm``/``tpm`` limits, decided by
+``core/limits.py``; fair share and ``max_in_flight`` are the slot
+scheduler's (``core/slots.py``, fed by ``nodes/queue.py``). See
+docs/sharing.md.
+"""
+
+from __future__ import annotations
+
+from ...core.client_key import ClientKey
+from ...core.config import Config, LiveConfig
+from ...core.headers import get
+from ...core.limits import RateBook
+from ...core.sharing import NORMAL, priority_rank, request_priority
+from ..records import Workload
+
+# Forget empty windows of clients (a header names any number of them) this often.
+FORGET_EVERY = 1024
+
+
+class ClientShares:
+    """Each client's table, by name, and its windows of requests and tokens."""
+
+    def __init__(self, live: LiveConfig) -> None:
+        self._live = live
+        self._seen: Config | None = None
+        self._tables: dict[str, ClientKey] = {}
+        self.rates = RateBook()
+        self._admitted = 0
+
+    def table(self, name: str) -> ClientKey | None:
+        """The ``[[client]]`` (or ``--api-key``) settings of ``name``; None: defaults."""
+        config = self._live.config
+        if config is not self._seen:  # a reload: the tables read again, once
+            self._tables = {client.name: client for client in config.clients}
+            self._seen = config
+        return self._tables.get(name)
+
+    def rank(self, name: str, headers: list[tuple[bytes, bytes]]) -> int:
+        """The request's priority rank: its client's, lowered by ``X-Priority: low``."""
+        table = self.table(name)
+        rank = NORMAL if table is None else priority_rank(table.priority)
+        return request_priority(rank, get(headers, b"x-priority"))
+
+    def admit(self, name: str, now: float) -> int | None:
+        """Count a request of ``name`` at ``now``; or the ``Retry-After`` of its ``429``."""
+        table = self.table(name)
+        if table is None or not (table.rpm or table.tpm):
+            return None
+        self._admitted += 1
+        if self._admitted % FORGET_EVERY == 0:
+            self.rates.forget(now)
+        return self.rates.admit(name, now, table.rpm, table.tpm)
+
+    def charge(self, work: Workload, now: float) -> None:
+        """The answer of ``work`` ended at ``now``: its tokens count for its client's ``tpm``."""
+        table = self.table(work.client)
+        if table is None or not table.tpm:
+            return
+        tokens = (work.prompt_tokens or 0) + (work.completion_tokens or 0)
+        self.rates.charge(work.client, now, tokens)
