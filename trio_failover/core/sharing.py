@@ -168,22 +168,24 @@ class ShareBook:
 
     def took(self, name: str, now: float) -> None:
         """An attempt of ``name`` took a slot at ``now``."""
+        factor = self.factor(now)  # first: moving the epoch may forget idle records
         use = self.client(name)
-        use.scaled -= _C * self.factor(now)
+        use.scaled -= _C * factor
         use.running += 1
 
     def released(self, name: str, now: float) -> None:
         """An attempt of ``name`` gave its slot back at ``now``."""
+        factor = self.factor(now)
         use = self.client(name)
-        use.scaled += _C * self.factor(now)
+        use.scaled += _C * factor
         use.running -= 1
 
     def use(self, name: str, now: float) -> float:
         """``name``'s recent use at ``now``: decayed slot-seconds, running attempts included."""
+        factor = self.factor(now)
         use = self.clients.get(name)
         if use is None:
             return 0.0
-        factor = self.factor(now)
         return max(use.scaled + use.running * _C * factor, 0.0) / factor
 
     def _rebase(self, now: float) -> None:
