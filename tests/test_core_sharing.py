@@ -289,6 +289,20 @@ def test_a_full_queue_displaces_the_newest_waiter_of_the_lowest_priority() -> No
     assert [w.token for w in s.waiting()] == ["normal1", "high1", "normal2"]
 
 
+def test_the_displaced_waiter_is_the_newest_of_all_clients_of_that_priority() -> None:
+    s = scheduler({"a": 1}, max_queue=3)
+    assert isinstance(s.acquire("n0", ["a"], ready={"a"}, client="n", now=0.0), Granted)
+    queue(s, "x1", "x", 0.0, rank=LOW)
+    queue(s, "y1", "y", 1.0, rank=LOW)
+    queue(s, "x2", "x", 2.0, rank=LOW)
+    result = s.acquire("n1", ["a"], ready={"a"}, client="n", rank=NORMAL, now=3.0)
+    assert isinstance(result, Queued) and result.displaced is not None
+    assert result.displaced.token == "x2"
+    result = s.acquire("n2", ["a"], ready={"a"}, client="n", rank=NORMAL, now=4.0)
+    assert isinstance(result, Queued) and result.displaced is not None
+    assert result.displaced.token == "y1"
+
+
 def test_dispatch_hands_out_in_fair_order() -> None:
     s = scheduler({"a": 1})
     assert isinstance(s.acquire("z0", ["a"], ready={"a"}, client="z", now=0.0), Granted)

@@ -268,7 +268,6 @@ async def test_max_in_flight_makes_the_extra_wait_while_others_run(
     assert [log.started[f"y-{i}"] for i in range(2)] == [0.0, 0.0]
 
 
-
 async def test_rpm_refuses_the_fourth_request_of_the_minute_with_retry_after(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -329,3 +328,38 @@ async def test_tpm_counts_each_answers_tokens_when_it_ends(
         64.0: (429, "1", 64.0),
         65.0: (200, None, 70.0),
     }
+
+
+# -- who the client is -----------------------------------------------------------------
+
+
+async def test_the_client_header_names_the_client_and_a_bad_name_gets_400(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    log = Log()
+    async with Fleet({"a": log.node(0.1)}) as fleet:
+        proxy = make_proxy(fleet)
+        with trio.fail_after(100):
+            named = await ask(proxy, "named", "alice@example.com")
+            empty = await ask(proxy, "empty", "")
+            bad = await ask(proxy, "bad", "alice smith")
+    assert named is not None and empty is not None and bad is not None
+    assert (named.status, empty.status, bad.status) == (200, 200, 400)
+    assert bad.json()["error"]["code"] == "invalid_client"
+    assert "bad" not in log.started  # nothing went to a node
+    assert {w["id"]: w["client"] for w in proxy.recent} == {
+        "named": "alice@example.com",
+        "empty": "anonymous",
+    }
+
+
+async def test_the_client_header_is_ignored_while_keys_are_configured(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    log = Log()
+    async with Fleet({"a": log.node(0.1)}) as fleet:
+        proxy = make_proxy(fleet, (ClientKey("alice", "sk-alice"),))
+        with trio.fail_after(100):
+            response = await ask(proxy, "r", "not valid!", ("x-api-key", "sk-alice"))
+    assert response is not None and response.status == 200
+    assert [w["client"] for w in proxy.recent] == ["alice"]
