@@ -246,7 +246,8 @@ def test_a_waiter_that_cannot_use_the_freed_node_leaves_it_to_the_next_client() 
     s = scheduler({"a": 1, "b": 1})
     on_a = s.acquire("x0", ["a"], ready={"a", "b"}, client="x", now=0.0)
     on_b = s.acquire("x1", ["b"], ready={"a", "b"}, client="x", now=0.0)
-    assert isinstance(on_a, Granted) and isinstance(on_b, Granted)
+    assert isinstance(on_a, Granted)
+    assert isinstance(on_b, Granted)
     queue(s, "only-b", "idle", 0.0, order=("b",))  # the best client, but b only
     queue(s, "x2", "x", 0.0, order=("a", "b"))
     [handoff] = s.release(on_a.slot, ready={"a", "b"}, now=5.0)
@@ -283,7 +284,8 @@ def test_a_full_queue_displaces_the_newest_waiter_of_the_lowest_priority() -> No
     assert (result.displaced.token, result.displaced.displaced) == ("low2", True)
     result = s.acquire("normal2", ["a"], ready={"a"}, client="n", rank=NORMAL, now=4.0)
     assert isinstance(result, Queued)
-    assert result.displaced is not None and result.displaced.token == "low1"
+    assert result.displaced is not None
+    assert result.displaced.token == "low1"
     # Now nothing below normal is left: a normal newcomer is refused itself.
     assert isinstance(s.acquire("normal3", ["a"], ready={"a"}, client="n"), QueueFull)
     assert [w.token for w in s.waiting()] == ["normal1", "high1", "normal2"]
@@ -296,10 +298,12 @@ def test_the_displaced_waiter_is_the_newest_of_all_clients_of_that_priority() ->
     queue(s, "y1", "y", 1.0, rank=LOW)
     queue(s, "x2", "x", 2.0, rank=LOW)
     result = s.acquire("n1", ["a"], ready={"a"}, client="n", rank=NORMAL, now=3.0)
-    assert isinstance(result, Queued) and result.displaced is not None
+    assert isinstance(result, Queued)
+    assert result.displaced is not None
     assert result.displaced.token == "x2"
     result = s.acquire("n2", ["a"], ready={"a"}, client="n", rank=NORMAL, now=4.0)
-    assert isinstance(result, Queued) and result.displaced is not None
+    assert isinstance(result, Queued)
+    assert result.displaced is not None
     assert result.displaced.token == "y1"
 
 
