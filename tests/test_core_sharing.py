@@ -104,13 +104,16 @@ def test_weights_limits_and_a_reload() -> None:
     assert book.clients["x"].weight == 1.0
 
 
-def test_idle_clients_are_forgotten_when_the_epoch_moves() -> None:
+def test_idle_clients_are_forgotten_unless_kept() -> None:
     book = ShareBook()
-    book.took("gone", 0.0)
-    book.released("gone", 1.0)
+    for name in ("gone", "kept"):
+        book.took(name, 0.0)
+        book.released(name, 1.0)
     book.took("busy", 0.0)
-    book.factor(10_000.0)
-    assert set(book.clients) == {"busy"}
+    book.forget(500.0, {"kept"})
+    assert set(book.clients) == {"busy", "kept", "gone"}  # "gone" still counts 2**-8
+    book.forget(10_000.0, {"kept"})
+    assert set(book.clients) == {"busy", "kept"}
     assert book.use("busy", 10_000.0) == pytest.approx(C, rel=1e-6)
 
 

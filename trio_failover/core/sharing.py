@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,8 +54,8 @@ _C = HALF_LIFE / math.log(2)
 # Move the epoch once the factor passes 2**30 (30 half-lives, half an hour):
 # far below a float's range, and precise enough (a sum's 53 bits keep 23).
 _REBASE_AFTER = 30 * HALF_LIFE
-# A client with nothing running and less use than this is forgotten at a
-# rebase: names from a client header must not pile up for ever.
+# A client with nothing running and less use than this (slot-seconds) is
+# forgotten by ``forget``: names from a client header must not pile up.
 _FORGOTTEN_BELOW = 1e-3
 
 # What a client header may name: what a person's name, id or e-mail address
@@ -156,6 +157,21 @@ class ShareBook:
             return False
         return use.at_limit()
 
+    def scale(self, factor: float) -> float:
+        """What one running attempt adds to a stored sum at ``factor`` (``key``'s unit)."""
+        return _C * factor
+
+    def forget(self, now: float, keep: AbstractSet[str]) -> None:
+        """Drop the records of idle clients whose use is negligible at ``now``, but ``keep``'s.
+
+        A record may be held elsewhere (the scheduler's queue keeps those of
+        the clients that wait): those are kept, so it stays the one record.
+        """
+        factor = self.factor(now)
+        for name, use in list(self.clients.items()):
+            if not use.running and use.scaled < _FORGOTTEN_BELOW * factor and name not in keep:
+                del self.clients[name]
+
     def factor(self, now: float) -> float:
         """``2 ** ((now - epoch) / HALF_LIFE)``, moving the epoch first when it is far behind."""
         epoch = self.epoch
@@ -168,7 +184,7 @@ class ShareBook:
 
     def took(self, name: str, now: float) -> None:
         """An attempt of ``name`` took a slot at ``now``."""
-        factor = self.factor(now)  # first: moving the epoch may forget idle records
+        factor = self.factor(now)
         use = self.client(name)
         use.scaled -= _C * factor
         use.running += 1
@@ -191,9 +207,6 @@ class ShareBook:
     def _rebase(self, now: float) -> None:
         assert self.epoch is not None
         scale = 2.0 ** (-(now - self.epoch) / HALF_LIFE)
-        for name, use in list(self.clients.items()):
-            use.scaled *= scale
-            # The running attempts' own terms stay, scaled, in ``scaled``.
-            if not use.running and use.scaled < _FORGOTTEN_BELOW:
-                del self.clients[name]
+        for use in self.clients.values():
+            use.scaled *= scale  # the running attempts' own terms too
         self.epoch = now

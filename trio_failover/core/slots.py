@@ -70,7 +70,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
 
-from .sharing import ANONYMOUS, NORMAL, ShareBook
+from .sharing import ANONYMOUS, NORMAL, ClientUse, ShareBook
 
 __all__ = [
     "BALANCE_MODES",
@@ -625,8 +625,9 @@ class SlotScheduler(Generic[T]):
         self._waiters: dict[Waiter[T], None] = {}
         # The same waiters by priority rank, then client, each in arrival
         # order: fair share scans the clients, not every waiter.
-        self._lanes: dict[int, dict[str, dict[Waiter[T], None]]] = {}
+        self._lanes: dict[int, dict[str, _Lane[T]]] = {}
         self._arrivals = 0
+        self._releases = 0
 
     def __len__(self) -> int:
         """Workloads waiting now (``queued`` of ``/status``)."""
@@ -697,7 +698,11 @@ class SlotScheduler(Generic[T]):
             seq=self._arrivals,
         )
         self._waiters[waiter] = None
-        self._lanes.setdefault(rank, {}).setdefault(client, {})[waiter] = None
+        lanes = self._lanes.setdefault(rank, {})
+        lane = lanes.get(client)
+        if lane is None:
+            lane = lanes[client] = _Lane(self.shares.client(client))
+        lane.waiters[waiter] = None
         return Queued(waiter, displaced)
 
     def release(self, slot: Slot, *, ready: Readiness, now: float = 0.0) -> list[Handoff[T]]:
@@ -716,6 +721,9 @@ class SlotScheduler(Generic[T]):
         if client is not None:
             limited = self.shares.at_limit(client)
             self.shares.released(client, now)
+            self._releases += 1
+            if not self._releases % FORGET_EVERY:
+                self.shares.forget(now, self._waiting_clients())
         if not self._waiters:
             return []
         handoffs: list[Handoff[T]] = []
@@ -800,12 +808,15 @@ class SlotScheduler(Generic[T]):
         self.shares.took(client, now)
         return slot
 
+    def _waiting_clients(self) -> set[str]:
+        return {client for lanes in self._lanes.values() for client in lanes}
+
     def _remove(self, waiter: Waiter[T]) -> None:
         del self._waiters[waiter]
         lanes = self._lanes[waiter.rank]
         lane = lanes[waiter.client]
-        del lane[waiter]
-        if not lane:
+        del lane.waiters[waiter]
+        if not lane.waiters:
             del lanes[waiter.client]
 
     def _displace(self, rank: int) -> Waiter[T] | None:
@@ -815,7 +826,9 @@ class SlotScheduler(Generic[T]):
                 return None
             lanes = self._lanes[lowest]
             if lanes:
-                victim = max((next(reversed(lane)) for lane in lanes.values()), key=_arrival)
+                victim = max(
+                    (next(reversed(lane.waiters)) for lane in lanes.values()), key=_arrival
+                )
                 self._remove(victim)
                 victim.displaced = True
                 return victim
@@ -914,17 +927,23 @@ class SlotScheduler(Generic[T]):
                 factor = factor or shares.factor(now)
                 # The best client is enough as a rule: one scan over the
                 # clients. Only if none of its waiters may take the freed
-                # slot, the others in order.
-                best = _best_client(lanes, shares, factor)
-                if best is not None:
-                    found = self._first_taker(lanes[best], is_ready, by_model, freed, blocked)
+                # slot, the next best, and so on.
+                unit = shares.scale(factor)
+                passed: set[_Lane[T]] = set()
+                for _ in range(len(lanes)):
+                    best = _best_client(lanes, unit, passed)
+                    if best is None:
+                        break
+                    found = self._first_taker(best.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
                         return found
-                clients = sorted(lanes, key=lambda name: _client_key(shares, name, factor))
+                    passed.add(best)
+                continue
             for client in clients:
-                if shares.at_limit(client):
+                lane = lanes[client]
+                if lane.use.at_limit():
                     continue
-                found = self._first_taker(lanes[client], is_ready, by_model, freed, blocked)
+                found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
                 if found is not None:
                     return found
         return None
@@ -954,35 +973,48 @@ def _arrival(waiter: Waiter[Any]) -> int:
     return waiter.seq
 
 
-def _client_key(shares: ShareBook, name: str, factor: float) -> tuple[bool, float]:
-    """Who goes first: a client with nothing running, then the lowest use ÷ weight."""
-    use = shares.clients.get(name)
-    if use is None:
-        return (False, 0.0)
-    return (use.running > 0, use.key(factor))
+@dataclass(eq=False, slots=True)
+class _Lane(Generic[T]):
+    """One client's waiters of one priority, in arrival order, and its use record."""
+
+    use: ClientUse
+    waiters: dict[Waiter[T], None] = field(default_factory=dict)
 
 
-def _best_client(lanes: Mapping[str, object], shares: ShareBook, factor: float) -> str | None:
-    """The client of ``lanes`` that ``_client_key`` puts first, skipping those at their limit.
+def _best_client(
+    lanes: Mapping[str, _Lane[T]], unit: float, passed: AbstractSet[_Lane[T]]
+) -> _Lane[T] | None:
+    """The lane whose client goes first, but ``passed`` and the clients at their limit.
 
-    One pass, no tuples: this runs at every hand-off of a fair queue.
+    First a client with nothing running, then the lowest use ÷ weight;
+    ties in the order the lanes began. One pass, no tuples, no calls: this
+    runs at every hand-off of a fair queue.
     """
-    clients = shares.clients
-    best: str | None = None
+    best: _Lane[T] | None = None
     best_busy = True
     best_key = math.inf
-    for name in lanes:
-        use = clients.get(name)
-        if use is None:
-            busy, key = False, 0.0
-        else:
-            if 0 < use.max_in_flight <= use.running:
+    for lane in lanes.values():
+        if passed and lane in passed:
+            continue
+        use = lane.use
+        running = use.running
+        if running:
+            if running >= use.max_in_flight > 0:
                 continue
-            busy = use.running > 0
-            key = use.key(factor)
-        if busy < best_busy or (busy == best_busy and key < best_key):
-            best, best_busy, best_key = name, busy, key
+            if not best_busy:
+                continue  # an idle client is ahead already
+            key = (use.scaled + running * unit) / use.weight
+            if key < best_key:
+                best, best_key = lane, key
+        else:
+            key = use.scaled / use.weight
+            if best_busy or key < best_key:
+                best, best_busy, best_key = lane, False, key
     return best
+
+
+# Releases between two looks for idle clients to forget (``ShareBook.forget``).
+FORGET_EVERY = 4096
 
 
 # -- the queue-timeout budget ----------------------------------------------------------
