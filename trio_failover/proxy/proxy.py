@@ -142,6 +142,7 @@ class Proxy:
 
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots
+            self._workloads.shares.fleet = self.fleet.state  # rpm and tpm fleet-wide
         metrics.read_state(self._state_status)
         # Its own tasks' lifetime (``run``, ``async with``, ``lent``).
         self._running = False

@@ -1,0 +1,48 @@
+"""Sharing a fleet across replicas over one real redis-server (two ``Proxy`` objects).
+
+The nodes are fake ones over in-memory streams, the shared state is real
+(127.0.0.1 sockets, the real clock: no autojump); every wait is bounded by
+``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import trio
+from conftest import RedisServer
+from test_replicas import LIMIT, STREAM, replicas_at
+
+from trio_failover.core.client_key import ClientKey
+from trio_failover.proxy.proxy import Proxy
+from trio_failover.testing import FakeNode, healthy, request
+
+
+async def ask(proxy: Proxy, client: str) -> tuple[int, str | None]:
+    response = await request(proxy, body=STREAM, headers=[("x-client", client)])
+    assert response is not None
+    return response.status, response.header("retry-after")
+
+
+async def test_rpm_holds_across_two_replicas(redis_server: RedisServer) -> None:
+    clients = (ClientKey("r", rpm=3),)
+    with trio.fail_after(LIMIT):
+        async with replicas_at(
+            redis_server.address,
+            FakeNode(healthy(b"hi")),
+            0,
+            2,
+            client_header="X-Client",
+            clients=clients,
+        ) as (a, b):
+            for proxy in (a, b):
+                assert proxy.fleet is not None
+                while not proxy.fleet.state.connected:
+                    await proxy.fleet.state.wait_changed()
+            answers = [await ask(proxy, "r") for proxy in (a, b, a)]
+            assert answers == [(200, None)] * 3
+            # The fourth of the minute, whichever replica it reaches.
+            for proxy in (a, b):
+                status, retry_after = await ask(proxy, "r")
+                assert status == 429
+                assert retry_after is not None
+                assert 1 <= int(retry_after) <= 60
+            assert await ask(b, "other") == (200, None)  # only r's minute is full
