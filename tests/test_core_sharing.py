@@ -11,6 +11,7 @@ import math
 import pytest
 
 from trio_failover.core.limits import RateBook, Window, retry_after
+from trio_failover.core.rate_layout import read_admit
 from trio_failover.core.sharing import (
     HALF_LIFE,
     ShareBook,
@@ -318,3 +319,17 @@ def test_dispatch_hands_out_in_fair_order() -> None:
     s.ledger.set_capacity("a", 3)
     handoffs = s.dispatch(ready={"a"}, now=1.0)
     assert [h.waiter.token for h in handoffs] == ["x1", "y1"]  # then x runs, y is idle
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [([1, 0], None), ([0, 1], 1), ([0, 1000], 1), ([0, 1001], 2), ([0, 59_999], 60)],
+)
+def test_the_fleet_windows_answer_in_whole_seconds(reply: list[int], expected: int | None) -> None:
+    assert read_admit(reply) == expected
+
+
+@pytest.mark.parametrize("reply", [None, [1], ["1", 0], [1, 0, 0]])
+def test_a_strange_fleet_answer_is_an_error(reply: object) -> None:
+    with pytest.raises(ValueError, match="unexpected admit reply"):
+        read_admit(reply)

@@ -7,6 +7,8 @@ The nodes are fake ones over in-memory streams, the shared state is real
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 from conftest import RedisServer
 from test_replicas import LIMIT, STREAM, replicas_at
@@ -46,3 +48,35 @@ async def test_rpm_holds_across_two_replicas(redis_server: RedisServer) -> None:
                 assert retry_after is not None
                 assert 1 <= int(retry_after) <= 60
             assert await ask(b, "other") == (200, None)  # only r's minute is full
+
+
+async def test_tpm_holds_across_two_replicas(redis_server: RedisServer) -> None:
+    clients = (ClientKey("t", tpm=100),)
+    with trio.fail_after(LIMIT):
+        async with replicas_at(
+            redis_server.address,
+            FakeNode(healthy(b"hi")),
+            0,
+            2,
+            client_header="X-Client",
+            clients=clients,
+        ) as (a, b):
+            for proxy in (a, b):
+                assert proxy.fleet is not None
+                while not proxy.fleet.state.connected:
+                    await proxy.fleet.state.wait_changed()
+                started = proxy.report.started
+
+                def with_tokens(work: Any, *args: Any, _started: Any = started, **kw: Any) -> None:
+                    # What the engines' usage gives (the usage reader fills these).
+                    work.prompt_tokens, work.completion_tokens = 40, 20
+                    _started(work, *args, **kw)
+
+                proxy.report.started = with_tokens  # type: ignore[method-assign]
+            assert await ask(a, "t") == (200, None)  # 60 tokens
+            assert await ask(b, "t") == (200, None)  # 60 held, below 100: 120 now
+            for proxy in (a, b):
+                status, retry_after = await ask(proxy, "t")
+                assert status == 429
+                assert retry_after is not None
+                assert 1 <= int(retry_after) <= 60
