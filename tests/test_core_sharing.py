@@ -333,3 +333,22 @@ def test_the_fleet_windows_answer_in_whole_seconds(reply: list[int], expected: i
 def test_a_strange_fleet_answer_is_an_error(reply: object) -> None:
     with pytest.raises(ValueError, match="unexpected admit reply"):
         read_admit(reply)
+
+
+def test_the_idle_clients_order_survives_a_move_of_the_epoch_and_a_reload() -> None:
+    s = scheduler({"a": 1})
+    for client, until in (("p", 10.0), ("q", 20.0)):
+        s.shares.took(client, 0.0)
+        s.shares.released(client, until)
+    held = s.acquire("z0", ["a"], ready={"a"}, client="z", now=20.0)
+    assert isinstance(held, Granted)
+    queue(s, "q1", "q", 20.0)
+    queue(s, "p1", "p", 20.0)
+    queue(s, "p2", "p", 20.0)
+    # Far later (the book's epoch moves): p has used less, as before.
+    [handoff] = s.release(held.slot, ready={"a"}, now=1810.0)
+    assert handoff.waiter.token == "p1"
+    # q's weight grows tenfold: now q goes ahead of p, idle both again.
+    s.configure_clients({"q": (10.0, 0)})
+    [handoff] = s.release(handoff.slot, ready={"a"}, now=1810.0)
+    assert handoff.waiter.token == "q1"

@@ -64,6 +64,7 @@ is not empty, the shell must wake at the earliest cooldown end and dispatch.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -626,6 +627,14 @@ class SlotScheduler(Generic[T]):
         # The same waiters by priority rank, then client, each in arrival
         # order: fair share scans the clients, not every waiter.
         self._lanes: dict[int, dict[str, _Lane[T]]] = {}
+        # Per priority, the lanes of clients with nothing running, by use ÷
+        # weight (which stays put while a client runs nothing): the fair
+        # pick finds the best of them without a scan. Entries go stale
+        # (checked when they come up), and all at once when the book's
+        # epoch moves or the weights change (then rebuilt).
+        self._idle: dict[int, list[tuple[float, int, _Lane[T]]]] = {}
+        self._idle_epoch: float | None = None
+        self._pushes = 0
         self._arrivals = 0
         self._releases = 0
 
@@ -702,6 +711,8 @@ class SlotScheduler(Generic[T]):
         lane = lanes.get(client)
         if lane is None:
             lane = lanes[client] = _Lane(self.shares.client(client))
+            if self.fair and not lane.use.running:
+                self._push_idle(rank, lane)
         lane.waiters[waiter] = None
         return Queued(waiter, displaced)
 
@@ -721,6 +732,11 @@ class SlotScheduler(Generic[T]):
         if client is not None:
             limited = self.shares.at_limit(client)
             self.shares.released(client, now)
+            if self.fair and not self.shares.clients[client].running:
+                for rank, lanes in self._lanes.items():  # idle now: its lanes' keys are fixed
+                    lane = lanes.get(client)
+                    if lane is not None:
+                        self._push_idle(rank, lane)
             self._releases += 1
             if not self._releases % FORGET_EVERY:
                 self.shares.forget(now, self._waiting_clients())
@@ -766,6 +782,7 @@ class SlotScheduler(Generic[T]):
     def configure_clients(self, settings: Mapping[str, tuple[float, int]]) -> None:
         """The configured clients' ``(weight, max_in_flight)`` by name (at start and reload)."""
         self.shares.configure(settings)
+        self._rebuild_idle()
 
     def reconfigure(
         self, capacities: Mapping[str, int], *, balance: Balance, max_queue: int, moved: bool
@@ -793,7 +810,11 @@ class SlotScheduler(Generic[T]):
         """Empty the queue (shutdown); the waiters, longest-waiting first."""
         waiters = list(self._waiters)
         self._waiters.clear()
+        for lanes in self._lanes.values():
+            for lane in lanes.values():
+                lane.alive = False
         self._lanes.clear()
+        self._idle.clear()
         return waiters
 
     def use(self, client: str, now: float) -> float:
@@ -817,7 +838,44 @@ class SlotScheduler(Generic[T]):
         lane = lanes[waiter.client]
         del lane.waiters[waiter]
         if not lane.waiters:
+            lane.alive = False
             del lanes[waiter.client]
+
+    def _push_idle(self, rank: int, lane: _Lane[T]) -> None:
+        heap = self._idle.setdefault(rank, [])
+        if len(heap) > 2 * len(self._lanes.get(rank, ())) + 64:
+            self._rebuild_idle()  # stale entries pile up: start afresh
+            heap = self._idle.setdefault(rank, [])
+        use = lane.use
+        heapq.heappush(heap, (use.scaled / use.weight, self._pushes, lane))
+        self._pushes += 1
+
+    def _rebuild_idle(self) -> None:
+        self._idle = {}
+        self._idle_epoch = self.shares.epoch
+        if not self.fair:
+            return
+        for rank, lanes in self._lanes.items():
+            heap = self._idle[rank] = []
+            for lane in lanes.values():
+                use = lane.use
+                if not use.running:
+                    heap.append((use.scaled / use.weight, self._pushes, lane))
+                    self._pushes += 1
+            heapq.heapify(heap)
+
+    def _best_idle(self, rank: int) -> _Lane[T] | None:
+        """The lane of the idle client with the lowest use ÷ weight (its waiters go first)."""
+        if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
+            self._rebuild_idle()
+        heap = self._idle.get(rank)
+        while heap:
+            key, _, lane = heap[0]
+            use = lane.use
+            if lane.alive and not use.running and key == use.scaled / use.weight:
+                return lane
+            heapq.heappop(heap)
+        return None
 
     def _displace(self, rank: int) -> Waiter[T] | None:
         """Room in a full queue for a newcomer of ``rank``: the newest of the lowest below it."""
@@ -930,6 +988,12 @@ class SlotScheduler(Generic[T]):
                 # slot, the next best, and so on.
                 unit = shares.scale(factor)
                 passed: set[_Lane[T]] = set()
+                idle = self._best_idle(rank)
+                if idle is not None:  # as a rule: no scan at all
+                    found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
+                    if found is not None:
+                        return found
+                    passed.add(idle)
                 for _ in range(len(lanes)):
                     best = _best_client(lanes, unit, passed)
                     if best is None:
@@ -979,6 +1043,8 @@ class _Lane(Generic[T]):
 
     use: ClientUse
     waiters: dict[Waiter[T], None] = field(default_factory=dict)
+    alive: bool = True
+    """False once its last waiter left: a newer lane may stand for its client."""
 
 
 def _best_client(
