@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...core.client_key import ClientKey
-from ...core.config import Config, LiveConfig
+from ...core.config import LiveConfig
 from ...core.headers import get
 from ...core.limits import RateBook
 from ...core.sharing import NORMAL, priority_rank, request_priority
@@ -50,7 +50,8 @@ class ClientShares:
 
     def __init__(self, live: LiveConfig) -> None:
         self._live = live
-        self._seen: Config | None = None
+        # The clients' tables by name, made again when a reload brings new ones.
+        self._seen: tuple[ClientKey, ...] | None = None
         self._tables: dict[str, ClientKey] = {}
         self.rates = RateBook()
         self._admitted = 0
@@ -58,10 +59,10 @@ class ClientShares:
 
     def table(self, name: str) -> ClientKey | None:
         """The ``[[client]]`` (or ``--api-key``) settings of ``name``; None: defaults."""
-        config = self._live.config
-        if config is not self._seen:  # a reload: the tables read again, once
-            self._tables = {client.name: client for client in config.clients}
-            self._seen = config
+        clients = self._live.config.clients
+        if clients is not self._seen:  # a reload: the tables read again, once
+            self._tables = {client.name: client for client in clients}
+            self._seen = clients
         return self._tables.get(name)
 
     def rank(self, name: str, headers: list[tuple[bytes, bytes]]) -> int:
