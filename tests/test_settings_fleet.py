@@ -845,7 +845,7 @@ async def test_serve_that_cannot_listen_raises_a_config_error(listener: str) -> 
     assert isinstance(error.__cause__, OSError)
 
 
-# --- Issue 42: sharing the fleet -------------------------------------------------------------------
+# --- Issue 42: sharing the fleet ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
