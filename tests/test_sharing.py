@@ -117,6 +117,17 @@ async def until_queued(proxy: Proxy, count: int) -> None:
     await until(lambda: len(proxy.queue) >= count)
 
 
+def answers_carry_tokens(proxy: Proxy, prompt: int, completion: int) -> None:
+    """Every answer of ``proxy`` reports these tokens (as the engines' usage would)."""
+    started = proxy.report.started
+
+    def with_tokens(work: Any, *args: Any, **kw: Any) -> None:
+        work.prompt_tokens, work.completion_tokens = prompt, completion
+        started(work, *args, **kw)
+
+    proxy.report.started = with_tokens  # type: ignore[method-assign]
+
+
 # -- fair share: the flood and the newcomer --------------------------------------------
 
 
@@ -314,14 +325,7 @@ async def test_tpm_counts_each_answers_tokens_when_it_ends(
     clients = (ClientKey("t", tpm=100),)
     async with Fleet({"a": log.node(5.0)}) as fleet:
         proxy = make_proxy(fleet, clients)
-        started = proxy.report.started
-
-        def with_tokens(work: Any, *args: Any, **kw: Any) -> None:
-            # What the engines' usage gives (the usage reader fills these).
-            work.prompt_tokens, work.completion_tokens = 40, 20
-            started(work, *args, **kw)
-
-        proxy.report.started = with_tokens  # type: ignore[method-assign]
+        answers_carry_tokens(proxy, 40, 20)
         answers: dict[float, ClientResponse | None] = {}
         with trio.fail_after(200):
             for at in (0.0, 5.0, 10.0, 12.0, 64.0, 65.0):
