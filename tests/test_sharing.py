@@ -379,3 +379,26 @@ async def test_the_client_header_is_ignored_while_keys_are_configured(
     assert response is not None
     assert response.status == 200
     assert [w["client"] for w in proxy.recent] == ["alice"]
+
+
+async def test_a_reload_changes_a_clients_share_and_limits_for_the_next_requests(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    log = Log()
+    async with Fleet({"a": log.node(0.1)}) as fleet:
+        proxy = make_proxy(fleet)
+        with trio.fail_after(100):
+            first = await ask(proxy, "r-0", "r")
+            assert first is not None
+            assert first.status == 200
+            clients = (ClientKey("r", rpm=1), ClientKey("s", weight=3.0, max_in_flight=2))
+            result = await proxy.reload(attrs.evolve(proxy.config, clients=clients))
+            assert result.ok
+            # The request before the reload was not counted: none was limited then.
+            second = await ask(proxy, "r-1", "r")
+            third = await ask(proxy, "r-2", "r")
+    assert second is not None
+    assert third is not None
+    assert (second.status, third.status, third.header("retry-after")) == (200, 429, "60")
+    use = proxy.queue.scheduler.shares.client("s")
+    assert (use.weight, use.max_in_flight) == (3.0, 2)
