@@ -84,6 +84,8 @@ def test_priority_ranks() -> None:
         # Far on (the epoch moves): the same numbers.
         ([("took", 5000.0), ("released", 5060.0)], 5120.0, C / 4),
         ([("took", 0.0), ("released", 60.0), ("took", 9000.0)], 9060.0, C / 2),
+        # A day on: the stored sums would overflow a float without the moves.
+        ([("took", 0.0), ("released", 60.0), ("took", 86_400.0)], 86_460.0, C / 2),
     ],
 )
 def test_use_is_slot_seconds_with_a_one_minute_half_life(
