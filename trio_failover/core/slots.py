@@ -71,7 +71,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
 
-from .sharing import ANONYMOUS, NORMAL, ClientUse, ShareBook
+from .sharing import ANONYMOUS, NORMAL, PRIORITIES, ClientUse, ShareBook
 
 __all__ = [
     "BALANCE_MODES",
@@ -972,9 +972,8 @@ class SlotScheduler(Generic[T]):
     ) -> tuple[Waiter[T], str] | None:
         """The next waiter to hand a slot, and its node: by priority, use ÷ weight, arrival."""
         shares = self.shares
-        factor = 0.0
-        for rank in sorted(self._lanes):  # at most three
-            lanes = self._lanes[rank]
+        for rank in _RANKS:
+            lanes = self._lanes.get(rank)
             if not lanes:
                 continue
             if only is not None:
@@ -982,18 +981,18 @@ class SlotScheduler(Generic[T]):
             elif len(lanes) == 1:
                 clients = lanes
             else:
-                factor = factor or shares.factor(now)
-                # The best client is enough as a rule: one scan over the
-                # clients. Only if none of its waiters may take the freed
-                # slot, the next best, and so on.
-                unit = shares.scale(factor)
+                # As a rule the idle client of least use takes it: no scan.
+                # Else the best of all, by one scan over the clients; if
+                # none of its waiters may take the freed slot, the next
+                # best, and so on.
                 passed: set[_Lane[T]] = set()
                 idle = self._best_idle(rank)
-                if idle is not None:  # as a rule: no scan at all
+                if idle is not None:
                     found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
                         return found
                     passed.add(idle)
+                unit = shares.scale(shares.factor(now))
                 for _ in range(len(lanes)):
                     best = _best_client(lanes, unit, passed)
                     if best is None:
@@ -1079,6 +1078,8 @@ def _best_client(
     return best
 
 
+# The priorities' ranks, highest first (``sharing.PRIORITIES``).
+_RANKS = tuple(range(len(PRIORITIES)))
 # Releases between two looks for idle clients to forget (``ShareBook.forget``).
 FORGET_EVERY = 4096
 
