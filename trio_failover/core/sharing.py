@@ -118,10 +118,6 @@ class ClientUse:
         """Whether it may start no further attempt now (``max_in_flight``)."""
         return 0 < self.max_in_flight <= self.running
 
-    def key(self, factor: float) -> float:
-        """Its use divided by its weight, in units of ``factor`` (lower goes first)."""
-        return (self.scaled + self.running * _C * factor) / self.weight
-
 
 class ShareBook:
     """Every client's decaying use and its settings; changed only at take and release."""
@@ -158,7 +154,12 @@ class ShareBook:
         return use.at_limit()
 
     def scale(self, factor: float) -> float:
-        """What one running attempt adds to a stored sum at ``factor`` (``key``'s unit)."""
+        """What one running attempt adds to a stored sum at ``factor``.
+
+        A client's use at that factor, in the stored sums' units, is
+        ``scaled + running * scale(factor)``: what the fair pick compares,
+        divided by the weight.
+        """
         return _C * factor
 
     def forget(self, now: float, keep: AbstractSet[str]) -> None:
