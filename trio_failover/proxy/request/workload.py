@@ -129,18 +129,18 @@ class WorkloadRunner:
         # Shown in /status and the events: a client's megabyte of "model" is not.
         work.name(model if model is None or len(model) <= MODEL_SHOWN else model[:MODEL_SHOWN])
         self.report.started(work, request, plan.document, client_address, scheme)
-        retry_after = (
-            shares.admit(client_name, now)
-            if shares.fleet is None
-            else await shares.admit_fleet(client_name, now)
-        )
-        if retry_after is not None:  # over its rpm or tpm: nothing goes to a node
-            await self._rate_limited(client, work, retry_after)
-            return client.reusable
 
         keep_alive = False
         settled = trio.Event()
         try:
+            retry_after = (
+                shares.admit(client_name, now)
+                if shares.fleet is None
+                else await shares.admit_fleet(client_name, now)  # the fleet's windows
+            )
+            if retry_after is not None:  # over its rpm or tpm: nothing goes to a node
+                await self._rate_limited(client, work, retry_after)
+                return client.reusable
             try:
                 async with trio.open_nursery() as nursery:
                     if self.config.client_close != "ignore":
@@ -170,11 +170,13 @@ class WorkloadRunner:
         if work.client_left is not None and work.state not in FINAL:
             self._milestones.client_aborted(work)
             keep_alive = False
-        if shares.fleet is None:  # its tokens, for its client's tpm
-            shares.charge(work, trio.current_time())
-        else:
-            await shares.charge_fleet(work, trio.current_time())
-        self.report.finish(work)
+        try:
+            if shares.fleet is None:  # its tokens, for its client's tpm
+                shares.charge(work, trio.current_time())
+            else:
+                await shares.charge_fleet(work, trio.current_time())
+        finally:
+            self.report.finish(work)
         return keep_alive and client.reusable
 
     async def _rate_limited(self, client: ClientConnection, work: Workload, seconds: int) -> None:
