@@ -22,6 +22,9 @@ direct in the same run:
   connections as they end, and a burst of N new streams at once, through
   the bare relay and the proxy alternated: the wait for the first byte and
   the chunks delivered (issue 33);
+- the slot scheduler (bench_scheduler.py): µs per hand-off of a freed slot
+  among 1,000 waiting workloads of 50 clients, first come first served
+  against fair share;
 - with valgrind installed: instructions per small JSON request, and per
   relayed SSE chunk, of the proxy and of the reference relays, counted by
   callgrind, ratios that do not depend on how busy the machine is.
@@ -75,6 +78,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_churn  # noqa: E402  (beside this script, not a package)
+import bench_scheduler  # noqa: E402
 import bench_stream  # noqa: E402
 
 JSON_REQUEST_BODY = (
@@ -1499,6 +1503,12 @@ def run_churn(s: Setup) -> None:
     s.report.out()
 
 
+def run_scheduler(s: Setup) -> None:
+    for line in bench_scheduler.lines():
+        s.report.out(line)
+    s.report.out()
+
+
 def run(args: argparse.Namespace) -> int:
     import h11
     import trio
@@ -1578,6 +1588,7 @@ def run(args: argparse.Namespace) -> int:
             ("failover", run_failover),
             ("stream", run_stream),
             ("churn", run_churn),
+            ("scheduler", run_scheduler),
             ("instructions", run_instructions),
         ):
             if name in parts:
@@ -1636,8 +1647,8 @@ def main() -> int:
     parser.add_argument("--stalls", type=int, default=10, help="stalls to time (default 10)")
     parser.add_argument(
         "--only",
-        default="json,sse,memory,failover,stream,churn,instructions",
-        help="comma-separated parts to run (default: all seven; instructions needs valgrind)",
+        default="json,sse,memory,failover,stream,churn,scheduler,instructions",
+        help="comma-separated parts to run (default: all eight; instructions needs valgrind)",
     )
     bench_churn.add_arguments(parser)
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out even if installed")

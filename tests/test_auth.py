@@ -191,7 +191,7 @@ async def test_credentials_pass_through_when_no_key_is_configured() -> None:
     [received] = proxy.node.received
     assert received.header("authorization") == f"Bearer {ALICE_KEY}".encode()
     assert received.header("x-api-key") == BOB_KEY.encode()
-    assert [work["client"] for work in status["workloads"]] == [None]
+    assert [work["client"] for work in status["workloads"]] == ["anonymous"]
 
 
 async def test_a_nodes_own_headers_still_apply_while_keys_are_configured() -> None:
@@ -293,7 +293,7 @@ async def test_the_keys_name_is_the_workloads_client_everywhere(logged: LogRecor
     assert metric(scrape, "trio_failover_unauthorized_total", listener="client") == 1
 
 
-async def test_without_keys_the_client_is_null_and_the_metric_label_anonymous() -> None:
+async def test_without_keys_the_client_is_anonymous_in_status_and_metrics() -> None:
     with trio.fail_after(LIMIT):
         async with running() as proxy:
             await request_tcp(proxy.bound.client, body=b"{}")
@@ -302,7 +302,7 @@ async def test_without_keys_the_client_is_null_and_the_metric_label_anonymous() 
             async with httpx.AsyncClient(trust_env=False) as http:
                 scrape = (await http.get(proxy.admin_url + "/metrics")).text
 
-    assert [work["client"] for work in status["workloads"]] == [None]
+    assert [work["client"] for work in status["workloads"]] == ["anonymous"]
     name = "trio_failover_workloads_total"
     assert metric(scrape, name, state="completed", client="anonymous") == 1
 

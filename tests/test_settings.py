@@ -1029,7 +1029,8 @@ TOP_KEYS = (*(opt.toml[0] for opt in OPTIONS if opt.toml and len(opt.toml) == 1)
         # ... and so does a misspelt one, closer to a timeout than to any top-level key.
         ("respone_header", True, "response_header in [timeouts]"),
         ("stream_idel", True, "stream_idle in [timeouts]"),
-        ("header", True, "response_header in [timeouts]"),
+        ("header", True, "client_header"),  # a top-level key, closer than [timeouts]'s
+        ("response_heder", True, "response_header in [timeouts]"),
         ("lsten", True, "listen"),
         ("limits", True, None),
         # ... and the tables are named as they are written.

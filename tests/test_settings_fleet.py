@@ -556,9 +556,25 @@ KEY_BAD: list[Mistake] = [
         ("TRIO_FAILOVER_ADMIN_TOKEN", "admin-token", "***", "visible ASCII"),
     ),
     _in_file(
-        "file: no key",
-        '[[client]]\nname = "a"\n',
-        ("config.toml:1", "client.key", "a", "client a has no key"),
+        "file: weight not positive",
+        '[[client]]\nname = "a"\nweight = 0\n',
+        ("config.toml:3", "client.weight", 0, "a weight is a positive number"),
+    ),
+    _in_file(
+        "file: unknown priority",
+        '[[client]]\nname = "a"\npriority = "urgent"\n',
+        ("config.toml:3", "client.priority", "urgent", "one of high, normal, low"),
+    ),
+    _in_file(
+        "file: negative rpm",
+        '[[client]]\nname = "a"\nkey = "k-a"\nrpm = -1\n',
+        ("config.toml:4", "client.rpm", -1, "expected an integer >= 0"),
+    ),
+    _in_file(
+        # A table without a key names the client a header picks: it needs a name.
+        "file: neither key nor name",
+        "[[client]]\nweight = 2\n",
+        ("config.toml:1", "client.name", "key-1", "a client without a key needs a name"),
     ),
     _in_file(
         "file: key not a string",
@@ -827,3 +843,41 @@ async def test_serve_that_cannot_listen_raises_a_config_error(listener: str) -> 
     assert (error.option, error.value, error.source) == (option, address, f"--{option}")
     assert error.expected == f"cannot listen ({listener} listener): Address already in use"
     assert isinstance(error.__cause__, OSError)
+
+
+# --- Issue 42: sharing the fleet ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "error"),
+    [
+        (
+            {"fair_share": "maybe"},
+            {},
+            ("--fair-share", "fair-share", "maybe", "one of on, off"),
+        ),
+        (
+            {},
+            {"TRIO_FAILOVER_FAIR_SHARE": "yes"},
+            ("TRIO_FAILOVER_FAIR_SHARE", "fair-share", "yes", "one of on, off"),
+        ),
+        (
+            {"client_header": "X User"},
+            {},
+            ("--client-header", "client-header", "X User", "a header name"),
+        ),
+    ],
+)
+def test_sharing_options_name_option_source_and_value(
+    flags: dict[str, Any], environ: dict[str, str], error: tuple[str, str, object, str]
+) -> None:
+    got = _only_mistake({**NODE, **flags}, environ, None)
+    _assert_mistake(got, error)
+
+
+def test_sharing_options_resolve() -> None:
+    config, sources = resolve(
+        {**NODE, "client_header": "X-OpenWebUI-User-Id"}, {"TRIO_FAILOVER_FAIR_SHARE": "off"}
+    )
+    assert (config.client_header, config.fair_share) == ("X-OpenWebUI-User-Id", "off")
+    assert str(sources["fair_share"]) == "env TRIO_FAILOVER_FAIR_SHARE"

@@ -124,6 +124,7 @@ async def test_a_failover_is_one_workload_span_with_two_attempt_spans(
         "trio_failover.node": "b",
         "trio_failover.attempts": 2,
         "trio_failover.queued_ms": 0.0,
+        "trio_failover.client": "anonymous",
     }
     assert response.header("x-request-id") == workload_id
     assert events(root) == []

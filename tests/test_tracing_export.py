@@ -89,6 +89,7 @@ async def test_a_failover_exported_over_otlp_http() -> None:
         # its 5 tokens and its stop, a token per 4 bytes of the request.
         "gen_ai.usage.input_tokens": -(-len(STREAMED) // 4),
         "gen_ai.usage.output_tokens": 6,
+        "trio_failover.client": "anonymous",
     }
     first_attributes = attributes(first.attributes)
     assert first_attributes["trio_failover.outcome"] == "retryable_response"

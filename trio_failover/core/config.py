@@ -27,10 +27,14 @@ from .slots import BALANCE_MODES, Balance
 ClientClose = Literal["abort", "rst-only", "ignore"]
 Affinity = Literal["off", "prefix"]
 LogFormat = Literal["text", "json"]
+FairShare = Literal["on", "off"]
 
 CLIENT_CLOSE_CHOICES: tuple[str, ...] = ("abort", "rst-only", "ignore")
 AFFINITY_CHOICES: tuple[str, ...] = ("off", "prefix")
 LOG_FORMAT_CHOICES: tuple[str, ...] = ("text", "json")
+FAIR_SHARE_CHOICES: tuple[str, ...] = ("on", "off")
+# A request header's name (RFC 9110 token): what --client-header may name.
+_HEADER_FIELD_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 LOG_LEVEL_CHOICES: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
 
 WILDCARD_MODEL = WILDCARD
@@ -314,6 +318,13 @@ def _check_token(instance: Config, attribute: attrs.Attribute[Any], value: str |
         )
 
 
+def _check_header_field(
+    instance: Config, attribute: attrs.Attribute[Any], value: str | None
+) -> None:
+    if value is not None and (not isinstance(value, str) or not _HEADER_FIELD_RE.fullmatch(value)):
+        raise ConfigError("client-header", value, "a header name: 1-128 token characters")
+
+
 def _show_token(value: str | None) -> str:
     return "None" if value is None else "'***'"
 
@@ -383,7 +394,11 @@ class Config(StateSettings):
     clients: tuple[ClientKey, ...] = attrs.field(
         default=(), converter=key_tuple, validator=check_clients
     )
-    """Client API keys; with none, nothing is checked."""
+    """The clients: keys (with none, nothing is checked), shares and limits."""
+    client_header: str | None = attrs.field(default=None, validator=_check_header_field)
+    """Without keys, the request header that names the workload's client; None = none."""
+    fair_share: FairShare = attrs.field(default="on", validator=_choice(FAIR_SHARE_CHOICES))
+    """``on``: a freed slot goes to the client that used the fleet least; ``off``: FIFO."""
     admin_token: str | None = attrs.field(default=None, validator=_check_token, repr=_show_token)
     """Required on every admin route but /healthz; None = open."""
 
@@ -397,6 +412,12 @@ class Config(StateSettings):
         default=None, validator=_check_endpoint, repr=lambda url: repr(url and redact_url(url))
     )
     """The OTLP/HTTP collector that gets the traces; None = no traces."""
+
+    @property
+    def keyed_clients(self) -> tuple[ClientKey, ...]:
+        """The clients with a key: with any, every request must present one."""
+        return tuple(client for client in self.clients if client.key is not None)
+
     # -- engines (docs/engines.md) --
     load_interval: float = attrs.field(default=2.0, validator=_non_negative)
     """Seconds between reads of the engines' signals; 0 = only with each check."""

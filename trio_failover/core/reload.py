@@ -175,6 +175,12 @@ def _client_changes(old: tuple[ClientKey, ...], new: tuple[ClientKey, ...]) -> l
         for name in after
         if name in before and before[name] != after[name]
     ]
+    settings = {client.name: client for client in old}
+    phrases += [
+        f"client {client.name}: settings changed"
+        for client in new
+        if client.name in settings and attrs.evolve(settings[client.name], key=client.key) != client
+    ]
     return phrases
 
 
@@ -229,7 +235,10 @@ def masked(config: Config, mask: Callable[[str], str]) -> Config:
         )
         for node in config.upstreams
     ]
-    clients = tuple(ClientKey(client.name, mask(client.key)) for client in config.clients)
+    clients = tuple(
+        attrs.evolve(client, key=None if client.key is None else mask(client.key))
+        for client in config.clients
+    )
     token = None if config.admin_token is None else mask(config.admin_token)
     # A Redis URL's USER:PASS is checked for its shape: the mask keeps it.
     state = _mask_url(config.state, lambda userinfo: f"{mask(userinfo)}:{mask(userinfo)}")
@@ -263,7 +272,7 @@ def config_document(config: Config) -> dict[str, Any]:
         }
         for node in config.upstreams
     ]
-    document["clients"] = [{"name": c.name, "key": c.key} for c in config.clients]
+    document["clients"] = [attrs.asdict(c) for c in config.clients]
     return document
 
 
@@ -288,5 +297,5 @@ def config_from_document(document: Mapping[str, Any]) -> Config:
         )
         for node in document["upstreams"]
     ]
-    values["clients"] = [ClientKey(c["name"], c["key"]) for c in document["clients"]]
+    values["clients"] = [ClientKey(**c) for c in document["clients"]]
     return Config(**values)

@@ -64,11 +64,14 @@ is not empty, the shell must wake at the earliest cooldown end and dispatch.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
+
+from .sharing import ANONYMOUS, NORMAL, PRIORITIES, ClientUse, ShareBook
 
 __all__ = [
     "BALANCE_MODES",
@@ -143,6 +146,8 @@ class Slot:
     node: str
     ledger: SlotLedger = field(repr=False)
     released: bool = False
+    client: str | None = None
+    """The client whose attempt holds it (``SlotScheduler``); None: taken by the ledger alone."""
 
 
 class SlotLedger:
@@ -518,6 +523,14 @@ class Waiter(Generic[T]):
     model: str | None = None
     moved: bool = False
     """Set when a reload took it out of the queue: resolve its candidates again."""
+    client: str = ANONYMOUS
+    """Its client: fair share picks among the clients, ``max_in_flight`` holds per client."""
+    rank: int = NORMAL
+    """Its priority's rank (``sharing.PRIORITIES``: 0 = high)."""
+    seq: int = 0
+    """Its arrival number: the newest of a priority is the one a full queue displaces."""
+    displaced: bool = False
+    """Set when a newcomer of a higher priority took its place in a full queue."""
 
 
 class Handoff(NamedTuple, Generic[T]):
@@ -536,9 +549,14 @@ class Granted:
 
 @dataclass(frozen=True, slots=True)
 class Queued(Generic[T]):
-    """The workload waits as ``waiter``; a hand-off will set ``waiter.slot``."""
+    """The workload waits as ``waiter``; a hand-off will set ``waiter.slot``.
+
+    ``displaced``: the waiter of a lower priority whose place it took in a
+    full queue; it is out of the queue, ``displaced`` set: wake it (``503``).
+    """
 
     waiter: Waiter[T]
+    displaced: Waiter[T] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,12 +568,21 @@ Acquired: TypeAlias = Granted | Queued[T] | QueueFull | Exhausted
 
 
 class SlotScheduler(Generic[T]):
-    """The ledger and the FIFO queue of one proxy, deciding together.
+    """The ledger and the queue of one proxy, deciding together.
+
+    The queue is fair (``fair``, the default): a freed slot goes to the
+    waiter of the highest priority, then of the client with the lowest
+    recent use divided by its weight (``sharing.ShareBook``; a client with
+    nothing running before every client with work running), then the
+    longest-waiting. Not fair: the longest-waiting, first come first served.
+    Either way a client at its ``max_in_flight`` takes no further slot.
 
     Costs: ``acquire`` is O(candidates); ``release`` with an empty queue,
     or of a node that was not full, is O(1) and never asks ``ready``;
-    ``leave`` of a waiting workload is O(1). A hand-off scans the waiters
-    in arrival order and stops as soon as the freed node is full again.
+    ``leave`` of a waiting workload is O(1). A FIFO hand-off scans the
+    waiters in arrival order and stops as soon as the freed node is full
+    again; a fair one scans the clients that have waiters (one FIFO per
+    priority and client) for the lowest use, then that client's waiters.
     """
 
     def __init__(
@@ -565,6 +592,7 @@ class SlotScheduler(Generic[T]):
         balance: Balance = "priority",
         max_queue: int = 0,
         signals: Mapping[str, EngineLoad] | None = None,
+        fair: bool = True,
     ) -> None:
         """An empty queue and a ledger with nothing in flight.
 
@@ -574,6 +602,7 @@ class SlotScheduler(Generic[T]):
                 (``SlotLedger``); None = none.
             balance: ``priority`` or ``least-loaded``.
             max_queue: most workloads waiting at once, ``0`` = no limit.
+            fair: fair share among the clients; False = first come, first served.
 
         Raises:
             ValueError: a bad capacity, balance or max_queue.
@@ -588,9 +617,26 @@ class SlotScheduler(Generic[T]):
         self.ready_for: ReadyFor | None = None
         self.balance: Balance = balance
         self.max_queue = max_queue
+        self.fair = fair
+        # Each client's use, weight and attempts running (``configure`` sets
+        # the weights and limits of the configured clients).
+        self.shares = ShareBook()
         # An insertion-ordered dict is the FIFO: arrival order to iterate,
         # O(1) removal from the middle when a waiter leaves.
         self._waiters: dict[Waiter[T], None] = {}
+        # The same waiters by priority rank, then client, each in arrival
+        # order: fair share scans the clients, not every waiter.
+        self._lanes: dict[int, dict[str, _Lane[T]]] = {}
+        # Per priority, the lanes of clients with nothing running, by use ÷
+        # weight (which stays put while a client runs nothing): the fair
+        # pick finds the best of them without a scan. Entries go stale
+        # (checked when they come up), and all at once when the book's
+        # epoch moves or the weights change (then rebuilt).
+        self._idle: dict[int, list[tuple[float, int, _Lane[T]]]] = {}
+        self._idle_epoch: float | None = None
+        self._pushes = 0
+        self._arrivals = 0
+        self._releases = 0
 
     def __len__(self) -> int:
         """Workloads waiting now (``queued`` of ``/status``)."""
@@ -609,16 +655,24 @@ class SlotScheduler(Generic[T]):
         ready: Readiness,
         preferred: str | None = None,
         loaded: AbstractSet[str] = frozenset(),
+        client: str = ANONYMOUS,
+        rank: int = NORMAL,
+        now: float = 0.0,
     ) -> Acquired[T]:
         """Decide and reserve the next attempt of one workload.
 
-        Args: as ``choose_node``; ``token`` is kept on the waiter if it waits.
+        Args: as ``choose_node``; ``token`` is kept on the waiter if it
+            waits; ``client`` and ``rank`` (its priority) place it in the
+            queue; ``now`` times its client's use of the slot it takes.
 
         Returns:
             ``Granted(slot)``: the slot is taken, attempt its node.
-            ``Queued(waiter)``: all it may use is full; it waits at
-            ``waiter.position``. ``QueueFull()``: it would make the queue
-            longer than ``max_queue``. ``Exhausted()``: nothing untried left.
+            ``Queued(waiter)``: all it may use is full, or its client runs
+            its ``max_in_flight``; it waits at ``waiter.position`` (and may
+            have displaced a waiter of a lower priority from a full queue).
+            ``QueueFull()``: it would make the queue longer than
+            ``max_queue`` and displaces no one. ``Exhausted()``: nothing
+            untried left.
         """
         tried = frozenset(tried)
         choice = choose_node(
@@ -630,12 +684,16 @@ class SlotScheduler(Generic[T]):
             preferred=preferred,
             loaded=loaded,
         )
-        if isinstance(choice, Take):
-            return Granted(self.ledger.take(choice.node))
         if isinstance(choice, Exhausted):
             return choice
+        if isinstance(choice, Take) and not self.shares.at_limit(client):
+            return Granted(self._take(choice.node, client, now))
+        displaced = None
         if self.max_queue and len(self._waiters) >= self.max_queue:
-            return QueueFull()
+            displaced = self._displace(rank)
+            if displaced is None:
+                return QueueFull()
+        self._arrivals += 1
         waiter = Waiter(
             token=token,
             order=tuple(order),
@@ -644,25 +702,57 @@ class SlotScheduler(Generic[T]):
             position=len(self._waiters) + 1,
             untried=frozenset(order) - tried,
             loaded=frozenset(loaded),
+            client=client,
+            rank=rank,
+            seq=self._arrivals,
         )
         self._waiters[waiter] = None
-        return Queued(waiter)
+        lanes = self._lanes.setdefault(rank, {})
+        lane = lanes.get(client)
+        if lane is None:
+            lane = lanes[client] = _Lane(self.shares.client(client))
+            if self.fair and not lane.use.running:
+                self._push_idle(rank, lane)
+        lane.waiters[waiter] = None
+        return Queued(waiter, displaced)
 
-    def release(self, slot: Slot, *, ready: Readiness) -> list[Handoff[T]]:
+    def release(self, slot: Slot, *, ready: Readiness, now: float = 0.0) -> list[Handoff[T]]:
         """Give ``slot`` back (again: no-op) and hand the freed slot on.
+
+        ``now`` ends its client's use of it.
 
         Returns:
             The waiters that now hold a slot, to wake (one, as a rule).
         """
-        node = slot.node
+        node, client = slot.node, slot.client
         was_full = self.ledger.is_full(node)
-        if not self.ledger.release(slot) or not was_full or not self._waiters:
-            # Not full before: no waiter was waiting for this node (rule 2),
-            # so nobody's options changed. This is the hot path.
+        if not self.ledger.release(slot):
             return []
-        return self._hand_off(_asked_once(ready), freed=node)
+        limited = False
+        if client is not None:
+            limited = self.shares.at_limit(client)
+            self.shares.released(client, now)
+            if self.fair and not self.shares.clients[client].running:
+                for rank, lanes in self._lanes.items():  # idle now: its lanes' keys are fixed
+                    lane = lanes.get(client)
+                    if lane is not None:
+                        self._push_idle(rank, lane)
+            self._releases += 1
+            if not self._releases % FORGET_EVERY:
+                self.shares.forget(now, self._waiting_clients())
+        if not self._waiters:
+            return []
+        handoffs: list[Handoff[T]] = []
+        if was_full:
+            handoffs = self._hand_off(_asked_once(ready), node, now)
+        if limited and client is not None:
+            # Its waiters may wait for this, with free slots about.
+            handoffs += self._hand_off(_asked_once(ready), None, now, only=client)
+        # Not full before, and no client's limit lifted: no waiter was
+        # waiting for this (rule 2), so nobody's options changed. The hot path.
+        return handoffs
 
-    def leave(self, waiter: Waiter[T], *, ready: Readiness) -> list[Handoff[T]]:
+    def leave(self, waiter: Waiter[T], *, ready: Readiness, now: float = 0.0) -> list[Handoff[T]]:
         """The workload gives up (client gone, timeout, shutdown, error).
 
         Removes it from the queue if it still waits (O(1)). If a hand-off
@@ -671,13 +761,13 @@ class SlotScheduler(Generic[T]):
         a second call is a no-op.
         """
         if waiter in self._waiters:
-            del self._waiters[waiter]
+            self._remove(waiter)
             return []
         if waiter.slot is None:  # left already
             return []
-        return self.release(waiter.slot, ready=ready)
+        return self.release(waiter.slot, ready=ready, now=now)
 
-    def dispatch(self, *, ready: Readiness) -> list[Handoff[T]]:
+    def dispatch(self, *, ready: Readiness, now: float = 0.0) -> list[Handoff[T]]:
         """Hand out what the waiters may use now, after a node changed state.
 
         A node turning cooling can let a waiter use a cooling node that is
@@ -687,7 +777,12 @@ class SlotScheduler(Generic[T]):
         """
         if not self._waiters:
             return []
-        return self._hand_off(_asked_once(ready), freed=None)
+        return self._hand_off(_asked_once(ready), None, now)
+
+    def configure_clients(self, settings: Mapping[str, tuple[float, int]]) -> None:
+        """The configured clients' ``(weight, max_in_flight)`` by name (at start and reload)."""
+        self.shares.configure(settings)
+        self._rebuild_idle()
 
     def reconfigure(
         self, capacities: Mapping[str, int], *, balance: Balance, max_queue: int, moved: bool
@@ -715,35 +810,278 @@ class SlotScheduler(Generic[T]):
         """Empty the queue (shutdown); the waiters, longest-waiting first."""
         waiters = list(self._waiters)
         self._waiters.clear()
+        for lanes in self._lanes.values():
+            for lane in lanes.values():
+                lane.alive = False
+        self._lanes.clear()
+        self._idle.clear()
         return waiters
 
-    def _hand_off(self, is_ready: Callable[[str], bool], freed: str | None) -> list[Handoff[T]]:
-        handoffs: list[Handoff[T]] = []
+    def use(self, client: str, now: float) -> float:
+        """``client``'s recent use of the fleet at ``now``, in decayed slot-seconds."""
+        return self.shares.use(client, now)
+
+    # -- inside ----------------------------------------------------------------------
+
+    def _take(self, node: str, client: str, now: float) -> Slot:
+        slot = self.ledger.take(node)
+        slot.client = client
+        self.shares.took(client, now)
+        return slot
+
+    def _waiting_clients(self) -> set[str]:
+        return {client for lanes in self._lanes.values() for client in lanes}
+
+    def _remove(self, waiter: Waiter[T]) -> None:
+        del self._waiters[waiter]
+        lanes = self._lanes[waiter.rank]
+        lane = lanes[waiter.client]
+        del lane.waiters[waiter]
+        if not lane.waiters:
+            lane.alive = False
+            del lanes[waiter.client]
+
+    def _push_idle(self, rank: int, lane: _Lane[T]) -> None:
+        heap = self._idle.setdefault(rank, [])
+        if len(heap) > 2 * len(self._lanes.get(rank, ())) + 64:
+            self._rebuild_idle()  # stale entries pile up: start afresh
+            heap = self._idle.setdefault(rank, [])
+        use = lane.use
+        heapq.heappush(heap, (use.scaled / use.weight, self._pushes, lane))
+        self._pushes += 1
+
+    def _rebuild_idle(self) -> None:
+        self._idle = {}
+        self._idle_epoch = self.shares.epoch
+        if not self.fair:
+            return
+        for rank, lanes in self._lanes.items():
+            heap = self._idle[rank] = []
+            for lane in lanes.values():
+                use = lane.use
+                if not use.running:
+                    heap.append((use.scaled / use.weight, self._pushes, lane))
+                    self._pushes += 1
+            heapq.heapify(heap)
+
+    def _best_idle(self, rank: int) -> _Lane[T] | None:
+        """The lane of the idle client with the lowest use ÷ weight (its waiters go first)."""
+        if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
+            self._rebuild_idle()
+        heap = self._idle.get(rank)
+        while heap:
+            key, _, lane = heap[0]
+            use = lane.use
+            if lane.alive and not use.running and key == use.scaled / use.weight:
+                return lane
+            heapq.heappop(heap)
+        return None
+
+    def _displace(self, rank: int) -> Waiter[T] | None:
+        """Room in a full queue for a newcomer of ``rank``: the newest of the lowest below it."""
+        for lowest in sorted(self._lanes, reverse=True):
+            if lowest <= rank:
+                return None
+            lanes = self._lanes[lowest]
+            if lanes:
+                victim = max(
+                    (next(reversed(lane.waiters)) for lane in lanes.values()), key=_arrival
+                )
+                self._remove(victim)
+                victim.displaced = True
+                return victim
+        return None
+
+    def _choose(
+        self,
+        waiter: Waiter[T],
+        is_ready: Callable[[str], bool],
+        by_model: dict[str, Callable[[str], bool]],
+    ) -> Choice:
         ready_for = self.ready_for
+        return choose_node(
+            waiter.order,
+            tried=waiter.tried,
+            ready=is_ready
+            if ready_for is None or waiter.model is None
+            else _model_ready(by_model, waiter.model, ready_for),
+            ledger=self.ledger,
+            balance=self.balance,
+            preferred=waiter.preferred,
+            loaded=waiter.loaded,
+        )
+
+    def _hand_off(
+        self,
+        is_ready: Callable[[str], bool],
+        freed: str | None,
+        now: float,
+        only: str | None = None,
+    ) -> list[Handoff[T]]:
+        if self.fair:
+            return self._hand_off_fair(is_ready, freed, now, only)
+        handoffs: list[Handoff[T]] = []
         by_model: dict[str, Callable[[str], bool]] = {}
+        shares = self.shares
         for waiter in self._waiters:
             if freed is not None:
                 if self.ledger.is_full(freed):
                     break
                 if freed not in waiter.untried:
                     continue  # cheap skip: this one can never use the freed node
-            choice = choose_node(
-                waiter.order,
-                tried=waiter.tried,
-                ready=is_ready
-                if ready_for is None or waiter.model is None
-                else _model_ready(by_model, waiter.model, ready_for),
-                ledger=self.ledger,
-                balance=self.balance,
-                preferred=waiter.preferred,
-                loaded=waiter.loaded,
-            )
+            if (only is not None and waiter.client != only) or shares.at_limit(waiter.client):
+                continue
+            choice = self._choose(waiter, is_ready, by_model)
             if isinstance(choice, Take):
-                waiter.slot = self.ledger.take(choice.node)
+                waiter.slot = self._take(choice.node, waiter.client, now)
                 handoffs.append(Handoff(waiter, waiter.slot))
         for handoff in handoffs:
-            del self._waiters[handoff.waiter]
+            self._remove(handoff.waiter)
         return handoffs
+
+    def _hand_off_fair(
+        self,
+        is_ready: Callable[[str], bool],
+        freed: str | None,
+        now: float,
+        only: str | None,
+    ) -> list[Handoff[T]]:
+        handoffs: list[Handoff[T]] = []
+        by_model: dict[str, Callable[[str], bool]] = {}
+        # Waiters found unable to take anything: every take since only
+        # fills nodes and raises counts, so they stay unable in this call.
+        blocked: set[Waiter[T]] = set()
+        while freed is None or not self.ledger.is_full(freed):
+            picked = self._pick_fair(is_ready, by_model, freed, now, only, blocked)
+            if picked is None:
+                break
+            waiter, node = picked
+            self._remove(waiter)
+            waiter.slot = self._take(node, waiter.client, now)
+            handoffs.append(Handoff(waiter, waiter.slot))
+        return handoffs
+
+    def _pick_fair(
+        self,
+        is_ready: Callable[[str], bool],
+        by_model: dict[str, Callable[[str], bool]],
+        freed: str | None,
+        now: float,
+        only: str | None,
+        blocked: set[Waiter[T]],
+    ) -> tuple[Waiter[T], str] | None:
+        """The next waiter to hand a slot, and its node: by priority, use ÷ weight, arrival."""
+        shares = self.shares
+        for rank in _RANKS:
+            lanes = self._lanes.get(rank)
+            if not lanes:
+                continue
+            if only is not None:
+                clients: Iterable[str] = (only,) if only in lanes else ()
+            elif len(lanes) == 1:
+                clients = lanes
+            else:
+                # As a rule the idle client of least use takes it: no scan.
+                # Else the best of all, by one scan over the clients; if
+                # none of its waiters may take the freed slot, the next
+                # best, and so on.
+                passed: set[_Lane[T]] = set()
+                idle = self._best_idle(rank)
+                if idle is not None:
+                    found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
+                    if found is not None:
+                        return found
+                    passed.add(idle)
+                unit = shares.scale(shares.factor(now))
+                for _ in range(len(lanes)):
+                    best = _best_client(lanes, unit, passed)
+                    if best is None:
+                        break
+                    found = self._first_taker(best.waiters, is_ready, by_model, freed, blocked)
+                    if found is not None:
+                        return found
+                    passed.add(best)
+                continue
+            for client in clients:
+                lane = lanes[client]
+                if lane.use.at_limit():
+                    continue
+                found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
+                if found is not None:
+                    return found
+        return None
+
+    def _first_taker(
+        self,
+        lane: dict[Waiter[T], None],
+        is_ready: Callable[[str], bool],
+        by_model: dict[str, Callable[[str], bool]],
+        freed: str | None,
+        blocked: set[Waiter[T]],
+    ) -> tuple[Waiter[T], str] | None:
+        """The longest-waiting of ``lane`` that may take a slot now, and where."""
+        for waiter in lane:
+            if freed is not None and freed not in waiter.untried:
+                continue  # it can never use the freed node
+            if waiter in blocked:
+                continue
+            choice = self._choose(waiter, is_ready, by_model)
+            if isinstance(choice, Take):
+                return waiter, choice.node
+            blocked.add(waiter)
+        return None
+
+
+def _arrival(waiter: Waiter[Any]) -> int:
+    return waiter.seq
+
+
+@dataclass(eq=False, slots=True)
+class _Lane(Generic[T]):
+    """One client's waiters of one priority, in arrival order, and its use record."""
+
+    use: ClientUse
+    waiters: dict[Waiter[T], None] = field(default_factory=dict)
+    alive: bool = True
+    """False once its last waiter left: a newer lane may stand for its client."""
+
+
+def _best_client(
+    lanes: Mapping[str, _Lane[T]], unit: float, passed: AbstractSet[_Lane[T]]
+) -> _Lane[T] | None:
+    """The lane whose client goes first, but ``passed`` and the clients at their limit.
+
+    First a client with nothing running, then the lowest use ÷ weight;
+    ties in the order the lanes began. One pass, no tuples, no calls: this
+    runs at every hand-off of a fair queue.
+    """
+    best: _Lane[T] | None = None
+    best_busy = True
+    best_key = math.inf
+    for lane in lanes.values():
+        if passed and lane in passed:
+            continue
+        use = lane.use
+        running = use.running
+        if running:
+            if running >= use.max_in_flight > 0:
+                continue
+            if not best_busy:
+                continue  # an idle client is ahead already
+            key = (use.scaled + running * unit) / use.weight
+            if key < best_key:
+                best, best_key = lane, key
+        else:
+            key = use.scaled / use.weight
+            if best_busy or key < best_key:
+                best, best_busy, best_key = lane, False, key
+    return best
+
+
+# The priorities' ranks, highest first (``sharing.PRIORITIES``).
+_RANKS = tuple(range(len(PRIORITIES)))
+# Releases between two looks for idle clients to forget (``ShareBook.forget``).
+FORGET_EVERY = 4096
 
 
 # -- the queue-timeout budget ----------------------------------------------------------

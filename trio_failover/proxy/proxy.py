@@ -40,8 +40,10 @@ from ..core.auth import Keys, check_client, forwarded_headers
 from ..core.config import Config, LiveConfig
 from ..core.cooldown import CooldownTable
 from ..core.engine_book import EngineBook, engine_settings
+from ..core.headers import get
 from ..core.redis_url import parse_state
 from ..core.requests import is_list_route, workload_id
+from ..core.sharing import ANONYMOUS, client_from_header
 from ..telemetry.events import EventBus
 from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Drain
@@ -140,6 +142,7 @@ class Proxy:
 
             self.fleet = Fleet(config, self.board, self.queue)
             self._workloads.attempts.fleet = self.fleet.slots
+            self._workloads.shares.fleet = self.fleet.state  # rpm and tpm fleet-wide
         metrics.read_state(self._state_status)
         # Its own tasks' lifetime (``run``, ``async with``, ``lent``).
         self._running = False
@@ -413,7 +416,7 @@ class Admitted:
     """A request that may go on, as which client, with its credentials removed."""
 
     request: ClientRequest
-    client: str | None  # the key's NAME; None when no key is configured
+    client: str  # the key's NAME; without keys the client header's value, else "anonymous"
 
 
 class ClientGate:
@@ -435,12 +438,16 @@ class ClientGate:
     @property
     def keys(self) -> Keys:
         """The configured ``(name, key)`` pairs; empty when none is configured."""
-        return tuple((client.name, client.key) for client in self.live.config.clients)
+        return tuple(
+            (client.name, client.key)
+            for client in self.live.config.clients
+            if client.key is not None
+        )
 
     @property
     def checks(self) -> bool:
         """Whether keys are configured (and so checked)."""
-        return bool(self.live.config.clients)
+        return bool(self.live.config.keyed_clients)
 
     def allows(self, headers: list[tuple[bytes, bytes]]) -> bool:
         """Whether a request head presents a configured key.
@@ -459,8 +466,15 @@ class ClientGate:
         presented is logged: the access line names no key, right or wrong.
         """
         keys = self.keys
-        if not keys:
-            return Admitted(request, None)  # nothing checked, nothing removed
+        if not keys:  # nothing checked, nothing removed
+            header = self.live.config.client_header
+            if header is None:
+                return Admitted(request, ANONYMOUS)
+            name = client_from_header(get(request.headers, header.lower().encode("ascii")))
+            if name is None:
+                await self._bad_client(client, request, header)
+                return None
+            return Admitted(request, name)
         check = None if request.refused else check_client(request.headers, keys)
         if check is None or not check.allowed:
             await self._refuse(client, request)
@@ -468,20 +482,43 @@ class ClientGate:
         # The client's Authorization and X-Api-Key were the proxy's key: a
         # node gets only its own configured headers.
         stripped = attrs.evolve(request, headers=forwarded_headers(request.headers, keys))
-        return Admitted(stripped, check.name)
+        return Admitted(stripped, check.name or ANONYMOUS)
 
     async def _refuse(self, client: ClientConnection, request: ClientRequest) -> None:
         started = trio.current_time()
-        path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
-        request_id = workload_id(request.headers)
-        document = error_document(path, 401, "invalid_api_key", REFUSAL_MESSAGE)
-        headers = [*error_headers("invalid_api_key"), (b"x-request-id", request_id.encode())]
-        sent = 0
-        with contextlib.suppress(ClientGone, h11.LocalProtocolError):
-            sent = await client.send_json(401, document, headers)
+        path, request_id, sent = await _answer_refused(
+            client, request, 401, "invalid_api_key", REFUSAL_MESSAGE
+        )
         self.report.unauthorized(
             request_id, request.method.decode("ascii", "replace"), path, started, sent
         )
+
+    async def _bad_client(
+        self, client: ClientConnection, request: ClientRequest, name: str
+    ) -> None:
+        """Answer ``400``: the client header names no valid client (nothing goes further)."""
+        started = trio.current_time()
+        message = f"{name} must be 1-128 characters of A-Z a-z 0-9 . _ : @ -"
+        path, request_id, sent = await _answer_refused(
+            client, request, 400, "invalid_client", message
+        )
+        self.report.unauthorized(
+            request_id, request.method.decode("ascii", "replace"), path, started, sent, status=400
+        )
+
+
+async def _answer_refused(
+    client: ClientConnection, request: ClientRequest, status: int, code: str, message: str
+) -> tuple[str, str, int]:
+    """The gate's own JSON error; returns the path, the request id and the bytes sent."""
+    path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
+    request_id = workload_id(request.headers)
+    document = error_document(path, status, code, message)
+    headers = [*error_headers(code), (b"x-request-id", request_id.encode())]
+    sent = 0
+    with contextlib.suppress(ClientGone, h11.LocalProtocolError):
+        sent = await client.send_json(status, document, headers)
+    return path, request_id, sent
 
 
 def _board_and_queue(config: Config, report: Report) -> tuple[NodeBoard, SlotQueue]:

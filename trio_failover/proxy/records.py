@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..core.outcome import AttemptRecord
+from ..core.sharing import ANONYMOUS, NORMAL
 from ..core.workload import State, transition
 from ..wire.client import Closed
 
@@ -47,7 +48,10 @@ class Workload:
     checks: int = 0  # liveness checks its attempts waited on (docs/failover.md)
     resends: int = 0  # requests sent again because a pooled connection was stale
     client_left: Closed | None = None
-    client: str | None = None  # the name of the client's key; None: no keys configured
+    # Its client (docs/sharing.md): the key's name, else the client header's
+    # value, else "anonymous".
+    client: str = ANONYMOUS
+    priority: int = NORMAL  # its priority's rank (``core.sharing.PRIORITIES``), 0 = high
     model: str | None = None  # the "model" the client asked for, if its body named one
     waited: float = 0.0  # seconds spent in the queue so far, all waits together
     queued_since: float | None = None  # when the current wait began, while waiting

@@ -244,21 +244,30 @@ class Report:
             self.metrics.used(client, "" if model is None else model, work.node, prompt, completion)
 
     def unauthorized(
-        self, request_id: str, method: str, path: str, started: float, sent: int = 0
+        self,
+        request_id: str,
+        method: str,
+        path: str,
+        started: float,
+        sent: int = 0,
+        *,
+        status: int = 401,
     ) -> None:
         """Count and log a request refused for want of a valid key (no workload).
 
         It stays out of ``/status`` and the events: a client without a key
-        must not be able to push the fleet's workloads out of view.
+        must not be able to push the fleet's workloads out of view. A
+        ``400`` (a client header that names no valid client) is logged, not counted.
         """
-        self.metrics.child(self.metrics.unauthorized, "client").inc()
+        if status == 401:
+            self.metrics.child(self.metrics.unauthorized, "client").inc()
         log_access(
             {
                 "id": request_id,
                 "method": method,
                 "path": path,
                 "client": None,
-                "status": 401,
+                "status": status,
                 "state": "unauthorized",
                 "nodes": [],
                 "commit_ms": None,

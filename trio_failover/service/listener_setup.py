@@ -81,7 +81,7 @@ def log_exposure_warning(config: Config, hosts: list[str]) -> None:
         config: the settings (its ``clients``).
         hosts: the addresses the client listener is bound to.
     """
-    if config.clients or all(is_loopback(host) for host in hosts):
+    if config.keyed_clients or all(is_loopback(host) for host in hosts):
         return
     logger.warning(
         "the client listener is not on a loopback address and no API key is set: "

@@ -312,7 +312,7 @@ def run_server(
     ``listening on`` lines, which the supervisor prints once.
     """
     secrets = [value for node in config.upstreams for value in node.headers.values()]
-    secrets += [client.key for client in config.clients]
+    secrets += [client.key for client in config.keyed_clients if client.key is not None]
     secrets += [config.admin_token] if config.admin_token else []
     handler = configure_logging(config.log_format, config.log_level, secrets=secrets, batched=True)
     assert isinstance(handler, BatchedStreamHandler)

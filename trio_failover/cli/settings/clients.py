@@ -1,6 +1,8 @@
-"""Client keys: from ``--api-key`` specs or ``[[client]]`` tables; errors never quote a key.
+"""Clients: from ``--api-key`` specs or ``[[client]]`` tables; errors never quote a key.
 
 The list is taken whole from the first source that has one, like the nodes.
+A table without a key checks nothing: it carries the share and limits of
+the client that ``--client-header`` names (docs/sharing.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from .toml_file import CLIENT, ConfigFile
 
 __all__ = ["resolve_clients"]
 
+# A [[client]] table's settings besides its name and key (``ClientKey``'s fields).
+_CLIENT_SETTINGS = ("weight", "priority", "max_in_flight", "rpm", "tpm")
 _CLIENT_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z:-]{1,128}")  # as config.ClientKey takes
 
 
@@ -83,19 +87,28 @@ def _client_from_table(
     label = name or f"key-{index + 1}"
     where = file.where(CLIENT, index, "key")
     template = table.get("key")
-    if template is None:
+    if template is None and name is None:
+        # Named by nothing: neither a key nor a header could ever pick it.
         raise ConfigError(
-            "client.key", label, f"client {label} has no key", file.where(CLIENT, index)
+            "client.name", label, "a client without a key needs a name", file.where(CLIENT, index)
         )
-    if not isinstance(template, str):
+    if template is not None and not isinstance(template, str):
         raise ConfigError("client.key", label, f"the key of client {label} must be a string", where)
+    key = None
+    if template is not None:
+        try:
+            key = expand(template, environ, f"client {label} needs it for its key")
+        except ConfigError as exc:
+            raise ConfigError("client.key", exc.value, exc.expected, where) from None
+    settings = {field: table[field] for field in _CLIENT_SETTINGS if field in table}
     try:
-        key = expand(template, environ, f"client {label} needs it for its key")
+        client = ClientKey(label, key, **settings)
     except ConfigError as exc:
-        raise ConfigError("client.key", exc.value, exc.expected, where) from None
-    try:
-        client = ClientKey(label, key)
-    except ConfigError as exc:
+        field = exc.option.removeprefix("client.")
+        if field in settings:  # a share or a limit: its own line, its own value
+            raise ConfigError(
+                exc.option, exc.value, exc.expected, file.where(CLIENT, index, field)
+            ) from None
         key_name = "client.name" if exc.expected.startswith("a client name") else "client.key"
         raise ConfigError(key_name, label, exc.expected, where) from None
     return client, Source("file", file.where(CLIENT, index), label)
@@ -145,7 +158,7 @@ def resolve_clients(
                     source.where,
                 )
             )
-        elif client.key in keys:
+        elif client.key is not None and client.key in keys:
             mistakes.add(
                 ConfigError(
                     label.replace("name", "key"),
@@ -155,6 +168,7 @@ def resolve_clients(
                 )
             )
         names.setdefault(client.name, source)
-        keys.setdefault(client.key, client.name)
+        if client.key is not None:
+            keys.setdefault(client.key, client.name)
         sources[f"client:{client.name}"] = source
     return tuple(client for client, _ in chosen)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...core.config import Config, Upstream, redact_url
+import attrs
+
+from ...core.config import ClientKey, Config, Upstream, redact_url
 from .kinds import SECRET, show_path
 from .options import OPTIONS
 from .sources import DEFAULT, Source
@@ -63,10 +65,23 @@ def describe(config: Config, sources: Mapping[str, Source]) -> list[tuple[str, s
         elif opt.name == "api_key":
             for client in config.clients:
                 source = sources.get(f"client:{client.name}", DEFAULT)
-                rows.append((f"api-key {client.name}", SECRET, str(source)))
+                label = "api-key" if client.key is not None else "client"
+                shown = " ".join([SECRET] * (client.key is not None) + _client_settings(client))
+                rows.append((f"{label} {client.name}", shown or "(defaults)", str(source)))
             if not config.clients:
                 rows.append((opt.label, "none", str(sources.get("clients", DEFAULT))))
         elif opt.field is not None:
             value = opt.kind.show(getattr(config, opt.field))
             rows.append((opt.label, value, str(sources.get(opt.field, DEFAULT))))
     return rows
+
+
+def _client_settings(client: ClientKey) -> list[str]:
+    """A client's share and limits that differ from the defaults, as ``key=value``."""
+    shown = []
+    defaults = attrs.fields_dict(ClientKey)
+    for field in ("weight", "priority", "max_in_flight", "rpm", "tpm"):
+        value = getattr(client, field)
+        if value != defaults[field].default:
+            shown.append(f"{field}={value:g}" if field == "weight" else f"{field}={value}")
+    return shown

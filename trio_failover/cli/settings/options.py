@@ -13,6 +13,7 @@ import attrs
 from ...core.config import (
     AFFINITY_CHOICES,
     CLIENT_CLOSE_CHOICES,
+    FAIR_SHARE_CHOICES,
     LOG_FORMAT_CHOICES,
     LOG_LEVEL_CHOICES,
     Config,
@@ -132,6 +133,7 @@ _CLIENT_CLOSE = choice_kind(CLIENT_CLOSE_CHOICES)
 _AFFINITY = choice_kind(AFFINITY_CHOICES)
 _BALANCE = choice_kind(BALANCE_MODES)
 _LOG_FORMAT = choice_kind(LOG_FORMAT_CHOICES)
+_FAIR_SHARE = choice_kind(FAIR_SHARE_CHOICES)
 _LOG_LEVEL = choice_kind(LOG_LEVEL_CHOICES, fold_case=True)
 
 # fmt: off
@@ -205,6 +207,12 @@ OPTIONS: tuple[Option, ...] = (
     _option("api_key", "client", CLIENTS, "[NAME=]KEY",
             "A client key; repeat for more. Any key turns key checks on. NAME defaults to key-N.",
             field=None, env=ENV_PREFIX + "API_KEYS", repeat=True, secret=True),
+    # Sharing the fleet among clients (docs/sharing.md).
+    _option("client_header", "client_header", TEXT, "NAME",
+            "Without client keys, this request header names the workload's client."),
+    _option("fair_share", "fair_share", _FAIR_SHARE, "on|off",
+            "on: a freed slot goes to the waiting client that used the fleet least; "
+            "off: first come, first served."),
     _option("admin_token", None, TOKEN, "TOKEN",
             "Required on every admin route but /healthz.", secret=True),
     _option("tls_cert", "tls_cert", FILE, "PATH", "Certificate (PEM) for TLS on the listener."),

@@ -54,7 +54,15 @@ _NODE_KEYS: tuple[str, ...] = (
     CAPACITY,
     ENGINE,
 )
-_CLIENT_KEYS: tuple[str, ...] = ("name", "key")
+_CLIENT_KEYS: tuple[str, ...] = (
+    "name",
+    "key",
+    "weight",
+    "priority",
+    "max_in_flight",
+    "rpm",
+    "tpm",
+)
 
 # Enough of TOML's key grammar to find which line wrote which key (tomllib
 # keeps no positions). Bare keys, quoted keys and dotted keys.

@@ -65,6 +65,7 @@ from ...core.fleet_records import RemoteRecord
 from ...core.redis_url import RedisAddress
 from ...core.state_layout import Beats, LeaseTake, freed_channel, read_freed, wanted_channel
 from ...telemetry.logs import logger
+from ...wire.client_rates import ClientRates
 from ...wire.redis import RedisConnection, Subscription, open_redis, open_subscription
 from ...wire.slot_lease import SharedRecords, SlotLeases
 
@@ -274,6 +275,32 @@ class SharedState:
         if link is None:
             return False
         return await link.leases.want(node, deadline=trio.current_time() + self.state_timeout)
+
+    async def admit_client(self, client: str, request_id: str, rpm: int, tpm: int) -> int | None:
+        """Count a request of ``client`` fleet-wide (``ClientRates.admit``).
+
+        Returns:
+            0 admitted, else the ``Retry-After`` seconds; None while Redis is
+            away or silent past ``--state-timeout`` (decide alone, then).
+        """
+        prefix = self.prefix
+        return await self._bounded(
+            lambda link, deadline: ClientRates(link.connection, prefix).admit(
+                client, request_id, rpm=rpm, tpm=tpm, deadline=deadline
+            )
+        )
+
+    async def charge_client(self, client: str, answer_id: str, tokens: int) -> bool:
+        """Count ``tokens`` of ``client``'s ended answer fleet-wide; False when not written."""
+        prefix = self.prefix
+
+        async def charge(link: _Link, deadline: float) -> bool:
+            await ClientRates(link.connection, prefix).charge(
+                client, answer_id, tokens, deadline=deadline
+            )
+            return True
+
+        return await self._bounded(charge) is not None
 
     async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
         """``call`` within ``--state-timeout``; None at once while away, or when it failed."""

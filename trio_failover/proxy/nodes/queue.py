@@ -29,6 +29,7 @@ from ...core.cooldown import ModelCooldowns
 from ...core.engine_book import EngineChange
 from ...core.engines import capacity_at_start
 from ...core.node_change import ChangeKind, NodeChange
+from ...core.sharing import ANONYMOUS, NORMAL
 from ...core.slots import Acquired, Handoff, Queued, Slot, SlotLedger, SlotScheduler, Waiter
 from ...telemetry.metrics import Metrics
 
@@ -67,7 +68,9 @@ class SlotQueue:
             {node.name: capacity_at_start(node.capacity, node.engine) for node in config.upstreams},
             balance=config.balance,
             max_queue=config.max_queue,
+            fair=config.fair_share == "on",
         )
+        self.scheduler.configure_clients(client_shares(config))
         self._is_demoted = is_demoted
         # The board's dict itself: empty while no model cools (one test per acquire).
         self._models = (ModelCooldowns() if models is None else models).by_model
@@ -105,6 +108,8 @@ class SlotQueue:
         now: float | None = None,
         loaded: frozenset[str] = frozenset(),
         model: str | None = None,
+        client: str = ANONYMOUS,
+        rank: int = NORMAL,
     ) -> Acquired[trio.Event]:
         """Decide the next attempt: a slot now, a place in the queue, or why not.
 
@@ -114,6 +119,9 @@ class SlotQueue:
         spares the readiness test a reading of its own. ``loaded``: the
         nodes holding the request's model loaded, tried first.
         ``model``: the one it asks for, for its per-model cooldowns.
+        ``client`` and ``rank``: whose it is and its priority (fair share).
+        A waiter of a lower priority that this one displaced from a full
+        queue is woken without a slot (``displaced``: ``503 queue_full``).
         """
         ready = self.is_ready
         is_demoted = self._is_demoted
@@ -129,10 +137,20 @@ class SlotQueue:
                 return not is_demoted(node, now)
 
         result = self.scheduler.acquire(
-            trio.Event(), order, tried=tried, ready=ready, preferred=preferred, loaded=loaded
+            trio.Event(),
+            order,
+            tried=tried,
+            ready=ready,
+            preferred=preferred,
+            loaded=loaded,
+            client=client,
+            rank=rank,
+            now=trio.current_time() if now is None else now,
         )
         if isinstance(result, Queued):
             result.waiter.model = model
+            if result.displaced is not None:
+                result.displaced.token.set()
             if len(self.scheduler) == 1:
                 self._changed()
         return result
@@ -159,11 +177,11 @@ class SlotQueue:
 
     def leave(self, waiter: Waiter[trio.Event]) -> None:
         """``waiter`` will not use a slot: out of the queue, its slot handed on."""
-        self._wake(self.scheduler.leave(waiter, ready=self.is_ready))
+        self._wake(self.scheduler.leave(waiter, ready=self.is_ready, now=trio.current_time()))
 
     def release(self, slot: Slot) -> None:
         """Give the attempt's slot back (a second call is a no-op); wake who gets it."""
-        handoffs = self.scheduler.release(slot, ready=self.is_ready)
+        handoffs = self.scheduler.release(slot, ready=self.is_ready, now=trio.current_time())
         if handoffs:
             self._wake(handoffs)
 
@@ -172,7 +190,7 @@ class SlotQueue:
     def dispatch(self) -> None:
         """A node changed between ready and demoted: hand out what waiters may use now."""
         if len(self.scheduler):
-            self._wake(self.scheduler.dispatch(ready=self.is_ready))
+            self._wake(self.scheduler.dispatch(ready=self.is_ready, now=trio.current_time()))
 
     def board_changed(self, record: object) -> None:
         """The node board's listener: a node's readiness, load or capacity changed.
@@ -218,6 +236,8 @@ class SlotQueue:
             max_queue=config.max_queue,
             moved=moved,
         )
+        self.scheduler.fair = config.fair_share == "on"
+        self.scheduler.configure_clients(client_shares(config))
         for waiter in waiters:
             waiter.token.set()
         self.dispatch()
@@ -246,6 +266,11 @@ class SlotQueue:
     def _wake(handoffs: list[Handoff[trio.Event]]) -> None:
         for handoff in handoffs:
             handoff.waiter.token.set()
+
+
+def client_shares(config: Config) -> dict[str, tuple[float, int]]:
+    """The configured clients' ``(weight, max_in_flight)``, for the scheduler."""
+    return {client.name: (client.weight, client.max_in_flight) for client in config.clients}
 
 
 def _reload_capacities(config: Config, ledger: SlotLedger) -> dict[str, int]:

@@ -52,8 +52,12 @@ async def send_failure(
     status: int,
     code: str,
     message: str,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    """Answer ``status`` with the proxy's JSON error and the attempt records."""
+    """Answer ``status`` with the proxy's JSON error and the attempt records.
+
+    ``extra``: headers beyond the code's own (a computed ``Retry-After``).
+    """
     work.answered(status)
     attempts = [record.to_json() for record in work.attempts]
     # Ollama's shape under /api/, OpenAI's elsewhere.
@@ -62,6 +66,7 @@ async def send_failure(
         (b"x-request-id", work.id.encode()),
         (b"x-failover-attempts", b"%d" % len(work.attempts)),
         *error_headers(code),
+        *extra,
     ]
     with contextlib.suppress(ClientGone, h11.LocalProtocolError):
         # The access line's bytes count the proxy's own bodies too.

@@ -341,7 +341,14 @@ async def take_slot(
     Cancellation: a waiting workload leaves the queue (the client left).
     """
     result = queue.acquire(
-        order, tried=tried, preferred=preferred, now=now, loaded=loaded, model=work.model
+        order,
+        tried=tried,
+        preferred=preferred,
+        now=now,
+        loaded=loaded,
+        model=work.model,
+        client=work.client,
+        rank=work.priority,
     )
     if isinstance(result, Granted | QueueFull | Exhausted):
         if work.attempt == 0:
@@ -371,4 +378,6 @@ async def take_slot(
         return slot
     if waiter.moved:  # a reload changed the nodes: resolve the candidates again
         return MOVED
+    if waiter.displaced:  # a newcomer of a higher priority took its place
+        return "queue_full"
     return "shutdown" if queue.closed else "queue_timeout"

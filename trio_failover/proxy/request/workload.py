@@ -22,6 +22,7 @@ from ...core.config import Config, LiveConfig, live_config
 from ...core.engine_book import EngineBook
 from ...core.outcome import AttemptRecord, Outcome
 from ...core.requests import workload_id
+from ...core.sharing import ANONYMOUS
 from ...core.workload import FINAL, State
 from ...telemetry.logs import logger
 from ...wire.client import ClientConnection, ClientRequest, Closed
@@ -36,6 +37,7 @@ from .answers import send_failure
 from .attempts import Attempts
 from .milestones import Milestones
 from .relay import Relay
+from .sharing import ClientShares
 
 # How long a workload that the proxy's stop cuts short may still take to
 # tell its client so (a 503, when nothing was sent yet): the stop waits for
@@ -83,6 +85,8 @@ class WorkloadRunner:
         self._attempts = attempts
         self._milestones = milestones
         self._relay = relay
+        # The clients' priorities and rpm/tpm windows (docs/sharing.md).
+        self.shares = ClientShares(live)
 
     @property
     def config(self) -> Config:
@@ -101,21 +105,24 @@ class WorkloadRunner:
         client_address: str | None = None,
         scheme: str = "http",
         *,
-        client_name: str | None = None,
+        client_name: str = ANONYMOUS,
     ) -> bool:
         """Serve one request: attempts, failover, relay. Returns keep-alive.
 
-        ``client_name`` is the name of the client key the request presented
-        (``ClientGate``), None when no key is configured.
+        ``client_name`` is the request's client (``ClientGate``): the name of
+        the key it presented, else the client header's value, else
+        ``anonymous``.
         """
         now = trio.current_time()
         self.board.expire(now)
+        shares = self.shares
         work = Workload(
             id=workload_id(request.headers),
             method=request.method.decode("ascii", "replace"),
             path=request.target.split(b"?", 1)[0].decode("ascii", "replace"),
             started=now,
             client=client_name,
+            priority=shares.rank(client_name, request.headers),
         )
         plan = self._attempts.plan(request, client_address, scheme)
         model = plan.model
@@ -126,6 +133,14 @@ class WorkloadRunner:
         keep_alive = False
         settled = trio.Event()
         try:
+            retry_after = (
+                shares.admit(client_name, now)
+                if shares.fleet is None
+                else await shares.admit_fleet(client_name, now)  # the fleet's windows
+            )
+            if retry_after is not None:  # over its rpm or tpm: nothing goes to a node
+                await self._rate_limited(client, work, retry_after)
+                return client.reusable
             try:
                 async with trio.open_nursery() as nursery:
                     if self.config.client_close != "ignore":
@@ -155,8 +170,24 @@ class WorkloadRunner:
         if work.client_left is not None and work.state not in FINAL:
             self._milestones.client_aborted(work)
             keep_alive = False
-        self.report.finish(work)
+        try:
+            if shares.fleet is None:  # its tokens, for its client's tpm
+                shares.charge(work, trio.current_time())
+            else:
+                await shares.charge_fleet(work, trio.current_time())
+        finally:
+            self.report.finish(work)
         return keep_alive and client.reusable
+
+    async def _rate_limited(self, client: ClientConnection, work: Workload, seconds: int) -> None:
+        """Answer ``429 rate_limited``: the client's last minute holds its rpm or tpm."""
+        self.report.publish_workload(work)
+        work.finish(State.FAILED)
+        message = f"client {work.client} is over its rate limit; retry in {seconds} s"
+        await send_failure(
+            client, work, 429, "rate_limited", message, ((b"retry-after", b"%d" % seconds),)
+        )
+        self.report.finish(work)
 
     async def _cut_by_shutdown(self, client: ClientConnection, work: Workload) -> None:
         """Settle a workload that the proxy's stop cancelled: ``cancelled``, reason ``shutdown``.
