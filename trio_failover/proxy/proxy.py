@@ -47,6 +47,7 @@ from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
+from .nodes.affinity import CacheAffinity
 from .nodes.board import NodeBoard, NodeState
 from .nodes.discovery import Discovery
 from .nodes.engine_reader import EngineReader
@@ -122,6 +123,9 @@ class Proxy:
             self.silence,
             self.board.engines,
         )
+        # Cache affinity's memory of what each node served (docs/capacity.md).
+        self.affinity = CacheAffinity(metrics)
+        self._workloads.attempts.affinity = self.view.affinity = self.affinity
         # The fleet's GET /v1/models and /api/tags, and the checks (docs/discovery.md).
         self.lists = FleetLists(live, self.connector, self.board, self.queue, self.report)
         self.discovery = Discovery(

@@ -211,6 +211,14 @@ class Report:
                 "bytes": work.body_bytes,
                 **({} if work.reason is None else {"reason": work.reason}),
                 **({"resends": work.resends} if work.resends else {}),
+                **(
+                    {}
+                    if work.matched_bytes is None
+                    else {
+                        "affinity": "hit" if work.matched_bytes else "miss",
+                        "matched_bytes": work.matched_bytes,
+                    }
+                ),
             }
         )
 
