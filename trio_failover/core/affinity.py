@@ -55,7 +55,7 @@ DIGEST_BYTES = 8
 # block's record, its place in the node's order and in the global one).
 MAX_PER_NODE = 8192
 MAX_TOTAL = 32768
-ENTRY_BYTES = 400
+ENTRY_BYTES = 550
 
 # Load wins over cache: the preferred node is passed over at this much
 # more load than the least-loaded ready candidate's (``SlotLedger.load``),
