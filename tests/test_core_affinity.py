@@ -19,6 +19,7 @@ from trio_failover.core.affinity import (
     Candidate,
     Chain,
     Matches,
+    Served,
     prefer,
     prompt_chain,
 )
@@ -300,3 +301,23 @@ CHOICES: list[tuple[str, Matches, list[Candidate], str | None]] = [
 )
 def test_prefer(matches: Matches, candidates: list[Candidate], expected: str | None) -> None:
     assert prefer(matches, candidates) == expected
+
+
+# -- the replicas' record ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("chain", "expected"),
+    [
+        (("00112233445566ff",), [bytes.fromhex("00112233445566ff")]),
+        (("not hex at all!!",), None),
+        (("0011",), None),  # not 8 bytes
+        ((), None),
+        (("00" * 8,) * (MAX_BLOCKS + 1), None),
+    ],
+    ids=["whole", "not-hex", "short", "empty", "too-long"],
+)
+def test_a_served_record_is_read_back_or_dropped(
+    chain: tuple[str, ...], expected: list[bytes] | None
+) -> None:
+    assert Served("a", chain, origin="r2").hashes() == expected

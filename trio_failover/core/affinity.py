@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import attrs
+
 from .names import model_key
 
 # A completion's prompt is hashed in slices of this many bytes: a prompt that
@@ -260,6 +262,30 @@ class AffinityMemory:
         del block.holders[node]
         if not block.holders:
             del self._blocks[digest]
+
+
+@attrs.frozen
+class Served:
+    """``node`` served a request whose prompt has ``chain``: the record replicas share.
+
+    ``chain``: the chain's hashes in hex (``Chain.hashes``); ``origin``: the
+    replica that made it (None: this one). ``core/fleet_records.py`` carries
+    it as the ``served`` kind.
+    """
+
+    node: str
+    chain: tuple[str, ...]
+    origin: str | None = None
+
+    def hashes(self) -> list[bytes] | None:
+        """The chain as ``AffinityMemory`` keeps it; None when it is not one of ours."""
+        try:
+            hashes = [bytes.fromhex(digest) for digest in self.chain]
+        except ValueError:
+            return None
+        if not hashes or len(hashes) > MAX_BLOCKS or any(len(h) != DIGEST_BYTES for h in hashes):
+            return None
+        return hashes
 
 
 # -- the choice ------------------------------------------------------------------------

@@ -142,7 +142,7 @@ class Proxy:
         if parse_state(config.state) is not None:
             from .fleet.fleet import Fleet  # only then: it pulls in the Redis client
 
-            self.fleet = Fleet(config, self.board, self.queue)
+            self.fleet = Fleet(config, self.board, self.queue, self.affinity)
             self._workloads.attempts.fleet = self.fleet.slots
         metrics.read_state(self._state_status)
         # Its own tasks' lifetime (``run``, ``async with``, ``lent``).

@@ -5,8 +5,8 @@ prefers); this module holds the proxy's one ``AffinityMemory`` and carries
 the decisions out: ``choose`` asks the slot ledger for each candidate's
 load when a request is planned, ``served`` remembers the chain under the
 node that answered and counts the hit or miss (``/status``, metrics, the
-access line). Another replica's serves come in through the same verb,
-``remember``, with their origin as data; this proxy's own go out through
+access line). Another replica's serves come in as ``Served`` records,
+with their origin, through ``apply``; this proxy's own go out through
 ``share`` (set by the fleet with ``--state redis://``), which must not
 block: it queues the record for a task of the fleet's own.
 """
@@ -24,6 +24,7 @@ from ...core.affinity import (
     Candidate,
     Chain,
     Matches,
+    Served,
     prefer,
     prompt_chain,
 )
@@ -64,9 +65,9 @@ class CacheAffinity:
         self.memory = memory if memory is not None else AffinityMemory()
         self.counts: dict[str, AffinityCounts] = {}
         self.metrics = metrics
-        # The replicas' feed (``--state redis://``): takes (node, chain) and
-        # queues it; never blocks the request path.
-        self.share: Callable[[str, Chain], None] | None = None
+        # The replicas' feed (``--state redis://``): queues the record for
+        # the fleet's publisher; never blocks the request path.
+        self.share: Callable[[Served], None] | None = None
 
     def choose(
         self, document: Any, candidates: Sequence[Upstream], queue: SlotQueue
@@ -114,11 +115,18 @@ class CacheAffinity:
                 metrics.child(metrics.affinity_matched_bytes, node).inc(matched)
         self.memory.remember(node, affine.chain.hashes)
         if self.share is not None:
-            self.share(node, affine.chain)
+            self.share(Served(node, tuple(digest.hex() for digest in affine.chain.hashes)))
 
-    def remember(self, node: str, hashes: Sequence[bytes]) -> None:
-        """Another replica's serve: ``node`` holds the chain ``hashes`` now."""
-        self.memory.remember(node, hashes)
+    def apply(self, record: Served) -> bool:
+        """Another replica's serve (its ``origin`` set): its node holds that chain now.
+
+        Returns False for a record whose chain is not one of ours (dropped).
+        """
+        hashes = record.hashes()
+        if hashes is None:
+            return False
+        self.memory.remember(record.node, hashes)
+        return True
 
     def status(self, node: str) -> dict[str, int]:
         """``/status``'s ``affinity`` of ``node``."""
