@@ -32,8 +32,8 @@ Nothing here reads a clock, blocks, or imports outside the standard library.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +67,6 @@ ATTEMPTS_MARGIN = 2
 # Loads are ratios of small ints: 2/3 - 1/6 must count as 0.5.
 _EPSILON = 1e-9
 
-_PERSON = b"trio-fo-aff"
-
 
 @dataclass(frozen=True, slots=True)
 class Chain:
@@ -93,22 +91,27 @@ def prompt_chain(document: Any) -> Chain | None:
     and a completion's ``prompt`` (OpenAI's, a string or a list; Ollama's
     ``/api/generate``, with its ``system``). The model's name (as Ollama
     resolves it) is folded into every hash: two models never share a cache.
+
+    Each hash is the CRC-32 of the model and the whole prefix, continued
+    block by block (so every byte is read once), and the prefix's length:
+    not a cryptographic hash, and need not be one. Two prefixes of one
+    length colliding (about one chance in 4 billion) cost a cache miss.
+    BLAKE2b was measured at four times the cost (docs/performance.md).
     """
     if not isinstance(document, dict):
         return None
-    model = document.get("model")
-    seed = model_key(model) if isinstance(model, str) else ""
-    digest = hashlib.blake2b(seed.encode(), digest_size=DIGEST_BYTES, person=_PERSON).digest()
     blocks = _blocks(document)
     if not blocks:
         return None
+    model = document.get("model")
+    crc = zlib.crc32(_text_bytes("", model_key(model)) + b"\0" if isinstance(model, str) else b"\0")
     hashes: list[bytes] = []
     ends: list[int] = []
     total = 0
     for block in blocks:
-        digest = hashlib.blake2b(digest + block, digest_size=DIGEST_BYTES, person=_PERSON).digest()
+        crc = zlib.crc32(block, crc)
         total += len(block)
-        hashes.append(digest)
+        hashes.append(((crc << 32) | (total & 0xFFFFFFFF)).to_bytes(DIGEST_BYTES, "big"))
         ends.append(total)
     return Chain(tuple(hashes), tuple(ends))
 
@@ -140,7 +143,11 @@ def _message_bytes(message: object) -> bytes:
 
 
 def _text_bytes(role: str, text: str) -> bytes:
-    return (f"{role}\0{text}" if role else text).encode("utf-8", "surrogatepass")
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate, from a JSON escape
+        data = text.encode("utf-8", "surrogatepass")
+    return role.encode() + b"\0" + data if role else data
 
 
 def _json(value: object) -> str:
