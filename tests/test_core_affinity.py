@@ -309,7 +309,7 @@ def test_prefer(matches: Matches, candidates: list[Candidate], expected: str | N
 @pytest.mark.parametrize(
     ("chain", "expected"),
     [
-        (("00112233445566ff",), [bytes.fromhex("00112233445566ff")]),
+        (("00112233445566ff",), [0x00112233445566FF]),
         (("not hex at all!!",), None),
         (("0011",), None),  # not 8 bytes
         ((), None),
@@ -318,6 +318,11 @@ def test_prefer(matches: Matches, candidates: list[Candidate], expected: str | N
     ids=["whole", "not-hex", "short", "empty", "too-long"],
 )
 def test_a_served_record_is_read_back_or_dropped(
-    chain: tuple[str, ...], expected: list[bytes] | None
+    chain: tuple[str, ...], expected: list[int] | None
 ) -> None:
     assert Served("a", chain, origin="r2").hashes() == expected
+
+
+def test_a_lone_surrogate_anywhere_hashes() -> None:
+    lone = {"model": "m", "messages": [{"role": "\ud800", "content": "\udfff"}]}
+    assert len(chain(lone).hashes) == 1

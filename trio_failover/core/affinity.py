@@ -76,7 +76,7 @@ class Chain:
     number of prompt bytes in blocks ``0..i``.
     """
 
-    hashes: tuple[bytes, ...]
+    hashes: tuple[int, ...]
     ends: tuple[int, ...]
 
     def matched_bytes(self, blocks: int) -> int:
@@ -96,7 +96,7 @@ def prompt_chain(document: Any) -> Chain | None:
     block by block (so every byte is read once), and the prefix's length:
     not a cryptographic hash, and need not be one. Two prefixes of one
     length colliding (about one chance in 4 billion) cost a cache miss.
-    BLAKE2b was measured at four times the cost (docs/performance.md).
+    BLAKE2b was measured at several times the cost (docs/performance.md).
     """
     if not isinstance(document, dict):
         return None
@@ -105,18 +105,24 @@ def prompt_chain(document: Any) -> Chain | None:
         return None
     model = document.get("model")
     crc = zlib.crc32(_text_bytes("", model_key(model)) + b"\0" if isinstance(model, str) else b"\0")
-    hashes: list[bytes] = []
+    hashes: list[int] = []
     ends: list[int] = []
     total = 0
+    crc32 = zlib.crc32
     for block in blocks:
-        crc = zlib.crc32(block, crc)
-        total += len(block)
-        hashes.append(((crc << 32) | (total & 0xFFFFFFFF)).to_bytes(DIGEST_BYTES, "big"))
+        if isinstance(block, tuple):  # a message: its role, then its content
+            role, data = block
+            crc = crc32(data, crc32(role, crc))
+            total += len(role) + len(data)
+        else:
+            crc = crc32(block, crc)
+            total += len(block)
+        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
         ends.append(total)
     return Chain(tuple(hashes), tuple(ends))
 
 
-def _blocks(document: dict[str, Any]) -> list[bytes]:
+def _blocks(document: dict[str, Any]) -> list[bytes | tuple[bytes, bytes]]:
     messages = document.get("messages")
     if isinstance(messages, list):
         return [_message_bytes(message) for message in messages[:MAX_BLOCKS]]
@@ -125,20 +131,24 @@ def _blocks(document: dict[str, Any]) -> list[bytes]:
         return []
     text = prompt if isinstance(prompt, str) else _json(prompt)
     system = document.get("system")  # Ollama's /api/generate: it comes before the prompt
-    blocks = [_text_bytes("system", system)] if isinstance(system, str) and system else []
+    blocks: list[bytes | tuple[bytes, bytes]] = []
+    if isinstance(system, str) and system:
+        blocks.append(_text_bytes("system", system))
     data = _text_bytes("", text)
     end = min(len(data), BLOCK_BYTES * (MAX_BLOCKS - len(blocks)))
     blocks.extend(data[start : start + BLOCK_BYTES] for start in range(0, end, BLOCK_BYTES))
     return blocks
 
 
-def _message_bytes(message: object) -> bytes:
-    # The common message ({"role", "content": str}) without a JSON dump; any
-    # other (content parts, tool calls, names) as JSON with sorted keys.
+def _message_bytes(message: object) -> bytes | tuple[bytes, bytes]:
+    # The common message ({"role", "content": str}) without a JSON dump, its
+    # role and content hashed one after the other (no copy of the two
+    # together); any other (content parts, tool calls, names) as JSON with
+    # sorted keys.
     if isinstance(message, dict) and len(message) == 2:
         role, content = message.get("role"), message.get("content")
         if isinstance(role, str) and isinstance(content, str):
-            return _text_bytes(role, content)
+            return (_text_bytes("", role) + b"\0", _text_bytes("", content))
     return _json(message).encode()
 
 
@@ -162,7 +172,7 @@ class _Block:
     # The nodes holding this prefix (an ordered set), the one next block seen
     # after it, and whether two different next blocks were seen.
     holders: dict[str, None] = field(default_factory=dict)
-    next: bytes | None = None
+    next: int | None = None
     branched: bool = False
 
 
@@ -196,9 +206,9 @@ class AffinityMemory:
             raise ValueError("affinity memory bounds must be >= 1")
         self.max_per_node = max_per_node
         self.max_total = max_total
-        self._blocks: dict[bytes, _Block] = {}
-        self._by_node: dict[str, OrderedDict[bytes, None]] = {}
-        self._order: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._blocks: dict[int, _Block] = {}
+        self._by_node: dict[str, OrderedDict[int, None]] = {}
+        self._order: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     def __len__(self) -> int:
         """The (node, block) entries held."""
@@ -233,11 +243,11 @@ class AffinityMemory:
                 shared = index + 1
         return Matches(blocks, shared)
 
-    def remember(self, node: str, hashes: Sequence[bytes]) -> None:
+    def remember(self, node: str, hashes: Sequence[int]) -> None:
         """``node`` served the chain ``hashes`` (this proxy's serve, or another replica's)."""
         held = self._by_node.setdefault(node, OrderedDict())
         order = self._order
-        following: bytes | None = None
+        following: int | None = None
         for digest in reversed(hashes):  # the opening last: the most recent, forgotten last
             block = self._blocks.get(digest)
             if block is None:
@@ -264,7 +274,7 @@ class AffinityMemory:
             del self._by_node[oldest][digest]
             self._drop(oldest, digest)
 
-    def _drop(self, node: str, digest: bytes) -> None:
+    def _drop(self, node: str, digest: int) -> None:
         block = self._blocks[digest]
         del block.holders[node]
         if not block.holders:
@@ -284,15 +294,21 @@ class Served:
     chain: tuple[str, ...]
     origin: str | None = None
 
-    def hashes(self) -> list[bytes] | None:
+    def hashes(self) -> list[int] | None:
         """The chain as ``AffinityMemory`` keeps it; None when it is not one of ours."""
+        if not self.chain or len(self.chain) > MAX_BLOCKS:
+            return None
+        if any(len(digest) != 2 * DIGEST_BYTES for digest in self.chain):
+            return None
         try:
-            hashes = [bytes.fromhex(digest) for digest in self.chain]
+            return [int(digest, 16) for digest in self.chain]
         except ValueError:
             return None
-        if not hashes or len(hashes) > MAX_BLOCKS or any(len(h) != DIGEST_BYTES for h in hashes):
-            return None
-        return hashes
+
+
+def digest_text(digest: int) -> str:
+    """A chain's hash as ``Served`` carries it: 16 hex digits."""
+    return f"{digest:016x}"
 
 
 # -- the choice ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from ...core.affinity import (
     Chain,
     Matches,
     Served,
+    digest_text,
     prefer,
     prompt_chain,
 )
@@ -115,7 +116,7 @@ class CacheAffinity:
                 metrics.child(metrics.affinity_matched_bytes, node).inc(matched)
         self.memory.remember(node, affine.chain.hashes)
         if self.share is not None:
-            self.share(Served(node, tuple(digest.hex() for digest in affine.chain.hashes)))
+            self.share(Served(node, tuple(map(digest_text, affine.chain.hashes))))
 
     def apply(self, record: Served) -> bool:
         """Another replica's serve (its ``origin`` set): its node holds that chain now.
