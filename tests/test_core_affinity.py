@@ -8,6 +8,7 @@ request prefers (longest match beyond the shared part, load first).
 from __future__ import annotations
 
 import itertools
+import zlib
 from typing import Any
 
 import pytest
@@ -326,3 +327,12 @@ def test_a_served_record_is_read_back_or_dropped(
 def test_a_lone_surrogate_anywhere_hashes() -> None:
     lone = {"model": "m", "messages": [{"role": "\ud800", "content": "\udfff"}]}
     assert len(chain(lone).hashes) == 1
+
+
+@pytest.mark.parametrize("content", ["hi there", "h\u00e9 l\u00e0"], ids=["ascii", "utf-8"])
+def test_a_message_hashes_as_its_role_a_nul_and_its_content(content: str) -> None:
+    found = chain({"model": "m", "messages": [{"role": "user", "content": content}]})
+    data = b"user\0" + content.encode()
+    crc = zlib.crc32(data, zlib.crc32(b"m:latest\0"))
+    assert found.hashes == ((crc << 32) | len(data),)
+    assert found.ends == (len(data),)

@@ -100,38 +100,59 @@ def prompt_chain(document: Any) -> Chain | None:
     """
     if not isinstance(document, dict):
         return None
-    blocks = _blocks(document)
-    if not blocks:
-        return None
     model = document.get("model")
     crc = zlib.crc32(_text_bytes("", model_key(model)) + b"\0" if isinstance(model, str) else b"\0")
+    messages = document.get("messages")
+    if isinstance(messages, list):
+        return _chat_chain(messages, crc)
+    blocks = _prompt_blocks(document)
+    if not blocks:
+        return None
     hashes: list[int] = []
     ends: list[int] = []
     total = 0
-    crc32 = zlib.crc32
     for block in blocks:
-        if isinstance(block, tuple):  # a message: its role, then its content
-            role, data = block
-            crc = crc32(data, crc32(role, crc))
-            total += len(role) + len(data)
-        else:
-            crc = crc32(block, crc)
-            total += len(block)
+        crc = zlib.crc32(block, crc)
+        total += len(block)
         hashes.append((crc << 32) | (total & 0xFFFFFFFF))
         ends.append(total)
     return Chain(tuple(hashes), tuple(ends))
 
 
-def _blocks(document: dict[str, Any]) -> list[bytes | tuple[bytes, bytes]]:
-    messages = document.get("messages")
-    if isinstance(messages, list):
-        return [_message_bytes(message) for message in messages[:MAX_BLOCKS]]
+def _chat_chain(messages: list[Any], crc: int) -> Chain | None:
+    # One block per message. The common message ({"role", "content"}, both
+    # ASCII strings: their length in bytes is their length) costs no call
+    # of ours and no copy of role and content together: a 100 KB context
+    # is read once, by the CRC (docs/performance.md); any other as JSON
+    # with sorted keys (``_message_bytes``).
+    hashes: list[int] = []
+    ends: list[int] = []
+    total = 0
+    crc32 = zlib.crc32
+    for message in messages[:MAX_BLOCKS]:
+        if type(message) is dict and len(message) == 2:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and type(content) is str and role.isascii() and content.isascii():
+                crc = crc32(content.encode(), crc32(role.encode() + b"\0", crc))
+                total += len(role) + 1 + len(content)
+                hashes.append((crc << 32) | (total & 0xFFFFFFFF))
+                ends.append(total)
+                continue
+        block = _message_bytes(message)
+        crc = crc32(block, crc)
+        total += len(block)
+        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
+        ends.append(total)
+    return Chain(tuple(hashes), tuple(ends)) if hashes else None
+
+
+def _prompt_blocks(document: dict[str, Any]) -> list[bytes]:
     prompt = document.get("prompt")
     if prompt is None:
         return []
     text = prompt if isinstance(prompt, str) else _json(prompt)
     system = document.get("system")  # Ollama's /api/generate: it comes before the prompt
-    blocks: list[bytes | tuple[bytes, bytes]] = []
+    blocks: list[bytes] = []
     if isinstance(system, str) and system:
         blocks.append(_text_bytes("system", system))
     data = _text_bytes("", text)
@@ -140,24 +161,27 @@ def _blocks(document: dict[str, Any]) -> list[bytes | tuple[bytes, bytes]]:
     return blocks
 
 
-def _message_bytes(message: object) -> bytes | tuple[bytes, bytes]:
-    # The common message ({"role", "content": str}) without a JSON dump, its
-    # role and content hashed one after the other (no copy of the two
-    # together); any other (content parts, tool calls, names) as JSON with
-    # sorted keys.
+def _message_bytes(message: object) -> bytes:
+    # Any message but the common ASCII one (``_chat_chain``): role and
+    # content of text that is not ASCII as the common one's bytes; one
+    # with content parts, tool calls or names as JSON with sorted keys.
     if isinstance(message, dict) and len(message) == 2:
         role, content = message.get("role"), message.get("content")
         if isinstance(role, str) and isinstance(content, str):
-            return (_text_bytes("", role) + b"\0", _text_bytes("", content))
+            return _text_bytes(role, content)
     return _json(message).encode()
 
 
 def _text_bytes(role: str, text: str) -> bytes:
+    data = _utf8(text)
+    return _utf8(role) + b"\0" + data if role else data
+
+
+def _utf8(text: str) -> bytes:
     try:
-        data = text.encode()
+        return text.encode()
     except UnicodeEncodeError:  # a lone surrogate, from a JSON escape
-        data = text.encode("utf-8", "surrogatepass")
-    return role.encode() + b"\0" + data if role else data
+        return text.encode("utf-8", "surrogatepass")
 
 
 def _json(value: object) -> str:
