@@ -25,6 +25,9 @@ direct in the same run:
 - the slot scheduler (bench_scheduler.py): µs per hand-off of a freed slot
   among 1,000 waiting workloads of 50 clients, first come first served
   against fair share;
+- cache affinity: CPU of the proxy per request with a 2 KB and a 100 KB
+  chat prompt (20 conversations in turn), ``--affinity prefix`` against
+  ``off`` (runs alternated, the median of three);
 - with valgrind installed: instructions per small JSON request, and per
   relayed SSE chunk, of the proxy and of the reference relays, counted by
   callgrind, ratios that do not depend on how busy the machine is.
@@ -59,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -98,6 +102,7 @@ STALL_DEADLINE_MS = 200
 
 # The issue's targets (see docs/performance.md).
 TARGET_REQUEST_CPU_RATIO = 1.25  # issue 22: CPU per request against the bare relay's
+TARGET_AFFINITY_CPU_RATIO = 1.20  # issue 43: a 100 KB prompt, affinity on against off
 TARGET_CHUNK_P50_MS = 0.5
 TARGET_RSS_IDLE_MB = 40
 TARGET_RSS_PER_STREAM_KB = 30
@@ -761,16 +766,21 @@ def keepalive_requests(port: int, count: int) -> None:
         request = json_request(port)
         for _ in range(count):
             sock.sendall(request)
-            data = b""
-            while True:
-                head, sep, body = data.partition(b"\r\n\r\n")
-                match = re.search(rb"(?i)content-length:\s*(\d+)", head) if sep else None
-                if match and len(body) >= int(match.group(1)):
-                    break
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise OSError("the connection closed mid-answer")
-                data += chunk
+            read_answer(sock)
+
+
+def read_answer(sock: socket.socket) -> None:
+    """Read one answer with a Content-Length from ``sock``, whole."""
+    data = b""
+    while True:
+        head, sep, body = data.partition(b"\r\n\r\n")
+        match = re.search(rb"(?i)content-length:\s*(\d+)", head) if sep else None
+        if match and len(body) >= int(match.group(1)):
+            return
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise OSError("the connection closed mid-answer")
+        data += chunk
 
 
 @contextlib.contextmanager
@@ -1497,6 +1507,107 @@ def run_failover(s: Setup) -> None:
     )
 
 
+AFFINITY_PROMPTS = ((2_000, 400), (100_000, 150))  # (prompt bytes, requests per run)
+AFFINITY_CONVERSATIONS = 20
+AFFINITY_RUNS = 3
+
+
+def affinity_bodies(size: int) -> list[bytes]:
+    """``AFFINITY_CONVERSATIONS`` chat requests of about ``size`` bytes of prompt each.
+
+    A system prompt they share, then messages of their own of about 2.5 KB
+    (a 2 KB prompt: four of about 400 B), as an agent's context grows.
+    """
+    part = 400 if size < 10_000 else 2_500
+    bodies = []
+    for number in range(AFFINITY_CONVERSATIONS):
+        messages = [{"role": "system", "content": "You are a coding agent. " * (part // 24)}]
+        while sum(len(m["content"]) for m in messages) < size:
+            role = "user" if len(messages) % 2 else "assistant"
+            text = f"conversation {number} message {len(messages)}: "
+            messages.append({"role": role, "content": text + "x" * (part - len(text))})
+        document = {"model": "bench", "messages": messages, "max_tokens": 4, "stream": False}
+        bodies.append(json.dumps(document).encode())
+    return bodies
+
+
+def keepalive_posts(port: int, bodies: list[bytes], count: int) -> None:
+    """``count`` POSTs of ``bodies`` in turn, one after another, on one keep-alive connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for index in range(count):
+            body = bodies[index % len(bodies)]
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (port, len(body), body)
+            )
+            read_answer(sock)
+
+
+AFFINITY_CALLGRIND = ((2_000, 100), (100_000, 30))  # (prompt bytes, requests counted)
+
+
+def run_affinity(s: Setup) -> None:
+    s.report.out(
+        f"Cache affinity: the proxy's cost per request, {AFFINITY_CONVERSATIONS} conversations "
+        f"in turn, one keep-alive client"
+    )
+    counted = shutil.which("valgrind") and shutil.which("callgrind_control")
+    s.report.out(
+        "prompt   affinity   CPU us/req (median of "
+        f"{AFFINITY_RUNS} alternated runs)" + ("   instructions/req (callgrind)" if counted else "")
+    )
+    ratios: dict[int, tuple[float, float | None]] = {}
+    for (size, count), (_, calls) in zip(AFFINITY_PROMPTS, AFFINITY_CALLGRIND, strict=True):
+        bodies = affinity_bodies(size)
+        figures: dict[str, list[float]] = {"off": [], "prefix": []}
+        for _ in range(AFFINITY_RUNS):
+            for mode in figures:
+                extra = [*s.args.proxy_arg, f"--affinity={mode}"]
+                with proxy_process(s.workdir, [f"fast=http://127.0.0.1:{s.json_port}"], extra) as (
+                    port,
+                    pid,
+                ):
+                    keepalive_posts(port, bodies, count // 5)  # warm-up
+                    before = cpu_seconds(pid)
+                    keepalive_posts(port, bodies, count)
+                    after = cpu_seconds(pid)
+                if before is not None and after is not None:
+                    figures[mode].append((after - before) / count * 1e6)
+        instructions: dict[str, float] = {}
+        if counted:
+            for mode in figures:
+                port = free_port()
+                proxy = [sys.executable, "-m", "trio_failover", "serve"]
+                proxy += ["--listen", f"127.0.0.1:{port}", "--admin-listen", "off"]
+                proxy += ["--upstream", f"http://127.0.0.1:{s.json_port}", f"--affinity={mode}"]
+                with under_callgrind(proxy + s.args.proxy_arg, port, s.workdir) as (_, _, total):
+                    keepalive_posts(port, bodies, AFFINITY_CONVERSATIONS)  # warm-up
+                    total()
+                    keepalive_posts(port, bodies, calls)
+                    instructions[mode] = total() / calls
+        cpu = {mode: statistics.median(values) for mode, values in figures.items() if values}
+        for mode in figures:
+            cpu_text = f"{cpu[mode]:9.0f}" if mode in cpu else "        -"
+            counted_text = f"   {instructions[mode] / 1e6:9.2f} M" if mode in instructions else ""
+            s.report.out(f"{size / 1000:4.0f} KB   {mode:8s}  {cpu_text}{counted_text}")
+        cpu_ratio = cpu["prefix"] / cpu["off"] if len(cpu) == 2 else float("nan")
+        count_ratio = instructions["prefix"] / instructions["off"] if instructions else None
+        ratios[size] = (cpu_ratio, count_ratio)
+        counted_ratio = f"   {count_ratio:9.3f} x" if count_ratio is not None else ""
+        s.report.out(f"{size / 1000:4.0f} KB   on / off  {cpu_ratio:9.3f} x{counted_ratio}")
+    s.report.out()
+    cpu_ratio, count_ratio = ratios[AFFINITY_PROMPTS[-1][0]]
+    ratio = count_ratio if count_ratio is not None else cpu_ratio
+    s.report.target(
+        "cache affinity, 100 KB prompt: cost per request at most +20 % over off "
+        + ("(instructions)" if count_ratio is not None else "(CPU time)"),
+        f"{ratio:.3f} x",
+        ratio <= TARGET_AFFINITY_CPU_RATIO,
+    )
+
+
 def run_churn(s: Setup) -> None:
     for name, measured, met in bench_churn.run_churn(s.args, s.report.out, s.args.proxy_arg):
         s.report.target(name, measured, met)
@@ -1589,6 +1700,7 @@ def run(args: argparse.Namespace) -> int:
             ("stream", run_stream),
             ("churn", run_churn),
             ("scheduler", run_scheduler),
+            ("affinity", run_affinity),
             ("instructions", run_instructions),
         ):
             if name in parts:
@@ -1647,7 +1759,7 @@ def main() -> int:
     parser.add_argument("--stalls", type=int, default=10, help="stalls to time (default 10)")
     parser.add_argument(
         "--only",
-        default="json,sse,memory,failover,stream,churn,scheduler,instructions",
+        default="json,sse,memory,failover,stream,churn,scheduler,affinity,instructions",
         help="comma-separated parts to run (default: all eight; instructions needs valgrind)",
     )
     bench_churn.add_arguments(parser)

@@ -107,6 +107,7 @@ async def test_status_shows_the_stalled_node_cooling_with_the_time_left(
             "capacity": 0,
             "served": 0,
             "failed": 1,
+            "affinity": {"hits": 0, "misses": 0, "matched_bytes": 0},
             "models": None,  # no models configured, no inventory: discovery is not running
             "last_outcome": "header_timeout",
             "last_error": "a: head: no complete response head in 10.0s",

@@ -71,7 +71,8 @@ def fleet_proxy(fleet: Fleet, **settings: Any) -> Proxy:
 
 async def test_history_after_failovers_and_a_queue(autojump_clock: trio.abc.Clock) -> None:
     async with Fleet({"b": FakeNode(frozen()), "a": FakeNode(slow_head(HEAD))}) as fleet:
-        proxy = fleet_proxy(fleet)
+        # Cache affinity off: the same prompt, served by a, would not stall at b again.
+        proxy = fleet_proxy(fleet, affinity="off")
         history = History(["b", "a"], interval=10.0, points=5)
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:

@@ -75,7 +75,9 @@ async def test_cooldown_expires_after_exactly_one_header_timeout(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     async with Fleet({"frozen": FakeNode(frozen()), "good": FakeNode(healthy())}) as fleet:
-        proxy = make_proxy(fleet)
+        # Cache affinity off: the same prompt, served by "good" while "frozen"
+        # cooled, would prefer "good"; this test wants the priority order back.
+        proxy = make_proxy(fleet, affinity="off")
         await request(proxy, body=BODY)  # stall at t=0..120, cooldown until 240
         await trio.sleep(120 - 0.001)
         await request(proxy, body=BODY)

@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from trio_failover.core import fleet_records
+from trio_failover.core.affinity import Served
 from trio_failover.core.engine_state import EngineRead
 from trio_failover.core.engines import Detection, EngineKind, LoadedModel, ModelLoad, Signals
 from trio_failover.core.fleet_records import (
@@ -112,6 +113,11 @@ TABLE: list[tuple[Record, str, dict[str, Any]]] = [
             },
             "age_s": 0.25,
         },
+    ),
+    (
+        Served("a", ("00112233445566ff", "8899aabbccddeeff")),
+        "served",
+        {"kind": "served", "chain": ["00112233445566ff", "8899aabbccddeeff"]},
     ),
 ]
 

@@ -225,7 +225,9 @@ async def test_a_node_down_by_a_check_is_back_within_seconds_of_waking(
             await io.wait_closed()
 
     async with Fleet({"a": FakeNode(wakes), "b": FakeNode(healthy(b"from b"))}) as fleet:
-        proxy = make_proxy(fleet)
+        # Cache affinity off: the same prompt, served by b while a was down,
+        # would prefer b; this test wants the priority order back.
+        proxy = make_proxy(fleet, affinity="off")
         ready = trio.Event()
         proxy.board.listen(
             lambda change: (

@@ -53,7 +53,7 @@ def test_the_config_survives_the_handover() -> None:
         ],
         response_header_timeout=7.5,
         retry_status=[429, 503],
-        affinity="prefix",
+        affinity="off",
         admin_listen=None,
     )
     copy = pickle.loads(pickle.dumps(config))

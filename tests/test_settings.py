@@ -133,7 +133,7 @@ TEXT_VALUES: list[tuple[str, str, object]] = [
     ("stream_idle_timeout", "0", 0.0),
     ("client_close", "rst-only", "rst-only"),
     ("max_attempts", "3", 3),
-    ("affinity", "prefix", "prefix"),
+    ("affinity", "off", "off"),
     ("retry_status", "503, 429", frozenset({429, 503})),
     ("retry_status", "", frozenset()),
     ("retry_error_codes", "a,b", frozenset({"a", "b"})),
@@ -199,7 +199,7 @@ listen = "127.0.0.1:9080"
 admin_listen = "off"
 client_close = "ignore"
 max_attempts = 2
-affinity = "prefix"
+affinity = "off"
 retry_status = [503]
 retry_error_codes = []
 max_request_body = "1MiB"
@@ -242,7 +242,7 @@ def test_full_file() -> None:
         admin_listen=None,
         client_close="ignore",
         max_attempts=2,
-        affinity="prefix",
+        affinity="off",
         retry_status=frozenset({503}),
         retry_error_codes=frozenset(),
         max_request_body=1024 * 1024,

@@ -364,7 +364,7 @@ class Config(StateSettings):
         default="abort", validator=_choice(CLIENT_CLOSE_CHOICES)
     )
     max_attempts: int = attrs.field(default=0, validator=_non_negative)
-    affinity: Affinity = attrs.field(default="off", validator=_choice(AFFINITY_CHOICES))
+    affinity: Affinity = attrs.field(default="prefix", validator=_choice(AFFINITY_CHOICES))
     balance: Balance = attrs.field(default="priority", validator=_choice(BALANCE_MODES))
     queue_timeout: float = attrs.field(default=120.0, validator=_non_negative)
     """Longest wait in the queue for a slot; 0 = no limit."""

@@ -15,7 +15,9 @@ Redis holds, ``decode`` an object another replica wrote back into a record
 - ``last_check``: a ``LastCheck``, the node's last finished check, as
   ``/status`` shows it (its ``kind`` as ``check``);
 - ``engine``: one good read of the node's engine (``EngineRead``): its
-  ``Detection`` as ``engine``, its ``Signals`` as ``signals``.
+  ``Detection`` as ``engine``, its ``Signals`` as ``signals``;
+- ``served``: cache affinity's record (``affinity.Served``): the node
+  served a request whose prompt has this chain of hashes (hex).
 
 The rules of the JSON form, one for every type:
 
@@ -54,6 +56,7 @@ from typing import Any
 
 import attrs
 
+from .affinity import Served
 from .engine_state import EngineRead
 from .node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
 
@@ -73,7 +76,7 @@ __all__ = [
     "value_json",
 ]
 
-Record = NodeChange | InventoryChange | LastCheck | EngineRead
+Record = NodeChange | InventoryChange | LastCheck | EngineRead | Served
 """A record of the node board, as the replicas share it."""
 
 ENVELOPE = ("node", "origin")  # the envelope's fields, not the record's
@@ -143,6 +146,7 @@ KINDS = (
     Kind("inventory", InventoryChange),
     Kind("last_check", LastCheck, names={"kind": "check"}, inline="check"),
     Kind("engine", EngineRead),
+    Kind("served", Served),
 )
 _BY_TYPE = {kind.type: kind for kind in KINDS}
 _BY_KIND = {kind.kind: kind for kind in KINDS}

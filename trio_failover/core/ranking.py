@@ -1,7 +1,7 @@
 """Pure: the candidates for one request, best first.
 
 The ranking from configuration is immutable. For each request it is
-resolved in three steps, each a plain function of data:
+resolved in two steps, each a plain function of data:
 
 1. model filter (``model_filter``): a node with ``models``
    only takes requests naming one of them (or any, with ``"*"``); a node
@@ -9,32 +9,26 @@ resolved in three steps, each a plain function of data:
    name: inventories narrow, they never refuse a name an engine would
    serve. A request that names no model goes to every node. Names compare
    as Ollama resolves them (``names.py``);
-2. prefix affinity (``--affinity prefix``): rendezvous hashing of the model
-   and the start of the prompt moves one node to the front;
-3. manual selection (``X-Failover-Node``) moves the named node to the front.
+2. manual selection (``X-Failover-Node``) moves the named node to the front.
+
+Cache affinity (``affinity.py``) names the node a request prefers, which
+the slot queue tries first while load allows; it does not reorder here.
 
 Readiness is not applied here. The stable partition (ready nodes
 first, demoted ones after, each group in this order) is taken at each
 attempt by ``slots.choose_node``, so that a node that recovers while
 a workload waits or fails over regains its place. Because the partition
-comes last, neither affinity nor a manual selection can lift a demoted
+comes last, neither cache affinity nor a manual selection can lift a demoted
 node above a ready one; demotion never excludes.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from .config import Upstream
 from .inventory import Inventory, lists_model
-from .names import accepts, find_name, model_key
-
-# How much of the prompt identifies a conversation for KV-cache affinity.
-# System prompt and first turns fit in it; a growing chat keeps its prefix.
-AFFINITY_PREFIX_BYTES = 4096
+from .names import accepts, find_name
 
 
 def resolve_candidates(
@@ -42,7 +36,6 @@ def resolve_candidates(
     *,
     model: str | None,
     selected: str | None = None,
-    affinity_key: bytes | None = None,
     inventories: Mapping[str, Inventory] | None = None,
 ) -> list[Upstream]:
     """The nodes to try for one request, in order.
@@ -51,7 +44,6 @@ def resolve_candidates(
         ranking: all nodes in configuration order.
         model: the ``"model"`` of the request body, if any.
         selected: the node named by ``X-Failover-Node``, if any.
-        affinity_key: from ``affinity_key()``, when prefix affinity is on.
         inventories: the known inventories by node name (discovery's); a node
             missing from it, or with None, has none yet.
 
@@ -60,8 +52,6 @@ def resolve_candidates(
         that at each attempt). Empty only when no node serves ``model``.
     """
     nodes = model_filter(ranking, model, inventories or {})
-    if affinity_key is not None and nodes:
-        nodes = _to_front(nodes, rendezvous_choice([n.name for n in nodes], affinity_key))
     if selected is not None:
         nodes = _to_front(nodes, selected)
     return nodes
@@ -112,61 +102,3 @@ def model_filter(
 def _to_front(nodes: list[Upstream], name: str) -> list[Upstream]:
     chosen = [node for node in nodes if node.name == name]
     return chosen + [node for node in nodes if node.name != name]
-
-
-def rendezvous_choice(names: Iterable[str], key: bytes) -> str:
-    """Highest-random-weight choice of one name for ``key``.
-
-    Adding or removing a node moves only the keys whose winner changes,
-    about 1/N of them, unlike ``hash(key) % N`` which moves almost all.
-    """
-    return max(names, key=lambda name: _weight(name, key))
-
-
-def _weight(name: str, key: bytes) -> int:
-    # The name is hashed as data, length-prefixed, not passed as blake2b's
-    # key: that key holds only 64 bytes, so two names sharing their first 64
-    # bytes would always tie and the later one could never win.
-    encoded = name.encode()
-    digest = hashlib.blake2b(digest_size=8, person=b"trio-fo")
-    digest.update(len(encoded).to_bytes(4, "big"))
-    digest.update(encoded)
-    digest.update(key)
-    return int.from_bytes(digest.digest(), "big")
-
-
-def affinity_key(document: Any) -> bytes | None:
-    """A stable key from a request's model and the start of its prompt.
-
-    Understands the OpenAI chat (``messages``) and completion (``prompt``)
-    shapes, which Ollama, vLLM, llama-server and LM Studio all accept. For a
-    chat, only its opening (up to the first user message) counts, so every
-    turn of one conversation gets the same key.
-    Returns None when the body has no prompt to key on.
-    """
-    if not isinstance(document, dict):
-        return None
-    model = document.get("model")
-    prompt: Any = document.get("messages")
-    if isinstance(prompt, list):
-        prompt = _opening(prompt)
-    elif prompt is None:
-        prompt = document.get("prompt")
-    if prompt is None:
-        return None
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
-    prefix = text.encode("utf-8", "surrogatepass")[:AFFINITY_PREFIX_BYTES]
-    if isinstance(model, str):
-        model = model_key(model)  # llama3 and llama3:latest: one model, one key
-    return f"{model}\0".encode() + prefix
-
-
-def _opening(messages: list[Any]) -> list[Any]:
-    # Each turn of a chat resends the whole history, longer every time. A key
-    # from the whole (short) history would change with every turn and send
-    # the next turn away from the node that holds its KV cache; the messages
-    # up to the first user message never change within one conversation.
-    for index, message in enumerate(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            return messages[: index + 1]
-    return messages

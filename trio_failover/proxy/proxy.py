@@ -49,6 +49,7 @@ from ..telemetry.metrics import Metrics
 from ..wire.client import ClientConnection, ClientGone, ClientRequest, Drain
 from ..wire.pool import ConnectionPool
 from ..wire.upstream import Connector, TCPConnector
+from .nodes.affinity import CacheAffinity
 from .nodes.board import NodeBoard, NodeState
 from .nodes.discovery import Discovery
 from .nodes.engine_reader import EngineReader
@@ -124,6 +125,9 @@ class Proxy:
             self.silence,
             self.board.engines,
         )
+        # Cache affinity's memory of what each node served (docs/capacity.md).
+        self.affinity = CacheAffinity(metrics)
+        self._workloads.attempts.affinity = self.view.affinity = self.affinity
         # The fleet's GET /v1/models and /api/tags, and the checks (docs/discovery.md).
         self.lists = FleetLists(live, self.connector, self.board, self.queue, self.report)
         self.discovery = Discovery(
@@ -140,7 +144,7 @@ class Proxy:
         if parse_state(config.state) is not None:
             from .fleet.fleet import Fleet  # only then: it pulls in the Redis client
 
-            self.fleet = Fleet(config, self.board, self.queue)
+            self.fleet = Fleet(config, self.board, self.queue, self.affinity)
             self._workloads.attempts.fleet = self.fleet.slots
             self._workloads.shares.fleet = self.fleet.state  # rpm and tpm fleet-wide
         metrics.read_state(self._state_status)

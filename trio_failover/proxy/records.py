@@ -62,6 +62,9 @@ class Workload:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     usage_estimated: bool = False
+    # Cache affinity (on): the prompt bytes that matched a chain at the node
+    # that served it (0: a miss); None: off, or no prompt, or not served.
+    matched_bytes: int | None = None
 
     @property
     def state(self) -> State:
@@ -122,6 +125,10 @@ class Workload:
         """Liveness checks an attempt waited on, and requests it sent again (stale pool)."""
         self.checks += checks
         self.resends += resends
+
+    def cache_matched(self, matched_bytes: int) -> None:
+        """The serving node had served this many bytes of its prompt (0: a miss)."""
+        self.matched_bytes = matched_bytes
 
     def client_left_by(self, how: Closed) -> None:
         """The client closed its connection (a FIN or a reset)."""

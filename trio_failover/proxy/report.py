@@ -224,6 +224,14 @@ class Report:
                         "usage_estimated": work.usage_estimated,
                     }
                 ),
+                **(
+                    {}
+                    if work.matched_bytes is None
+                    else {
+                        "affinity": "hit" if work.matched_bytes else "miss",
+                        "matched_bytes": work.matched_bytes,
+                    }
+                ),
             }
         )
 

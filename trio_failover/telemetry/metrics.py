@@ -243,6 +243,19 @@ class Metrics:
             ["node"],
             registry=r,
         )
+        self.affinity_requests = Counter(
+            "trio_failover_affinity_requests",
+            "Requests served with cache affinity on, by whether their prompt matched "
+            "a chain the serving node had served (hit) or not (miss)",
+            ["node", "result"],
+            registry=r,
+        )
+        self.affinity_matched_bytes = Counter(
+            "trio_failover_affinity_matched_bytes",
+            "Prompt bytes of the served requests that matched a chain the serving node had served",
+            ["node"],
+            registry=r,
+        )
         self.in_flight = ReadGauge(
             "trio_failover_in_flight",
             "Attempts and streams in flight",
@@ -377,6 +390,9 @@ class Metrics:
             self.commits.labels(node)
             self.stray_bytes.labels(node)
             self.stale_resends.labels(node)
+            self.affinity_requests.labels(node, "hit")
+            self.affinity_requests.labels(node, "miss")
+            self.affinity_matched_bytes.labels(node)
             self.in_flight.labels(node)
             self.time_to_head.labels(node)
             self.time_to_commit.labels(node)

@@ -5,6 +5,7 @@ A ``FakeNode`` reads each request with h11, records it, and answers by its
 ``frozen_mid_stream``, ``headers_then_silence``, ``partial_head_then_stall``,
 ``drop_before_body``, ``slow_head``,
 ``slow_prefill_with_pings``, ``die_mid_stream``, ``retry_status``,
+``PromptCache`` (an engine's prompt cache: prefill time by the uncached part),
 ``openai`` (``with_health`` adds an answer to ``GET /health``, a liveness
 check, to any of them); the fake engines ``FakeLlamaServer``,
 ``FakeLlamaCppPython``, ``FakeOllama``,
@@ -79,6 +80,7 @@ from .fakes import (
     with_health,
 )
 from .held import HeldRequests
+from .prompt_cache import PromptCache
 
 # The fakes live in fakes.py, engines.py and held.py; tests import them from here.
 __all__ = [
@@ -95,6 +97,7 @@ __all__ = [
     "HeldRequests",
     "MemoryConnector",
     "NodeIO",
+    "PromptCache",
     "ReceivedRequest",
     "die_mid_stream",
     "drop_before_body",

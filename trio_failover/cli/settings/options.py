@@ -163,7 +163,8 @@ OPTIONS: tuple[Option, ...] = (
     _option("max_attempts", "max_attempts", INT, "N",
             "Attempts per workload; 0 = one per candidate."),
     _option("affinity", "affinity", _AFFINITY, "off|prefix",
-            "prefix: requests sharing a prompt prefix prefer the same node."),
+            "prefix: a conversation's turns prefer the node that holds its prompt "
+            "cache, yielding to load; off: --balance alone."),
     _option("capacity", "capacity", CAPACITIES, "N|auto|NAME=N",
             "Attempts in flight per node, 0 = no limit, auto = the engine's own slots; "
             "NAME=N for one node, N for the rest. Repeat, or comma-separate.",

@@ -27,6 +27,9 @@ the proxy's parts:
   traffic through one replica asks Redis nothing per request; a workload
   that waits here for a node full by the engine's count asks for it on
   the ``wanted`` channel (``FleetSlots.queued``), as a refused take does.
+- **cache affinity** (``FleetAffinity``, ``shared_affinity.py``): the
+  chains this replica's nodes served go out as ``served`` records, and
+  the others' come into the proxy's memory of them.
 
 Its own tasks run in the proxy's nursery (``Fleet.run``): the shared
 state's membership, the publisher (the board's listeners are synchronous;
@@ -42,6 +45,7 @@ from typing import Any
 import trio
 
 from ...core import fleet_records
+from ...core.affinity import Served
 from ...core.config import Config
 from ...core.engine_book import EngineChange
 from ...core.engine_state import EngineRead
@@ -49,8 +53,10 @@ from ...core.fleet_records import RemoteRecord
 from ...core.node_change import NodeChange
 from ...core.redis_url import parse_state
 from ...telemetry.logs import logger
+from ..nodes.affinity import CacheAffinity
 from ..nodes.board import BoardRecord, NodeBoard
 from ..nodes.queue import SlotQueue
+from .shared_affinity import SERVED, FleetAffinity
 from .shared_state import SharedState
 from .spare_leases import SpareLease, SpareLeases
 
@@ -117,7 +123,7 @@ class FleetBoard:
             return
         now = trio.current_time()
         record = fleet_records.decode(remote, now)
-        if record is None:
+        if record is None or isinstance(record, Served):  # the affinity link's
             return
         self.board.apply(record, now)
         if isinstance(record, EngineRead):
@@ -318,7 +324,13 @@ class FleetSlots:
 class Fleet:
     """The replica's shared state joined to its board and slot queue."""
 
-    def __init__(self, config: Config, board: NodeBoard, queue: SlotQueue) -> None:
+    def __init__(
+        self,
+        config: Config,
+        board: NodeBoard,
+        queue: SlotQueue,
+        affinity: CacheAffinity | None = None,
+    ) -> None:
         address = parse_state(config.state)
         assert address is not None, "Fleet needs --state redis://..."
         self.board_link: FleetBoard | None = None
@@ -336,14 +348,25 @@ class Fleet:
         )
         self.board_link = FleetBoard(board, self.state)
         self.slots = FleetSlots(self.state, queue)
+        # Cache affinity's served records (``shared_affinity.py``); None: affinity not shared.
+        self.affinity_link: FleetAffinity | None = None
+        if affinity is not None:
+            self.affinity_link = FleetAffinity(affinity, self.state, board.nodes)
 
     def _on_record(self, record: RemoteRecord) -> None:
-        if self.board_link is not None:
+        if record.record.get("kind") == SERVED:
+            if self.affinity_link is not None:
+                self.affinity_link.on_record(record)
+        elif self.board_link is not None:
             self.board_link.on_record(record)
 
     def _on_snapshot(self, records: list[RemoteRecord]) -> None:
+        served = [record for record in records if record.record.get("kind") == SERVED]
+        if self.affinity_link is not None:
+            for record in served:
+                self.affinity_link.on_record(record)
         if self.board_link is not None:
-            self.board_link.on_snapshot(records)
+            self.board_link.on_snapshot([r for r in records if r.record.get("kind") != SERVED])
 
     def _on_freed(self, node: str, mine: bool) -> None:
         self.slots.announced(node, mine)
@@ -360,6 +383,8 @@ class Fleet:
         async with trio.open_nursery() as nursery:
             assert self.board_link is not None
             nursery.start_soon(self.board_link.publish_all)
+            if self.affinity_link is not None:
+                nursery.start_soon(self.affinity_link.publish_all)
             nursery.start_soon(self.board_link.age_engines)
             await nursery.start(self.state.run)
             nursery.start_soon(self.slots.watch_marks)

@@ -20,6 +20,7 @@ from ..records import ms
 
 if TYPE_CHECKING:
     from ..records import Workload
+    from .affinity import CacheAffinity
     from .board import NodeBoard
     from .queue import SlotQueue
 
@@ -40,6 +41,8 @@ class StatusView:
         self.queue = queue
         self._recent = recent  # finished workloads and when they ended
         self._live = live  # workloads not finished yet, oldest first
+        # Cache affinity's counts per node (set by the proxy); None: no ``affinity`` field.
+        self.affinity: CacheAffinity | None = None
 
     @property
     def config(self) -> Config:
@@ -57,6 +60,7 @@ class StatusView:
         board.expire(now)
         ledger = self.queue.scheduler.ledger
         nodes = []
+        affinity = self.affinity
         for node in self.config.upstreams:
             entry = board.cooldown(node.name, now)
             known = board.nodes[node.name]
@@ -79,6 +83,7 @@ class StatusView:
                     "capacity": ledger.capacity(node.name),  # auto: as resolved now
                     "served": known.served,
                     "failed": known.failed,
+                    **({} if affinity is None else {"affinity": affinity.status(node.name)}),
                     "models": list(models) if models is not None else None,
                     "last_outcome": known.last_outcome,
                     "last_error": known.last_error,

@@ -25,7 +25,7 @@ from ...core.errors import RetryableResponse, Unresponsive, UpstreamError
 from ...core.headers import get, upstream_request_headers
 from ...core.liveness import question_period
 from ...core.outcome import SavedResponse, failure_code, failure_status
-from ...core.ranking import affinity_key, resolve_candidates
+from ...core.ranking import resolve_candidates
 from ...core.requests import (
     is_unstreamed,
     node_body,
@@ -38,6 +38,7 @@ from ...core.workload import State
 from ...wire.client import ClientConnection, ClientRequest
 from ...wire.pool import ConnectionPool
 from ...wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from ..nodes.affinity import Affine, CacheAffinity
 from ..nodes.queue import SlotQueue
 from ..nodes.silence import SilenceTimer, SilenceWatch
 from ..records import Workload
@@ -57,6 +58,7 @@ class Plan:
     preferred: str | None  # the node resolution put first (selection, affinity), if any
     client_address: str | None
     scheme: str
+    affine: Affine | None = None  # its prompt's chain, with cache affinity on
 
 
 # What ``take_slot`` returns for a waiter a reload took out of the queue.
@@ -83,6 +85,8 @@ class Attempts:
 
     # The fleet step: set by the proxy with ``--state redis://``.
     fleet: FleetSlots | None = None
+    # Cache affinity's memory and counts: set by the proxy (None: a bare runner).
+    affinity: CacheAffinity | None = None
 
     def __init__(
         self,
@@ -127,19 +131,20 @@ class Attempts:
         model = request_model(document)
         header = get(request.headers, b"x-failover-node")
         selected = header.decode("latin-1") if header else None
-        key = affinity_key(document) if self.config.affinity == "prefix" else None
         candidates = resolve_candidates(
             self.config.upstreams,
             model=model,
             selected=selected,
-            affinity_key=key,
             inventories=self.milestones.board.inventories,
         )
         first = candidates[0].name if candidates else None
-        preferred = (
-            first if key is not None or (selected is not None and first == selected) else None
-        )
-        return Plan(request, document, model, candidates, preferred, client_address, scheme)
+        preferred = first if selected is not None and first == selected else None
+        affine = None
+        if self.affinity is not None and self.config.affinity == "prefix":
+            affine = self.affinity.choose(document, candidates, self.queue)
+            if preferred is None and affine is not None:  # X-Failover-Node wins over it
+                preferred = affine.preferred
+        return Plan(request, document, model, candidates, preferred, client_address, scheme, affine)
 
     async def serve(self, client: ClientConnection, work: Workload, plan: Plan) -> bool:
         """Run the attempts of ``plan`` and answer the client; returns keep-alive."""
@@ -210,6 +215,9 @@ class Attempts:
                     last = len(tried) == limit
                     moving_on = self.milestones.attempt_failed(work, node, failure, last=last)
                 else:
+                    if plan.affine is not None and response.status < 400:
+                        assert self.affinity is not None
+                        self.affinity.served(work, node.name, plan.affine)  # its home now
                     return await self.relay(client, work, node, response, len(plan.request.body))
             finally:
                 if lease is not None:

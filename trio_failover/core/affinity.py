@@ -1,0 +1,385 @@
+"""Pure: cache affinity: which node most likely holds a request's prompt in its cache.
+
+Every turn of a conversation resends its whole history; the node that
+served the turn before holds that prompt in its cache and reads it again
+in a fraction of the time (docs/capacity.md, "Cache affinity"). Three
+parts, each a plain function of data:
+
+1. ``prompt_chain``: a request's prompt as a chain of block hashes, hashed
+   once per request. A chat's blocks are its messages in order (role and
+   content); a completion's (``prompt``, Ollama's ``/api/generate``) are
+   ``BLOCK_BYTES`` slices of its text. The chain is cumulative: hash ``i``
+   covers blocks ``0..i`` (and the model), so one hash names a whole
+   prefix and no tokenizer is needed.
+2. ``AffinityMemory``: per node, the chains it served recently, bounded per
+   node and in all, oldest forgotten first. Its one verb, ``remember``,
+   takes this proxy's serves and, with replicas, the others' alike.
+3. ``prefer``: the node a request prefers, if any. Two rules hold:
+
+   - **Shared openings decide nothing.** A prefix that more than one node
+     holds, or that conversations going different ways share (a block
+     seen followed by two different next blocks, this request's included),
+     is shared; only a match longer than the shared part prefers a node.
+     An agent's long system prompt, sent by every conversation, thus
+     prefers no node, and ``--balance`` spreads the conversations.
+   - **Load wins over cache.** The node is passed over when it is full, or
+     its load is ``LOAD_MARGIN`` or more above the least-loaded ready
+     candidate's (capacity unknown: ``ATTEMPTS_MARGIN`` attempts in flight
+     more). It never lifts a cooling or down node above a ready one.
+
+Nothing here reads a clock, blocks, or imports outside the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import attrs
+
+from .names import model_key
+
+# A completion's prompt is hashed in slices of this many bytes: a prompt that
+# grows at its end (an agent appending to its context) keeps every full
+# slice, and so its chain, but for the last.
+BLOCK_BYTES = 1024
+# At most this many blocks of a prompt are hashed (4 MiB of a completion's
+# text); the rest matches nothing, like a prompt no node served.
+MAX_BLOCKS = 4096
+DIGEST_BYTES = 8
+
+# The memory's bounds, in (node, block) entries; each costs about
+# ``ENTRY_BYTES`` of the proxy's memory (measured with tracemalloc: the
+# block's record, its place in the node's order and in the global one).
+MAX_PER_NODE = 8192
+MAX_TOTAL = 32768
+ENTRY_BYTES = 550
+
+# Load wins over cache: the preferred node is passed over at this much
+# more load than the least-loaded ready candidate's (``SlotLedger.load``),
+# or, its capacity unknown, this many more attempts in flight.
+LOAD_MARGIN = 0.5
+ATTEMPTS_MARGIN = 2
+# Loads are ratios of small ints: 2/3 - 1/6 must count as 0.5.
+_EPSILON = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """A prompt's blocks as cumulative hashes, and the bytes each prefix spans.
+
+    ``hashes[i]`` covers the model and blocks ``0..i``; ``ends[i]`` is the
+    number of prompt bytes in blocks ``0..i``.
+    """
+
+    hashes: tuple[int, ...]
+    ends: tuple[int, ...]
+
+    def matched_bytes(self, blocks: int) -> int:
+        """The prompt bytes of the chain's first ``blocks`` blocks."""
+        return self.ends[blocks - 1] if blocks > 0 else 0
+
+
+def prompt_chain(document: Any) -> Chain | None:
+    """The chain of a request's prompt; None when its body has no prompt.
+
+    Understands a chat's ``messages`` (OpenAI's and Ollama's ``/api/chat``)
+    and a completion's ``prompt`` (OpenAI's, a string or a list; Ollama's
+    ``/api/generate``, with its ``system``). The model's name (as Ollama
+    resolves it) is folded into every hash: two models never share a cache.
+
+    Each hash is the CRC-32 of the model and the whole prefix, continued
+    block by block (so every byte is read once), and the prefix's length:
+    not a cryptographic hash, and need not be one. Two prefixes of one
+    length colliding (about one chance in 4 billion) cost a cache miss.
+    BLAKE2b was measured at several times the cost (docs/performance.md).
+    """
+    if not isinstance(document, dict):
+        return None
+    model = document.get("model")
+    crc = zlib.crc32(_text_bytes("", model_key(model)) + b"\0" if isinstance(model, str) else b"\0")
+    messages = document.get("messages")
+    if isinstance(messages, list):
+        return _chat_chain(messages, crc)
+    blocks = _prompt_blocks(document)
+    if not blocks:
+        return None
+    hashes: list[int] = []
+    ends: list[int] = []
+    total = 0
+    for block in blocks:
+        crc = zlib.crc32(block, crc)
+        total += len(block)
+        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
+        ends.append(total)
+    return Chain(tuple(hashes), tuple(ends))
+
+
+def _chat_chain(messages: list[Any], crc: int) -> Chain | None:
+    # One block per message. The common message ({"role", "content"}, both
+    # ASCII strings: their length in bytes is their length) costs no call
+    # of ours and no copy of role and content together: a 100 KB context
+    # is read once, by the CRC (docs/performance.md); any other as JSON
+    # with sorted keys (``_message_bytes``).
+    hashes: list[int] = []
+    ends: list[int] = []
+    total = 0
+    crc32 = zlib.crc32
+    for message in messages[:MAX_BLOCKS]:
+        if type(message) is dict and len(message) == 2:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and type(content) is str and role.isascii() and content.isascii():
+                crc = crc32(content.encode(), crc32(role.encode() + b"\0", crc))
+                total += len(role) + 1 + len(content)
+                hashes.append((crc << 32) | (total & 0xFFFFFFFF))
+                ends.append(total)
+                continue
+        block = _message_bytes(message)
+        crc = crc32(block, crc)
+        total += len(block)
+        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
+        ends.append(total)
+    return Chain(tuple(hashes), tuple(ends)) if hashes else None
+
+
+def _prompt_blocks(document: dict[str, Any]) -> list[bytes]:
+    prompt = document.get("prompt")
+    if prompt is None:
+        return []
+    text = prompt if isinstance(prompt, str) else _json(prompt)
+    system = document.get("system")  # Ollama's /api/generate: it comes before the prompt
+    blocks: list[bytes] = []
+    if isinstance(system, str) and system:
+        blocks.append(_text_bytes("system", system))
+    data = _text_bytes("", text)
+    end = min(len(data), BLOCK_BYTES * (MAX_BLOCKS - len(blocks)))
+    blocks.extend(data[start : start + BLOCK_BYTES] for start in range(0, end, BLOCK_BYTES))
+    return blocks
+
+
+def _message_bytes(message: object) -> bytes:
+    # Any message but the common ASCII one (``_chat_chain``): role and
+    # content of text that is not ASCII as the common one's bytes; one
+    # with content parts, tool calls or names as JSON with sorted keys.
+    if isinstance(message, dict) and len(message) == 2:
+        role, content = message.get("role"), message.get("content")
+        if isinstance(role, str) and isinstance(content, str):
+            return _text_bytes(role, content)
+    return _json(message).encode()
+
+
+def _text_bytes(role: str, text: str) -> bytes:
+    data = _utf8(text)
+    return _utf8(role) + b"\0" + data if role else data
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate, from a JSON escape
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# -- the memory ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Block:
+    # The nodes holding this prefix (an ordered set), the one next block seen
+    # after it, and whether two different next blocks were seen.
+    holders: dict[str, None] = field(default_factory=dict)
+    next: int | None = None
+    branched: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Matches:
+    """What the memory knows of one chain.
+
+    ``blocks``: per node, the length of its longest match (nodes with none
+    left out); ``shared``: how many leading blocks are shared (held by
+    several nodes, or the opening of conversations that went different ways).
+    """
+
+    blocks: Mapping[str, int]
+    shared: int
+
+
+NO_MATCH = Matches({}, 0)
+
+
+class AffinityMemory:
+    """Per node, the chains it served recently; oldest forgotten first.
+
+    Bounded by ``max_per_node`` (node, block) entries per node and
+    ``max_total`` in all (about ``ENTRY_BYTES`` each). A chain is remembered
+    from its last block to its first, so a node forgets a conversation's
+    latest blocks before its opening and every match stays a prefix.
+    """
+
+    def __init__(self, max_per_node: int = MAX_PER_NODE, max_total: int = MAX_TOTAL) -> None:
+        if max_per_node < 1 or max_total < 1:
+            raise ValueError("affinity memory bounds must be >= 1")
+        self.max_per_node = max_per_node
+        self.max_total = max_total
+        self._blocks: dict[int, _Block] = {}
+        self._by_node: dict[str, OrderedDict[int, None]] = {}
+        self._order: OrderedDict[tuple[str, int], None] = OrderedDict()
+
+    def __len__(self) -> int:
+        """The (node, block) entries held."""
+        return len(self._order)
+
+    def held(self, node: str) -> int:
+        """The blocks ``node`` holds."""
+        held = self._by_node.get(node)
+        return len(held) if held is not None else 0
+
+    def match(self, chain: Chain) -> Matches:
+        """Each node's longest match of ``chain``, and its shared part; one pass."""
+        blocks: dict[str, int] = {}
+        shared = 0
+        hashes = self._blocks
+        last = len(chain.hashes) - 1
+        for index, digest in enumerate(chain.hashes):
+            block = hashes.get(digest)
+            if block is None:
+                break
+            for node in block.holders:
+                blocks[node] = index + 1
+            if (
+                len(block.holders) > 1
+                or block.branched
+                or (
+                    block.next is not None
+                    and index < last
+                    and chain.hashes[index + 1] != block.next
+                )
+            ):
+                shared = index + 1
+        return Matches(blocks, shared)
+
+    def remember(self, node: str, hashes: Sequence[int]) -> None:
+        """``node`` served the chain ``hashes`` (this proxy's serve, or another replica's)."""
+        held = self._by_node.setdefault(node, OrderedDict())
+        order = self._order
+        following: int | None = None
+        for digest in reversed(hashes):  # the opening last: the most recent, forgotten last
+            block = self._blocks.get(digest)
+            if block is None:
+                block = self._blocks[digest] = _Block()
+            if following is not None and not block.branched:
+                if block.next is None:
+                    block.next = following
+                elif block.next != following:
+                    block.branched = True
+            following = digest
+            if node in block.holders:
+                held.move_to_end(digest)
+                order.move_to_end((node, digest))
+            else:
+                block.holders[node] = None
+                held[digest] = None
+                order[(node, digest)] = None
+        while len(held) > self.max_per_node:
+            digest, _ = held.popitem(last=False)
+            del order[(node, digest)]
+            self._drop(node, digest)
+        while len(order) > self.max_total:
+            (oldest, digest), _ = order.popitem(last=False)
+            del self._by_node[oldest][digest]
+            self._drop(oldest, digest)
+
+    def _drop(self, node: str, digest: int) -> None:
+        block = self._blocks[digest]
+        del block.holders[node]
+        if not block.holders:
+            del self._blocks[digest]
+
+
+@attrs.frozen
+class Served:
+    """``node`` served a request whose prompt has ``chain``: the record replicas share.
+
+    ``chain``: the chain's hashes in hex (``Chain.hashes``); ``origin``: the
+    replica that made it (None: this one). ``core/fleet_records.py`` carries
+    it as the ``served`` kind.
+    """
+
+    node: str
+    chain: tuple[str, ...]
+    origin: str | None = None
+
+    def hashes(self) -> list[int] | None:
+        """The chain as ``AffinityMemory`` keeps it; None when it is not one of ours."""
+        if not self.chain or len(self.chain) > MAX_BLOCKS:
+            return None
+        if any(len(digest) != 2 * DIGEST_BYTES for digest in self.chain):
+            return None
+        try:
+            return [int(digest, 16) for digest in self.chain]
+        except ValueError:
+            return None
+
+
+def digest_text(digest: int) -> str:
+    """A chain's hash as ``Served`` carries it: 16 hex digits."""
+    return f"{digest:016x}"
+
+
+# -- the choice ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A candidate node as the choice sees it now.
+
+    ``load``: ``SlotLedger.load`` (``in_flight / max(capacity, 1)``, or the
+    engine's reading); ``capacity`` 0: unknown (no limit).
+    """
+
+    name: str
+    ready: bool
+    full: bool
+    load: float
+    in_flight: int
+    capacity: int
+
+
+def prefer(matches: Matches, candidates: Sequence[Candidate]) -> str | None:
+    """The node the request prefers for its cache, or None (``--balance`` decides).
+
+    The candidate with the longest match beyond the shared part, alone with
+    it, among the ready candidates (all of them when none is ready); None
+    when nothing it has of its own matches, on a tie, or when load wins:
+    the node is full, or ``LOAD_MARGIN`` or more above the least-loaded
+    ready candidate (capacity unknown: ``ATTEMPTS_MARGIN`` attempts in
+    flight above the fewest).
+    """
+    if not matches.blocks:
+        return None
+    group = [node for node in candidates if node.ready] or list(candidates)
+    best = max((matches.blocks.get(node.name, 0) for node in group), default=0)
+    if best <= matches.shared:
+        return None  # nothing of its own matches: a new conversation, or a shared opening
+    homes = [node for node in group if matches.blocks.get(node.name, 0) == best]
+    if len(homes) != 1:
+        return None  # a tie (two nodes holding one block make it shared: kept for safety)
+    home = homes[0]
+    if home.full:
+        return None
+    if home.capacity > 0:
+        least = min(node.load for node in group)
+        if home.load - least >= LOAD_MARGIN - _EPSILON:
+            return None
+    elif home.in_flight - min(node.in_flight for node in group) >= ATTEMPTS_MARGIN:
+        return None
+    return home.name
