@@ -8,8 +8,7 @@ read (another replica's reads arrive as the same record, with their
 decides: a reading older than three intervals is unknown, and unknown limits
 nothing (but the capacity, which does not go stale: ``auto_capacity``).
 The decisions the current signals feed are in ``engines.py``
-(``resolve_capacity``, ``is_full``, ``load_key``, ``model_loaded``,
-``head_timeout``); ``auto_capacity``, ``loaded_nodes`` and
+(``resolve_capacity``, ``model_loaded``, ``head_timeout``); ``auto_capacity``, ``loaded_nodes`` and
 ``attempt_head_timeout`` here apply them to a node's state.
 
 Times are float seconds of the shell's clock.
