@@ -16,7 +16,7 @@ Times are float seconds of the shell's clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
@@ -37,7 +37,6 @@ __all__ = [
     "EngineState",
     "attempt_head_timeout",
     "auto_capacity",
-    "fresh_signals",
     "loaded_nodes",
     "next_state",
 ]
@@ -157,15 +156,3 @@ def attempt_head_timeout(
         response_header_timeout=response_header_timeout,
         cold_start_timeout=cold_start_timeout,
     )
-
-
-def fresh_signals(
-    states: Iterable[tuple[str, EngineState]], now: float, max_age: float
-) -> dict[str, Signals]:
-    """The current signals of every node that has any (the ledger's ``signals``)."""
-    current: dict[str, Signals] = {}
-    for node, state in states:
-        signals = state.current(now, max_age)
-        if signals != UNKNOWN:
-            current[node] = signals
-    return current
