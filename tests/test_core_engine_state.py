@@ -9,7 +9,6 @@ from trio_failover.core.engine_state import (
     EngineState,
     attempt_head_timeout,
     auto_capacity,
-    fresh_signals,
     loaded_nodes,
     next_state,
 )
@@ -99,15 +98,6 @@ def test_a_state_is_unknown_after_three_intervals(
 ) -> None:
     state = EngineState(engine=LLAMA, signals=GOOD, read_at=read_at)
     assert state.current(now, max_age=6.0) == current
-
-
-def test_fresh_signals_leaves_out_the_stale_and_the_silent() -> None:
-    states = [
-        ("fresh", EngineState(signals=GOOD, read_at=5.0)),
-        ("stale", EngineState(signals=GOOD, read_at=0.0)),
-        ("never", EngineState()),
-    ]
-    assert fresh_signals(states, now=7.0, max_age=6.0) == {"fresh": GOOD}
 
 
 LCP = Detection(EngineKind.LLAMA_CPP_PYTHON, 'GET /v1/models: owned_by "me" with permissions')

@@ -52,9 +52,6 @@ from trio_failover.core.engines import (
     failed,
     head_timeout,
     is_fresh,
-    is_full,
-    load_key,
-    loaded_first,
     merge_signals,
     model_loaded,
     needs_cold_start,
@@ -731,39 +728,6 @@ def test_capacity_at_start(configured: int | None, engine: str, capacity: int) -
     assert capacity_at_start(configured, engine) == capacity
 
 
-@pytest.mark.parametrize(
-    ("in_flight", "busy", "capacity", "full"),
-    [
-        (0, None, 0, False),  # capacity 0: no limit
-        (9, 9, 0, False),
-        (1, None, 2, False),
-        (2, None, 2, True),  # the proxy's own count
-        (0, 2, 2, True),  # the engine's count: other clients' work
-        (1, 1, 2, False),  # the proxy's attempt is one of the engine's busy slots
-        (0, 3, 2, True),
-    ],
-)
-def test_is_full(in_flight: int, busy: int | None, capacity: int, full: bool) -> None:
-    assert is_full(in_flight, Signals(busy=busy), capacity) is full
-
-
-@pytest.mark.parametrize(
-    ("in_flight", "busy", "waiting", "capacity", "key"),
-    [
-        (0, None, None, 0, 0.0),
-        (3, None, None, 0, 3.0),  # capacity 0 divides by 1
-        (1, 2, None, 2, 1.0),  # max(in_flight, busy)
-        (2, 1, None, 2, 1.0),
-        (0, 4, 4, 4, 2.0),  # vLLM's waiting adds on
-        (1, None, 3, 8, 0.5),
-    ],
-)
-def test_load_key(
-    in_flight: int, busy: int | None, waiting: int | None, capacity: int, key: float
-) -> None:
-    assert load_key(in_flight, Signals(busy=busy, waiting=waiting), capacity) == key
-
-
 # -- loaded models ----------------------------------------------------------------------
 
 
@@ -779,24 +743,6 @@ def test_load_key(
 )
 def test_model_loaded(signals: Signals, model: str, loaded: bool | None) -> None:
     assert model_loaded(signals, model) is loaded
-
-
-@pytest.mark.parametrize(
-    ("loaded", "order"),
-    [
-        ([None, None, None], ["a", "b", "c"]),
-        ([False, None, True], ["c", "a", "b"]),
-        ([True, False, True], ["a", "c", "b"]),
-        ([], []),
-    ],
-)
-def test_loaded_first_is_stable(loaded: list[bool | None], order: list[str]) -> None:
-    assert loaded_first(["a", "b", "c"][: len(loaded)], loaded) == order
-
-
-def test_loaded_first_wants_one_answer_per_candidate() -> None:
-    with pytest.raises(ValueError, match="one loaded answer per candidate"):
-        loaded_first(["a"], [])
 
 
 @pytest.mark.parametrize(

@@ -221,6 +221,31 @@ async def test_a_new_stream_with_an_earlier_expiry_wakes_the_watcher(
     assert fired == {"short": 6.0, "long": 1000.0}
 
 
+async def test_a_short_wait_costs_no_heap_entry_and_a_long_one_is_timed_exactly(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    watch = SilenceWatch()
+    fired: dict[str, float] = {}
+
+    async def short(timer: SilenceTimer) -> None:
+        timer.waiting_since = trio.current_time()
+        await trio.sleep(2.0)  # its answer came long before a timeout
+        assert [entry[2] for entry in watch._heap] == [first]  # noted, never queued
+
+    first = SilenceTimer(30.0, armed=True)
+    async with trio.open_nursery() as outer:
+        outer.start_soon(watch.watch)
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(timed_stream, watch, first, wait_forever, fired, "first")
+            await trio.sleep(1.0)
+            await timed_stream(watch, SilenceTimer(30.0, armed=True), short, fired, "short")
+            await trio.sleep(2.0)  # t=5: one that is still waiting at the watch's next scan
+            await timed_stream(watch, SilenceTimer(30.0, armed=True), wait_forever, fired, "late")
+        outer.cancel_scope.cancel()
+    assert fired == {"first": 30.0, "late": 35.0}
+
+
 # -- a whole proxy, the watch one of its own tasks ---------------------------------------------
 
 STREAMED = json.dumps(

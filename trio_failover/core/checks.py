@@ -1,22 +1,12 @@
 """Pure: the questions of one discovery check and what their answers mean (docs/discovery.md).
 
-A check of a node asks, in this order, on a fresh connection each:
-
-1. ``GET HEALTH_PATH`` (``/health``), every time. It touches no model on
-   any engine. ``judge_health`` reads the answer: a final verdict (down, or
-   a timeout that does not count because the node streams for us), or the
-   news that the node is ready (a ``2xx``) or has no such route (a ``4xx``,
-   any other status, or an answer that is not HTTP), in which case its
-   health comes from question 2.
-2. ``GET inventory.CHECK_PATH`` (``/v1/models``), for the inventory, only
-   while this proxy has no attempt in flight at the node: llama-cpp-python
-   ends a running stream for any request that needs its model, and this is
-   one. ``inventory.judge_check`` reads the answer (``health_route`` tells
-   it whether question 1 already gave the health); ``inventory_waits`` is
-   the verdict when the question must wait for the next check.
-3. ``GET TAGS_PATH`` (``/api/tags``) under the same rule, unless the check
-   found the node down: Ollama's own model list, kept per node so that the
-   fleet's ``/api/tags`` can be answered from it; ``tags_answer`` reads it.
+A check asks, on a fresh connection each, ``GET HEALTH_PATH`` every time
+(``judge_health`` reads it: a verdict, or the news that the node is ready
+or has no such route), then, unless that settled it and only while this
+proxy has no attempt in flight at the node, ``GET inventory.CHECK_PATH``
+(``inventory.judge_check``; ``inventory_waits`` when it must wait) and
+``GET TAGS_PATH`` (``tags_answer``). Why in that order and what each answer
+means: docs/discovery.md ("The check").
 
 ``next_check_at`` says when the next check begins: one interval after the
 last began for a node that is not down, and for a down one sooner, after 1,

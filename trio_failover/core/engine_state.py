@@ -8,8 +8,7 @@ read (another replica's reads arrive as the same record, with their
 decides: a reading older than three intervals is unknown, and unknown limits
 nothing (but the capacity, which does not go stale: ``auto_capacity``).
 The decisions the current signals feed are in ``engines.py``
-(``resolve_capacity``, ``is_full``, ``load_key``, ``model_loaded``,
-``head_timeout``); ``auto_capacity``, ``loaded_nodes`` and
+(``resolve_capacity``, ``model_loaded``, ``head_timeout``); ``auto_capacity``, ``loaded_nodes`` and
 ``attempt_head_timeout`` here apply them to a node's state.
 
 Times are float seconds of the shell's clock.
@@ -17,7 +16,7 @@ Times are float seconds of the shell's clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
@@ -38,7 +37,6 @@ __all__ = [
     "EngineState",
     "attempt_head_timeout",
     "auto_capacity",
-    "fresh_signals",
     "loaded_nodes",
     "next_state",
 ]
@@ -158,15 +156,3 @@ def attempt_head_timeout(
         response_header_timeout=response_header_timeout,
         cold_start_timeout=cold_start_timeout,
     )
-
-
-def fresh_signals(
-    states: Iterable[tuple[str, EngineState]], now: float, max_age: float
-) -> dict[str, Signals]:
-    """The current signals of every node that has any (the ledger's ``signals``)."""
-    current: dict[str, Signals] = {}
-    for node, state in states:
-        signals = state.current(now, max_age)
-        if signals != UNKNOWN:
-            current[node] = signals
-    return current

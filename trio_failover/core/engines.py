@@ -15,23 +15,21 @@ produce and the plain decisions made from them:
 - ``resolve_capacity``: ``auto`` is llama-cpp-python's 1, llama-server's
   last ``total_slots`` (it does not go stale), else 0; a configured number
   wins;
-- ``is_full`` and ``load_key``: the proxy's own count and the engine's,
-  whichever is higher;
-- ``model_loaded``, ``loaded_first``, ``head_timeout``: loaded models first,
-  and the cold-start deadline for a node known not to hold the model;
+- ``model_loaded``, ``head_timeout``: whether a node holds the model, and
+  the cold-start deadline for a node known not to hold it;
 - ``cooldown_scope``: which outcomes demote one model of a multi-model
   node, and which the whole node.
 
-Nothing here is wired into routing yet: the node board (issue 29) will own
-the readings and call these functions. Times are float seconds of the
-shell's clock, handed in as ``now``.
+The slot ledger (``slots.py``) counts a node full, and loaded, by the
+proxy's own count and the engine's, whichever is higher. Times are float
+seconds of the shell's clock, handed in as ``now``.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
@@ -314,26 +312,6 @@ def capacity_at_start(configured: int | None, engine: str) -> int:
     return resolve_capacity(configured, "", None, kind=EngineKind(engine)).value
 
 
-def is_full(in_flight: int, signals: Signals, capacity: int) -> bool:
-    """Whether a node takes no more attempts now.
-
-    Full when this proxy's own count, or the engine's busy count (work of
-    other clients and proxies included), has reached the capacity; capacity
-    0 is no limit, and an unknown busy count limits nothing.
-    """
-    if capacity <= 0:
-        return False
-    busy = signals.busy if signals.busy is not None else 0
-    return in_flight >= capacity or busy >= capacity
-
-
-def load_key(in_flight: int, signals: Signals, capacity: int) -> float:
-    """``least-loaded``'s key: ``(max(in_flight, busy) + waiting) / max(capacity, 1)``."""
-    busy = signals.busy if signals.busy is not None else 0
-    waiting = signals.waiting if signals.waiting is not None else 0
-    return (max(in_flight, busy) + waiting) / max(capacity, 1)
-
-
 # -- loaded models ------------------------------------------------------------
 
 
@@ -346,26 +324,6 @@ def model_loaded(signals: Signals, model: str) -> bool | None:
     if signals.loaded_is_complete or find_name(model, signals.not_loaded) is not None:
         return False
     return None
-
-
-T = TypeVar("T")
-
-
-def loaded_first(candidates: Sequence[T], loaded: Sequence[bool | None]) -> list[T]:
-    """The candidates that hold the model loaded first, each group in its order.
-
-    Args:
-        candidates: the ready, not-full candidates in ranking order.
-        loaded: ``model_loaded`` of each, in the same order.
-
-    Unknown and not-loaded nodes keep their order after the loaded ones:
-    only "have it loaded" goes first.
-    """
-    if len(candidates) != len(loaded):
-        raise ValueError("one loaded answer per candidate")
-    first = [node for node, is_loaded in zip(candidates, loaded, strict=True) if is_loaded]
-    rest = [node for node, is_loaded in zip(candidates, loaded, strict=True) if not is_loaded]
-    return first + rest
 
 
 def needs_cold_start(loaded: bool | None) -> bool:

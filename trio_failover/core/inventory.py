@@ -15,26 +15,13 @@ two list routes answer are decided from plain data:
 
 Node names are str, bodies bytes, times float seconds from the shell's clock.
 
-Use, in the shell:
-
-- routing: ``ranking.model_filter`` keeps the nodes whose configuration
-  takes the name (``names.accepts``), then narrows the others to those
-  whose inventory lists it or is unknown, but only when some node
-  ``lists_model`` it (inventories narrow, never refuse);
-- discovery (``checks.py`` says the order): after ``checks.judge_health``
-  of the ``/health`` answer, ask ``GET CHECK_PATH`` (connect timeout, then
-  ``CHECK_ANSWER_TIMEOUT``, read at most ``MAX_LISTING_BYTES + 1`` bytes)
-  and apply ``judge_check(..., health_route=...)`` (a node event when the
-  health changes);
-- a pre-commit ``404`` with ``is_model_not_found(status, body)``: fail over
-  without cooldown, and ask for that node's re-check;
-- a commit with ``cooldown.ends_cooldown``: a down node is ready again
-  (reason ``READY_REASON_SERVED``; the node board, ``proxy/nodes/board.py``);
-- ``GET /v1/models``: ``advertised_ids`` per node, a live
-  ``parse_model_list`` for the nodes where it is None, then
-  ``models_document`` (None: answer 502);
-- ``GET /api/tags``: every node's body, in parallel, then ``tags_document``
-  (None: answer 502).
+Use, in the shell (docs/discovery.md, "Inventories and routing" and "The
+fleet's lists on the client listener"): ``ranking.model_filter`` narrows
+the candidates by inventory (``lists_model``); discovery applies
+``judge_check`` to the check's ``/v1/models`` answer; a pre-commit ``404``
+with ``is_model_not_found`` fails over without cooldown and asks for a
+re-check; ``GET /v1/models`` answers ``models_document`` of the nodes'
+``advertised_ids``, and ``GET /api/tags`` ``tags_document`` (None: 502).
 """
 
 from __future__ import annotations

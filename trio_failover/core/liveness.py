@@ -1,12 +1,8 @@
 """Pure: when a silent node is asked whether it is alive, and what its answer means.
 
-Silence is a question. While an attempt waits for a node (the request
-written and no head yet, a head and no first body byte, a committed stream
-that stopped), the proxy does not guess whether the node is busy or frozen:
-every ``--liveness-interval`` of silence it asks, with one ``GET /health``
-on a connection of its own (a *liveness check*). A node that answers keeps
-its slow work; one that does not is marked ``down`` (reason
-``unresponsive``), and every attempt still waiting on it ends at once.
+Silence is a question (docs/failover.md, "Liveness checks"): every
+``--liveness-interval`` of a node's silence towards a wait, the node is
+asked ``GET /health``; one that does not answer is marked ``down``.
 
 This module decides, from data and ``now``:
 

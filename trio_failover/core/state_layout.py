@@ -5,61 +5,10 @@ Lua, the reading of the scripts' replies, and the small decisions on them.
 server says ``NOSCRIPT``); this module holds the text, the key names and
 the reading of the replies, so that all of it is tested without Redis. The
 records themselves, and their envelope, are ``core/fleet_records.py``'s.
-
-Every name starts with ``--state-prefix`` (``P`` below, ``trio-failover:``
-by default):
-
-=========================  ==================================================
-``P records``              channel: every change record a replica publishes,
-                           as an envelope (below)
-``P freed``                channel: a freed slot, the message is the node's
-                           name (below)
-``P wanted``               channel: a take refused at a node, its name
-``P slots:NODE``           sorted set: the node's slot leases (below)
-``P node:NODE``            hash: the latest record of each field of a node
-                           (``FIELD`` -> ``AT_MS JSON-envelope``), what a
-                           replica loads when it (re)joins
-``P replicas``             sorted set: each replica's id, scored by the
-                           expiry of its last beat (Redis' ``TIME``, ms)
-=========================  ==================================================
-
-A record is a JSON object with a ``"kind"`` (the node board's records, in
-the form ``core/fleet_records.py`` gives them, with their envelope). A
-stored record is kept with Redis' time of its writing (``AT_MS``), so that
-a replica loading it later learns its age (``age_s``) and can take it off
-the remaining seconds.
-
-The heartbeat is a sorted set rather than a key per replica with a TTL:
-counting keys needs ``SCAN``, while the set's one script adds ours and
-reads every member, in one round trip (the lease's design). A member past
-its expiry is left in the set for the replicas that watched it stop
-(``judge``): one of them frees its slot leases and drops it, in one
-script (``REAP``), so a dead replica's slots are free within
-seconds rather than one lease TTL.
-
-The slot lease
---------------
-
-A node's slots held by all replicas are one sorted set, ``PREFIX slots:NODE``:
-each member a lease id, scored by its expiry in Redis' own milliseconds
-(``TIME``, so the replicas' clocks never enter). Every script first drops
-the leases past their expiry, then acts, all in one atomic step: a take is
-never two round trips (count, then add) that two replicas could interleave.
-
-Expiry is noticed lazily, by the next script that touches the node's set.
-A refused take therefore says when the oldest lease ends (``retry_after``),
-so a waiter whose holder died asks again then; whichever script drops
-expired leases announces it: ``PUBLISH PREFIX freed NODE``. A release
-announces its slot (``NODE REPLICA``) only when a waiter may be hoping for
-it: the node was full before it, or the releasing replica saw it full.
-The set itself expires one TTL after its last lease, so nodes that are gone
-leave nothing behind, while a waiter still sees (and announces) the expiry.
-The leases of a replica that stopped beating are freed sooner, by the
-others: ``REAP`` drops it from the replicas' set and frees the leases
-``leases_to_free`` picked, each announced as an expiry.
-
-Requires Redis 5 or later: a script that reads ``TIME`` and then writes is
-replicated by its effects, the default since 5.0 (the only way since 7.0).
+The keys and channels, the heartbeat and the slot lease's design are told
+in docs/replicas.md ("In Redis: keys, channels, records", "The slot
+lease"). Requires Redis 5 or later: a script that reads ``TIME`` and then
+writes is replicated by its effects, the default since 5.0.
 """
 
 from __future__ import annotations

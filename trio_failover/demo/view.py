@@ -85,10 +85,6 @@ def quiet_proxy_logs() -> Iterator[None]:
         logger.propagate = saved[2]
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
-
-
 # -- the live view --------------------------------------------------------------
 
 

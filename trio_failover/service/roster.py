@@ -1,19 +1,10 @@
 """The workers of a ``--workers`` fleet, as the first worker's ``/status`` lists them.
 
-Only the supervisor knows its workers (their pids, how often each was
-started again, whether each serves); only the first worker answers
-``/status``. So the supervisor tells the first worker: each time a worker
-starts, serves or exits it writes the whole list, one JSON line, to a pipe
-that the first worker holds the read end of (a new pipe for each of its
-lives), and a thread of that worker reads the lines and keeps the last.
-
-Why a pipe and whole snapshots: the supervisor never waits on it (its end
-is non-blocking; a line that finds the pipe full is dropped, the next one
-says everything again), a line shorter than ``PIPE_BUF`` arrives whole or
-not at all, and a worker that reads nothing for a while still shows the
-newest list once it does. The ages are not sent: each ``/status`` reads
-them from the kernel (``/proc/PID/stat``), so they are current however old
-the line, and no clock of the supervisor's is compared with the worker's.
+Only the supervisor knows its workers; at each start, serve and exit it
+writes the whole list, one JSON line, to a pipe whose read end the first
+worker holds, and a thread of that worker keeps the last line. Why a pipe
+and whole snapshots, and why the ages are read at each ``/status`` from
+``/proc/PID/stat``: docs/replicas.md ("Workers").
 
 A worker runs one roster at most; ``install`` makes it the process's, and
 the admin listener asks ``listed()`` (None in a proxy without workers, whose

@@ -1,58 +1,20 @@
 """``--workers N``: a supervisor process and N worker processes on the same listeners.
 
-Spawn, not fork. The supervisor binds the listeners itself, once: the
-client address ``N`` times with ``SO_REUSEPORT`` (the first one decides the
-port when ``0`` was asked, the others take that port), and the admin
-address once. Then it starts each worker as a fresh interpreter,
-``python -P -m trio_failover.service.workers``, passing it its own client
-socket, the admin socket for the first worker only, and the settings in an
-anonymous memory file (as ``cli/reexec.py`` does). Forking a process that
-already runs Trio (or any thread) is unsafe, and a fresh image also drops
-the command line's imports; binding in each worker instead would leave a
-port ``0`` for each to choose, and lose a dead worker's accept queue.
+What it does and why (spawn, not fork; one ``SO_REUSEPORT`` socket per
+worker, kept by the supervisor; printed once; restarts; stopping; reload;
+``/status``'s workers; one ``/metrics``) is told in docs/replicas.md
+("Workers"). Where the code does it:
 
-Why a socket per worker, kept by the supervisor: the kernel spreads new
-connections over the ``SO_REUSEPORT`` sockets by a hash of the addresses,
-so each worker accepts its own share without a shared accept lock; and
-because the supervisor keeps every socket open, the connections waiting in
-a dead worker's queue wait there for its successor instead of being reset.
-
-The supervisor prints ``listening on`` and ``admin on`` once every worker
-has said it serves (a byte on a pipe of its own), restarts a worker that
-exits with a bounded backoff (``core/workers.restart_delay``), and on
-``SIGTERM``/``SIGINT`` passes the signal on to every worker (each drains,
-as a single proxy does) and exits when they all have; a second signal is
-passed on too (each worker then stops at once). Workers run in a session of
-their own, so a Ctrl-C in a terminal reaches them only through it, once;
-a worker whose supervisor died (``kill -9``) drains as on ``SIGTERM``: it
-holds the read end of a pipe whose other end only the supervisor has.
-
-A worker that exits before it ever served, while the workers start, stops
-the whole program with its exit status (a bad TLS file is exit 2 for all).
-
-Reload: ``SIGHUP`` to the supervisor is passed on to every worker.
-Each worker holds the command line's ``SettingsLoader`` (it travels with
-the settings) and reloads as a single proxy does, reading the file itself;
-``_WorkerLoader`` makes what it reads this worker's settings
-(``core/workers.worker_reload_config``), and a file that names other
-listeners is refused by every worker alike. With ``--watch-config`` each
-worker polls the file on its own: the supervisor reads no settings after
-its start, so a reload stays one code path, the worker's. A worker started
-again reads the file as it is then, not the settings of the program's start.
-
-The first worker, whose admin listener answers ``/status`` for the fleet,
-also gets the read end of a roster pipe: at each start, serve and exit the
-supervisor writes it the whole list of workers (``roster.py``).
-
-Metrics: the first worker's ``/metrics`` adds up every worker's, through
-prometheus-client's multiprocess mode (``telemetry/metrics.py``). The
-supervisor makes a private directory for the run (``mkdtemp``: mode 0700,
-a fresh name, so no stale files of an earlier run are counted), gives it
-to every worker as ``PROMETHEUS_MULTIPROC_DIR`` (in the environment, which
-prometheus-client reads at import), drops a dead worker's gauges
-(``mark_process_dead``: its counters stay, they happened) before starting
-it again, and removes the directory when it exits. A supervisor killed
-outright removes nothing: its workers, which then drain and exit, do.
+- ``_Supervisor`` binds the listeners, starts each worker as
+  ``python -P -m trio_failover.service.workers`` with its sockets and the
+  settings in an anonymous memory file (as ``cli/reexec.py`` does), restarts
+  one that exits (``core/workers.restart_delay``) and passes signals on.
+- A worker holds the command line's ``SettingsLoader``; ``_WorkerLoader``
+  makes what it reads this worker's settings
+  (``core/workers.worker_reload_config``).
+- The first worker gets the roster pipe's read end (``roster.py``) and,
+  as every worker, the run's private ``PROMETHEUS_MULTIPROC_DIR``; a dead
+  worker's gauges are dropped (``mark_process_dead``) before its restart.
 """
 
 from __future__ import annotations

@@ -1,55 +1,22 @@
 """Keep-alive connections to nodes: per node, bounded, last in, first out.
 
-A response read to its end leaves a connection that the next attempt at the
-same node can use again, saving a TCP (and TLS) handshake on the critical
-path of every request. The rules, which ``upstream.open_response`` and
-``UpstreamResponse.release`` follow:
+The rules (only a clean exchange is pooled, LIFO, at most ``max_idle`` per
+node, expiry at ``idle_timeout``, a stale connection retried once) are told
+in docs/performance.md ("Keep-alive connections to nodes"), and the stray
+bytes check at checkout in docs/reliability.md ("Stray bytes on pooled
+connections"). What the code adds to them:
 
-- Only a connection whose request and response both ended cleanly goes back
-  (h11 in ``DONE``/``DONE``, no stray bytes, no ``Connection: close``). A
-  cancelled, failed or abandoned attempt closes its connection instead.
-- Checkout takes the most recently released connection (LIFO): it is the
-  least likely to have been closed by the node, and the older ones are left
-  to expire, so an idle fleet holds few sockets.
-- A connection idle for ``idle_timeout`` or longer is never handed out. The
-  default of 4 s stays below uvicorn's 5 s keep-alive (vLLM's server), so
-  the node does not close a connection just as the proxy reuses it. Expiry
-  is computed from ``now`` at checkout and release, and by ``watch``.
 - ``watch`` is the pool's one watcher task (the proxy runs it for its
-  lifetime, ``Proxy.run``; a pool is not used without it): it sleeps until
-  the earliest idle deadline or until any idle socket turns readable,
-  whichever comes first, and closes what is due. An idle connection has no
-  answer pending, so readable means the node closed it (EOF, reset) or sent
-  bytes nobody asked for: either way it cannot be used, the test httpcore
-  and urllib3 make at checkout. The sockets are watched through one epoll
-  set (Linux) whose own descriptor the watcher waits on. A released
-  connection joins that set at the watcher's next look, within
-  ``WATCH_DELAY`` of its release (a node's close must be noticed within
-  a second): one taken again before that, as on a
-  busy keep-alive path, costs no ``epoll_ctl`` at all, where registering at
-  release and unregistering at checkout cost two system calls a request.
-- At most ``max_idle`` idle connections per node; a release beyond that
-  closes the oldest one.
-- ``max_idle == 0`` or ``idle_timeout == 0`` turns pooling off.
-- Checkout looks at the connection before handing it out (``unread``):
-  one ``poll`` with a zero timeout on its socket, and for TLS the bytes
-  the TLS object holds (what came is decrypted, to tell stray data from
-  the node's ``close_notify``). An idle connection has no answer pending, so
-  anything readable is an EOF, a reset, or bytes the node sent after a
-  complete answer (a buggy engine, a body after a 204 or a HEAD answer):
-  used, those bytes would be read as the *next* client's answer. Such a
-  connection is closed, never used, and the next idle one (or a fresh
-  one) is taken. Stray bytes are logged (``stray bytes after a complete
-  answer``, the node's name, never the bytes) and counted
-  (``on_stray``); so are bytes that came in the same read as the end of
-  the answer (``release``), and bytes the watcher finds. The check runs
-  once per reuse, never per chunk. What it cannot see is a stray byte
-  still on the wire when the request goes out (docs/reliability.md has
-  the measured window).
-
-A pooled connection can still turn out dead when used (the node closed it
-after the check); ``upstream.open_response`` then retries once on a fresh
-connection, which is not a node failure.
+  lifetime; a pool is not used without it): it sleeps until the earliest
+  idle deadline or until any idle socket turns readable, and closes what
+  is due. An idle connection has no answer pending, so readable means the
+  node closed it or sent bytes nobody asked for. The sockets are watched
+  through one epoll set (Linux); a released connection joins it at the
+  watcher's next look, within ``WATCH_DELAY``: one taken again before
+  that, as on a busy keep-alive path, costs no ``epoll_ctl`` at all.
+- Checkout looks at the connection (``unread``): one ``poll`` with a zero
+  timeout on its socket, and for TLS the bytes the TLS object holds. The
+  check runs once per reuse, never per chunk.
 
 The decisions (``take_idle``, ``put_idle``, ``sweep_idle``, ``next_expiry``,
 ``is_reusable``) are plain functions of the idle lists and ``now``;

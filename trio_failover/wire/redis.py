@@ -1,11 +1,7 @@
 """A small Redis client on Trio: RESP2 written with hiredis' packer, read with its C parser.
 
-Why our own: measured under Trio, ``coredis`` (which runs on Trio through
-anyio) costs about 0.4 ms of CPU a command, four times this module and six
-times a command written by hand (docs/performance.md, "The shared state's
-client"); the slot take is on every request's path, where that is more
-than the whole request costs today. hiredis is the C parser redis-py uses;
-it comes with the ``redis`` extra.
+Why our own, not ``coredis``: docs/replicas.md ("The client: why our
+own"). hiredis comes with the ``redis`` extra.
 
 Two kinds of connection:
 

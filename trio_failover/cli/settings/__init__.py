@@ -6,27 +6,12 @@ value is shown. ``resolve`` reads the flags, the environment and the config
 file, applies the precedence flag > environment > file > default, builds the
 ``Config`` and returns, next to it, the ``Source`` of every value.
 
-Three rules shape the errors:
-
-- Every value that is given is checked, even one that a higher-precedence
-  source overrides: a broken line in the config file should not wait for the
-  day somebody drops the flag that hid it.
-- Every mistake is reported, not only the first: ``resolve`` raises one
-  ``ConfigError`` for a single mistake and a ``ConfigErrors`` holding each
-  of them for several, so that a file with five typos takes one round, not
-  five.
-- A ``ConfigError`` always names the option as the user wrote it (``--flag``
-  name, or TOML key), the source (``--first-body-timeout``,
-  ``TRIO_FAILOVER_FIRST_BODY_TIMEOUT`` or ``config.toml:12``), the value as
-  given (never a header value, a client key or the admin token: those are
-  secrets, and an error about one names the client or node instead) and
-  what was expected. ``Config``'s own validators only know attribute names;
-  their errors are relabelled here.
-
-Two options do not follow flag > environment > file: ``--capacity``, whose
-per-node values beat the bare default of a higher-precedence source (see
-``capacity.py``), and the lists (``--upstream``, ``--api-key``), which
-are taken whole from the first source that has one.
+The precedence, its two exceptions (``--capacity``: ``capacity.py``; the
+lists, taken whole from one source) and the errors (every value given is
+checked, every mistake reported, each naming the option, its source and
+the value, never a secret) are told in docs/configuration.md (its opening
+and "Errors"). ``Config``'s own validators only know attribute names; their
+errors are relabelled here.
 
 The package reads the config file but imports neither trio nor time; of
 the package's folders it imports ``core/`` only. Its modules, in the order

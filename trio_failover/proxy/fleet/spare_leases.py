@@ -1,36 +1,11 @@
 """Spare slot leases: an ended attempt's lease kept for the node's next attempt.
 
-With ``--state redis://`` every attempt at a node with a capacity holds a
-lease in Redis: a take (a round trip the attempt waits for) and a release
-(a write). With steady traffic that is two commands per request for
-nothing: the lease ends and the next attempt takes one again a moment
-later. So an attempt that ends while nobody else wants its slot keeps its
-lease as the node's *spare* (one per node and replica), and the next
-attempt there uses it, asking Redis nothing: at any capacity, 1 included.
-
-The fleet's count stays exact: a spare is a lease like any other, so no
-replica can pass a node's capacity because of one, and while one is kept
-the fleet counts one more slot in use there. What keeps it from standing
-in anyone's way:
-
-- a take refused anywhere in the fleet is told on the ``wanted`` channel,
-  and so is a workload that waits for a node without asking Redis (its
-  replica sees the node full by the engine's count,
-  ``FleetSlots.queued``). Every replica then gives its spare at that node
-  back at once (a waiter elsewhere waits one round trip more, not the
-  hold), and keeps no lease there that was taken before that news: the
-  next attempt's end releases it, announced, and the waiters race for it;
-- not kept while this replica sees the engine's count fill the node with
-  work besides its own (``SlotLedger.full_by_others``): a replica waiting
-  on that count needs the announcement to run now;
-- a spare no attempt used within ``SPARE_HOLD`` is given back (announced
-  freed when the node was full: ``state_layout.RELEASE``);
-- a lease is kept only within ``RECYCLE_MOST`` (and a third of
-  ``--lease-ttl`` less a hold) of its take: a kept lease is not renewed
-  (``FleetSlots.renew_all`` renews the leases of running attempts every
-  third of the TTL), so it never outlives its TTL; after that it is
-  released and a fresh one taken. With a TTL of three holds or less
-  nothing is kept.
+With ``--state redis://`` an attempt that ends while nobody else wants its
+slot keeps its lease as the node's *spare* (one per node and replica), and
+the next attempt there uses it, asking Redis nothing. When one is kept and
+when it is given back (wanted elsewhere, the engine full of others' work,
+``SPARE_HOLD``, ``RECYCLE_MOST``, an outage or a reload) is told in
+docs/replicas.md ("Spare leases").
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """The discovery loop: each node's inventory and health, checked on its own schedule.
 
 One task per node, all in one nursery that ``Discovery.run`` opens (one of
-the proxy's own tasks: ``Proxy.run`` starts it, whoever opens the proxy).
-Each task:
-
-1. waits for its first check: node ``i`` of ``n`` at ``i/n`` seconds after
-   start (``checks.first_check_delays``), so all begin within a second and
-   none together;
-2. checks (``core/checks.py`` has the order and the meaning of each
-   answer), each question over a fresh connection (``wire.fetch_if``)
-   within the connect timeout and then ``CHECK_ANSWER_TIMEOUT``:
-   ``GET /health`` every time (``checks.judge_health``); unless that
-   settled it, ``GET /v1/models`` (``inventory.judge_check``) and then
-   ``GET /api/tags`` (``checks.tags_answer``, kept in the health books) --
-   these two only while this proxy has no attempt in flight at the node
-   (the slot ledger's count, which holds every attempt from its slot to the
-   end of its relay, at any capacity, ``0`` included; read before the
-   connect and again right before the request goes out): llama-cpp-python
-   ends a running stream for a ``/v1/models``;
-3. hands the verdict to ``NodeBoard.check_finished``;
-4. waits until ``checks.next_check_at``: one interval after the check
-   began (up to a tenth early by jitter, never before it ended: one check
-   per node at a time), for a down node 1, 2, 4, 8 s ... after it ended;
-   or less when a stale-inventory ``404`` asks for a re-check
-   (``NodeBoard.ask_recheck``).
-
-A check is not an attempt: no slot, no ``in_flight``, no pooled connection.
+the proxy's own tasks). What a check asks and what the answers mean is
+told in docs/discovery.md ("The check"), and decided in ``core/checks.py``
+and ``core/inventory.py``. Each task waits for its first check
+(``checks.first_check_delays``), checks, each question over a fresh
+connection (``wire.fetch_if``; ``/v1/models`` and ``/api/tags`` only while
+the slot ledger counts no attempt in flight at the node, read before the
+connect and again right before the request goes out), hands the verdict to
+``NodeBoard.check_finished``, and waits until ``checks.next_check_at`` (or
+less when ``NodeBoard.ask_recheck`` asks).
 """
 
 from __future__ import annotations

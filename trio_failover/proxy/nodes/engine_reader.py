@@ -1,31 +1,15 @@
 """The engine reader: each node's own load and loaded models, every --load-interval.
 
-One task per node, all in the nursery ``EngineReader.run`` opens (the
-server's services nursery starts it, like discovery). Each task:
-
-1. finds its node's engine: a configured kind at once; ``auto`` at the
-   node's first good check (``checked(node, good=True, listing)``, which
-   discovery calls after each check), asking ``engines.DETECTION_PATHS``
-   one at a time as ``engine_parsers.next_detection`` says: the first
-   answer that shows an engine ends it (after llama-server's ``/props``,
-   nothing else is asked), and the check's own ``GET /v1/models`` answer
-   (``listing``) is weighed, never asked again. With discovery off
-   there is no check, so nothing is read of an ``auto`` node (the proxy
-   then asks a node nothing of its own accord but the liveness checks). A
-   round where no read got any answer detects nothing and is tried again;
-2. reads its engine's ``SIGNAL_PATHS`` every ``--load-interval`` and with
-   each check (``checked``; the round that detected it takes detection's
-   answers, such as ``/props``, rather than ask them twice), on a fresh
-   connection each (``wire.fetch``:
-   never a slot, never pooled), within the connect timeout and then
-   ``SIGNAL_ANSWER_TIMEOUT`` (2 s), at most ``MAX_SIGNAL_BYTES``;
-3. hands each parsed reading to the one callback, ``on_signal(EngineRead)``
-   (the board's ``apply``); a read that failed gives ``Signals`` with nothing but
-   ``last_error``. The callback is synchronous: it decides, it does not wait.
-
-An ``openai`` node (or a kind without reads) gets one ``EngineRead``
-(its kind, no signals) and its task ends. With ``--load-interval 0`` reads
-happen only with checks; with that and discovery off, never.
+One task per node, all in the nursery ``EngineReader.run`` opens. What is
+detected, read and when is told in docs/engines.md ("Detection (`auto`)",
+"What is read, how often, what it changes"); the decisions are
+``core/engine_parsers.py``'s (``next_detection``, the parsers). Each task
+finds its node's engine (``auto``: at its first good check, ``checked``,
+which discovery calls), then reads its ``SIGNAL_PATHS`` on a fresh
+connection each (``wire.fetch``) and hands each reading to the one
+callback, ``on_signal(EngineRead)`` (the board's ``apply``): synchronous,
+it decides, it does not wait. A read that failed gives ``Signals`` with
+nothing but ``last_error``.
 
 A reload (``reconcile``, from ``reload.py``) starts the tasks of added
 nodes, stops those of removed ones, and starts afresh those of kept nodes

@@ -1,34 +1,17 @@
 """The liveness checks: one ``GET /health`` per node at a time, for every wait on it.
 
-Silence is a question (docs/failover.md, "Liveness checks"). The proxy's
-``SilenceWatch`` (``silence.py``) times every wait for a node; when one has
-been silent for a question's period it calls ``LivenessChecker.ask`` with
-the node's name. The checker coalesces: while a check of a node runs,
-every other wait that comes due joins it, and a check that passed less than
-``PASS_REUSE`` ago answers at once. 50 attempts waiting on one frozen node
-make one ``GET /health`` per period, not 50.
-
-A check runs in the checker's own nursery (``run``, one of the proxy's own
-tasks), not in an attempt's task: the waits stay plain waits, with nothing
-of the check's I/O inside them, and a check that one attempt asked for
-answers the others although the first went away. It ends within the
-connect timeout and ``check_timeout``.
-
-Its answer: a pass is counted by the waits that asked
+When a node is asked, what a check is and what its answer does is told in
+docs/failover.md ("Liveness checks"). Here: the proxy's ``SilenceWatch``
+(``silence.py``) calls ``LivenessChecker.ask`` with a node's name when a
+wait on it comes due; the checker coalesces (a check running, or one that
+passed less than ``PASS_REUSE`` ago, answers every wait), and runs each
+check in its own nursery (``run``, one of the proxy's own tasks), not in an
+attempt's task. A pass is counted by the waits that asked
 (``SilenceWatch.answered``); a failure is the board's news
-(``NodeBoard.liveness_checked`` marks the node down, reason
-``unresponsive``), which ends every wait on the node at once, these and
-any other; with discovery on, the board asks discovery to re-check the
-node with its backoff, and with discovery off the checker does
-(``_revive``: 1, 2, 4 ... s, ``core.liveness.revive_delay``), so a node that
-wakes is back within seconds.
-
-A check is not an attempt: a fresh connection (``wire.fetch.fetch_head``),
-never pooled, no slot of the capacity ledger, the node's headers and TLS
-settings, the connect timeout and ``check_timeout`` for the head. It runs
-whether discovery is on or off. Each one is told through ``Report``
-(``liveness_checked``: the ``check`` event, ``/status``' ``last_check``,
-the metric).
+(``NodeBoard.liveness_checked``), which ends every wait on the node. With
+discovery off the checker asks a down node again itself (``_revive``,
+``core.liveness.revive_delay``). Each check is told through ``Report``
+(``liveness_checked``).
 """
 
 from __future__ import annotations

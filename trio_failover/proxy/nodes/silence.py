@@ -21,10 +21,14 @@ began (None while the relay writes, or before the request is written), and
 for an event stream, how much silence came before it.
 
 Who looks at those notes: ``SilenceWatch.watch``, one task per proxy (one
-of the proxy's own, ``Proxy.run``), which keeps every timer in one heap by
-the earliest moment it could be due, sleeps until the first of them and
-looks. A task per stream would cost ~5 KiB of memory per open stream
-(docs/performance.md, "Memory"); a heap entry costs a tuple.
+of the proxy's own, ``Proxy.run``). Registering a wait only notes it: almost
+every wait ends long before a whole period of silence, so it never costs a
+heap entry. Every so often (the shortest first look that a wait registered
+since its last scan may need, a liveness interval by default) the watch
+scans the waits it has not looked at yet and puts those still running in
+one heap by the earliest moment each could be due; it then sleeps until the
+first of them and looks. A task per stream would cost ~5 KiB of memory per
+open stream (docs/performance.md, "Memory"); a heap entry costs a tuple.
 
 The watch cancels a relay's scope only while the relay waits for the node,
 never while it writes, so a cancellation can only end a wait. A chunk that
@@ -69,28 +73,21 @@ class SilenceTimer:
     cancelled the scope for the node's silence towards the questions (the
     node did not answer, or is down); ``checks`` counts the passed checks
     this wait asked for.
+
+    The notes that most waits never change are class attributes, set on the
+    instance only when they change: one request's timer costs a few stores.
     """
 
-    __slots__ = (
-        "armed",
-        "asking",
-        "checks",
-        "committed",
-        "deadlines",
-        "ended_by",
-        "head_period",
-        "head_seen",
-        "last_question",
-        "node",
-        "period",
-        "queued",
-        "resends",
-        "scope",
-        "silence",
-        "stopped",
-        "timeout",
-        "waiting_since",
-    )
+    waiting_since: float | None = None
+    silence = 0.0
+    stopped = False
+    # Whether a SilenceWatch heap holds it; None: the watch has not looked at it yet.
+    queued: bool | None = None
+    asking = False  # a question of it waits for the node's check
+    last_question = -math.inf  # when it last asked
+    checks = 0
+    ended_by: str | None = None
+    resends = 0  # the wire's: requests sent again on a fresh connection
 
     def __init__(
         self,
@@ -106,23 +103,16 @@ class SilenceTimer:
         self.timeout = timeout
         self.armed = armed
         self.scope = trio.CancelScope()
-        self.waiting_since: float | None = None
-        self.silence = 0.0
-        self.stopped = False
-        self.queued = False  # whether a SilenceWatch heap holds it
         self.node = node
         self.period = period
-        self.head_period = period if head_period is None else head_period
-        self.head_seen = head_period is None
+        if head_period is None:
+            self.head_period, self.head_seen = period, True
+        else:
+            self.head_period, self.head_seen = head_period, False
         self.committed = committed
         # Seconds from the silence's start to the wire's deadline, before and
         # after the head: a question then would come too late to matter.
         self.deadlines = deadlines
-        self.asking = False  # a question of it waits for the node's check
-        self.last_question = -math.inf  # when it last asked
-        self.checks = 0
-        self.ended_by: str | None = None
-        self.resends = 0  # the wire's: requests sent again on a fresh connection
 
     @property
     def fired(self) -> bool:
@@ -180,10 +170,16 @@ class SilenceWatch:
 
     ``watch`` is that task: the proxy runs it for its lifetime
     (``Proxy.run``). A wait ``register``s its timer before it begins and
-    ``unregister``s it after; each is O(log n), and the relay does no heap
-    work per chunk. A stopped timer stays in the heap until its entry comes
-    due or the stopped entries are the majority, when the heap is rebuilt
-    without them.
+    ``unregister``s it after, each O(1): a dictionary entry. A wait that has
+    not started its silence yet (the relay's and the attempt's, as they
+    register) cannot need a look before ``_lead`` seconds from now: its
+    shortest timeout or period. The watch scans the waits it has not looked
+    at yet every ``_lead`` (a wait with a shorter one wakes it) and puts them
+    in its heap, computing their due moments then, as they would have been at
+    registration: until a wait's first due moment, its notes alone decide
+    it. The relay does no heap work per chunk, and a short wait none at all.
+    A stopped timer stays in the heap until its entry comes due or the
+    stopped entries are the majority, when the heap is rebuilt without them.
 
     ``ask``: called with a node's name when a wait's question is due (the
     proxy's ``LivenessChecker.ask``); it answers through ``answered``.
@@ -192,12 +188,14 @@ class SilenceWatch:
     """
 
     __slots__ = (
-        "_by_node",
         "_heap",
         "_last_byte",
+        "_lead",
+        "_next_scan",
         "_seq",
         "_settings",
         "_stale",
+        "_timers",
         "_wake",
         "ask",
         "running",
@@ -209,12 +207,15 @@ class SilenceWatch:
         self._heap: list[tuple[float, int, SilenceTimer]] = []
         self._seq = itertools.count()  # ties in expiry never compare timers
         self._stale = 0  # stopped timers still in the heap
-        self._wake = trio.Event()  # set when an entry is earlier than all before it
+        self._wake = trio.Event()  # set when the watch must look before it meant to
         self.running = False
         self.ask = ask
         self._settings = None if config is None else live_config(config)
-        # Each node's registered waits, and when its last ended stream last relayed.
-        self._by_node: dict[str, set[SilenceTimer]] = {}
+        # Every registered wait, in the order of registration.
+        self._timers: dict[SilenceTimer, None] = {}
+        # The scans of new waits: every _lead seconds, the next at _next_scan.
+        self._lead = self._next_scan = math.inf
+        # When each node's last ended stream last relayed.
         self._last_byte: dict[str, float] = {}
 
     @property
@@ -225,32 +226,37 @@ class SilenceWatch:
     @property
     def timed(self) -> int:
         """How many waits it times now."""
-        return len(self._heap) - self._stale
+        return len(self._timers)
 
     def register(self, timer: SilenceTimer) -> None:
         """Time ``timer`` from now on, until ``unregister``."""
-        now = trio.current_time()
-        if timer.node:
-            self._by_node.setdefault(timer.node, set()).add(timer)
-        due = self._due(timer, now)
-        if due is None:  # only an armed relay already waiting: not at registration
-            timer.scope.cancel()
+        self._timers[timer] = None
+        if timer.waiting_since is None and not timer.silence:
+            # Its silence starts from now at the earliest: the watch need not
+            # look before ``lead`` (its scan then computes the due moment).
+            lead = min(timer.timeout, timer.period, timer.head_period)
+            if lead < self._lead:
+                self._lead = lead
+                self._wake.set()
             return
-        if due < math.inf:
+        # Notes set already (a wait begun before it registered): timed from now.
+        now = trio.current_time()
+        due = self._due(timer, now)
+        if due is None:  # an armed relay waiting past its timeout already
+            timer.queued = False
+            timer.scope.cancel()
+        elif due < math.inf:
             self._push(due, timer)
+        else:
+            timer.queued = False
 
     def unregister(self, timer: SilenceTimer) -> None:
         """Stop timing ``timer`` (its wait ended, whichever way)."""
         timer.stopped = True
-        if timer.node:
-            waits = self._by_node.get(timer.node)
-            if waits is not None:
-                waits.discard(timer)
-                if not waits:
-                    del self._by_node[timer.node]
-            if timer.committed:
-                since = timer.waiting_since
-                self._last_byte[timer.node] = trio.current_time() if since is None else since
+        self._timers.pop(timer, None)
+        if timer.committed and timer.node:
+            since = timer.waiting_since
+            self._last_byte[timer.node] = trio.current_time() if since is None else since
         if not timer.queued:
             return
         self._stale += 1
@@ -262,6 +268,10 @@ class SilenceWatch:
                     entry[2].queued = False
             heapq.heapify(live)
             self._heap, self._stale = live, 0
+
+    def _waits_at(self, node: str) -> list[SilenceTimer]:
+        """The registered waits on ``node`` (a scan: a check's answer, a node down)."""
+        return [timer for timer in self._timers if timer.node == node]
 
     # -- what the checks and the board tell ---------------------------------
 
@@ -276,13 +286,13 @@ class SilenceWatch:
             return True
         return any(
             moving(timer.waiting_since, now, window)
-            for timer in self._by_node.get(node, ())
+            for timer in self._waits_at(node)
             if timer.committed
         )
 
     def answered(self, node: str, passed: bool, detail: str) -> None:
         """A check of ``node`` ended: counted by the waits that asked; a failed one ends them."""
-        for timer in self._by_node.get(node, ()):
+        for timer in self._waits_at(node):
             if timer.asking:
                 timer.asking = False
                 timer.checks += 1
@@ -305,7 +315,7 @@ class SilenceWatch:
         """End every wait on ``node`` before commit, and its committed streams that are silent."""
         now = trio.current_time()
         window = proof_window(self.interval)
-        for timer in list(self._by_node.get(node, ())):
+        for timer in self._waits_at(node):
             if timer.scope.cancel_called:
                 continue
             if timer.committed and moving(timer.waiting_since, now, window):
@@ -340,18 +350,52 @@ class SilenceWatch:
         self.running = True
         try:
             while True:
-                if self._wake.is_set():
+                woken = self._wake.is_set()
+                if woken:
                     self._wake = trio.Event()
-                if not self._heap:
+                now = trio.current_time()
+                if woken or now >= self._next_scan:
+                    self._scan(now)
+                wake_at = min(self._heap[0][0] if self._heap else math.inf, self._next_scan)
+                if wake_at == math.inf:
                     await self._wake.wait()
                     continue
-                with trio.move_on_at(self._heap[0][0]):
+                with trio.move_on_at(wake_at):
                     await self._wake.wait()
-                self._expire(trio.current_time())
+                now = trio.current_time()
+                if now >= self._next_scan:
+                    self._scan(now)
+                self._expire(now)
         finally:
             # The waits still registered lose their timing; serve() stops
             # the proxy only after its connections (or when all is cancelled).
             self.running = False
+
+    def _scan(self, now: float) -> None:
+        """Put the waits registered since the last scan in the heap, each by its due moment.
+
+        None of them can be due before ``now``: each registered at most
+        ``_lead`` ago, before its silence began. No new wait: the scans stop
+        until one registers.
+        """
+        found = False
+        for timer in self._timers:
+            if timer.queued is not None:
+                continue
+            found = True
+            due = self._due(timer, now)
+            if due is None:
+                timer.queued = False
+                timer.scope.cancel()
+            elif due < math.inf:
+                heapq.heappush(self._heap, (due, next(self._seq), timer))
+                timer.queued = True
+            else:
+                timer.queued = False
+        if found:
+            self._next_scan = now + self._lead
+        else:
+            self._lead = self._next_scan = math.inf
 
     def _expire(self, now: float) -> None:
         """Look at every entry due by ``now``: fire, ask, push again later, or drop."""
