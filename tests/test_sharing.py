@@ -316,6 +316,12 @@ async def test_rpm_refuses_the_fourth_request_of_the_minute_with_retry_after(
     assert other is not None
     assert other.status == 200
     assert [w["status"] for w in proxy.recent if w["id"] == "r-30.0"] == [429]
+    # The two refused used nothing: they count as limits hit, not as requests.
+    assert proxy.view.document()["clients"] == {"r": {"limits_hit": 2}}
+    assert {(e["client"], e["requests"]) for e in proxy.report.usage.document(60.0)["clients"]} == {
+        ("r", 4),
+        ("s", 1),
+    }
 
 
 async def test_tpm_counts_each_answers_tokens_when_it_ends(

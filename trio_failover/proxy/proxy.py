@@ -94,7 +94,14 @@ class Proxy:
         )
         self.report = Report(live)
         self.board, self.queue = _board_and_queue(config, self.report)
-        self.view = StatusView(live, self.board, self.queue, self.report.recent, self.report.live)
+        self.view = StatusView(
+            live,
+            self.board,
+            self.queue,
+            self.report.recent,
+            self.report.live,
+            self.report.limits_hit,
+        )
         metrics = self.report.metrics
         self.pool.on_stray = lambda node: metrics.child(metrics.stray_bytes, node).inc()
         self._drain = Drain()

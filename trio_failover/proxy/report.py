@@ -50,6 +50,8 @@ class Report:
         self.recent: deque[tuple[Workload, float]] = deque(maxlen=RECENT_WORKLOADS)
         # Workloads not finished yet, oldest first (keyed by identity).
         self.live: dict[int, Workload] = {}
+        # Requests each client's rpm or tpm refused (429 rate_limited), for /status.
+        self.limits_hit: dict[str, int] = {}
         # Every client's requests, tokens and slot-seconds (``GET /usage``).
         self.usage = UsageBook()
         # The traces' sink. None: traces off, OpenTelemetry not even imported.
@@ -236,7 +238,14 @@ class Report:
         )
 
     def _count_usage(self, work: Workload, client: str, now: float) -> None:
-        """Count a finished workload's request, tokens and slot-seconds (``GET /usage``)."""
+        """Count a finished workload's request, tokens and slot-seconds (``GET /usage``).
+
+        A request its client's limits refused (``429``, nothing sent to a
+        node) used nothing: it is counted as a limit hit only.
+        """
+        if work.status == 429 and not work.attempts:
+            self.limits_hit[client] = self.limits_hit.get(client, 0) + 1
+            return
         prompt, completion = work.prompt_tokens or 0, work.completion_tokens or 0
         model = self.usage.add(
             client,

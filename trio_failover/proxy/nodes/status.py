@@ -35,12 +35,14 @@ class StatusView:
         queue: SlotQueue,
         recent: deque[tuple[Workload, float]],
         live: dict[int, Workload],
+        limits_hit: dict[str, int] | None = None,
     ) -> None:
         self._settings = live_config(config)
         self.board = board
         self.queue = queue
         self._recent = recent  # finished workloads and when they ended
         self._live = live  # workloads not finished yet, oldest first
+        self._limits_hit = {} if limits_hit is None else limits_hit  # the report's, per client
         # Cache affinity's counts per node (set by the proxy); None: no ``affinity`` field.
         self.affinity: CacheAffinity | None = None
 
@@ -106,4 +108,8 @@ class StatusView:
             "queued": len(self.queue),
             "nodes": nodes,
             "workloads": workloads,
+            # Per client that has any: the requests its rpm or tpm refused.
+            "clients": {
+                name: {"limits_hit": hits} for name, hits in sorted(self._limits_hit.items())
+            },
         }
