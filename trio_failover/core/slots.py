@@ -309,7 +309,7 @@ class SlotLedger:
         return busy is not None and busy >= capacity
 
     def load(self, node: str) -> float:
-        """What ``least-loaded`` minimises (``engines.load_key``).
+        """What ``least-loaded`` minimises, and cache affinity's load rule compares.
 
         ``in_flight / max(capacity, 1)`` without a signal; with one,
         ``(max(in_flight, busy) + waiting) / max(capacity, 1)``, ``busy``
