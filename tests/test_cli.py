@@ -356,6 +356,9 @@ def test_check_takes_repeated_capacity_and_keys_and_masks_them() -> None:
     assert rows["max-queue"] == ("1000", "default")
     assert rows["discovery-interval"] == ("30s", "default")
     assert rows["unstreamed-timeout"] == ("10m", "default")
+    assert rows["client-header"] == ("none", "default")
+    assert rows["fair-share"] == ("on", "default")
+    assert rows["affinity"] == ("prefix", "default")
     for secret in ("sk-alice-secret", "sk-other-secret", "tok-secret"):
         assert secret not in result.output
 

@@ -286,7 +286,7 @@ def _state_text(text: str) -> str:
 STATE = Kind(
     "memory|url", _state_text, _toml_str(_state_text, 'memory or "redis://HOST:PORT"'), masked_url
 )
-TEXT = Kind("text", str, _toml_str(str, "text"), str)
+TEXT = Kind("text", str, _toml_str(str, "text"), show_path)
 # The token's checks are Config's own validator (run on every given value).
 TOKEN = Kind("token", str, str, _show_secret)
 # --config, --upstream, --capacity, --engine and --api-key are read by resolve()
