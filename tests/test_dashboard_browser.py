@@ -553,6 +553,8 @@ READ_SPARKLINES = """JSON.stringify({
     charts: tr.querySelectorAll("svg.sparkline").length})),
 })"""
 KEYS = {"alice": "ka-0d4c8e2f6a1b9357", "bob": "kb-7a3e5c9d1f0b2468"}
+# A client of one request a minute: its second and third are refused.
+CAROL = ("carol", "kc-5e1a9b7d3c2f8064")
 
 
 def chat(model: str) -> bytes:
@@ -632,7 +634,10 @@ async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path
                 upstreams,
                 history,
                 discovery_interval=0,
-                clients=tuple(ClientKey(name, key) for name, key in KEYS.items()),
+                clients=(
+                    *(ClientKey(name, key) for name, key in KEYS.items()),
+                    ClientKey(*CAROL, rpm=1),
+                ),
             )
             async with (
                 open_browser(nursery, tmp_path) as devtools,
@@ -641,6 +646,18 @@ async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path
                 await devtools.open_page(f"{bound.admin_url}/")
                 await wait_live(devtools, 3, "a live event stream and three nodes")
                 await send_waves(bound.client_url, [2, 5, 3, 6, 1, 4])
+                async with httpx.AsyncClient(base_url=bound.client_url, timeout=30) as http:
+                    carol = [
+                        (
+                            await http.post(
+                                "/v1/chat/completions",
+                                content=chat("qwen3:32b"),
+                                headers={"authorization": f"Bearer {CAROL[1]}"},
+                            )
+                        ).status_code
+                        for _ in range(3)
+                    ]
+                assert carol == [200, 429, 429]
                 await trio.sleep(1.5)  # the last wave's interval closes
 
                 # The page draws what /history says: the same interval count,
@@ -661,7 +678,10 @@ async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path
                 for _ in range(100):
                     usage = (await admin.get("/usage")).json()
                     clients = json.loads(await devtools.evaluate(READ_CLIENTS))
-                    if clients and clients_match(clients, usage):
+                    limits_shown = any(
+                        row["client"] == "carol" and row["cells"][7] == "2" for row in clients
+                    )
+                    if clients and clients_match(clients, usage) and limits_shown:
                         break
                     await trio.sleep(0.1)
                 else:
@@ -728,12 +748,14 @@ async def test_dashboard_draws_the_last_minutes_per_node(chromium: str, tmp_path
     done = [w["text"].split("\t") for w in page["workloads"] if w["state"] == "completed"]
     assert len(done) >= 10
     # Id, Request, Client, Model, Nodes tried, ...
-    assert {cells[2] for cells in done} == {"alice", "bob"}
+    assert {cells[2] for cells in done} == {"alice", "bob", "carol"}
     assert {cells[3] for cells in done} == {"qwen3:32b", "llama3.1:8b"}
     # The clients panel: both keys, their models, their streams' tokens
     # estimated (the fake streams tell none).
-    assert {row["client"] for row in clients} == {"alice", "bob"}
+    assert {row["client"] for row in clients} == {"alice", "bob", "carol"}
     for row in clients:
         assert "qwen3:32b" in row["cells"][1]
         assert "estimated" in row["cells"][5]
-        assert row["cells"][7] == "\u2014"  # no limits known yet
+    # Carol's refused requests are limits hit (from /status), not requests.
+    limits = {row["client"]: row["cells"][7] for row in clients}
+    assert limits == {"alice": "\u2014", "bob": "\u2014", "carol": "2"}
