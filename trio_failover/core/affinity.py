@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
+from itertools import compress
 from operator import ne
 from typing import Any
 
@@ -72,18 +72,23 @@ _EPSILON = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class Chain:
-    """A prompt's blocks as cumulative hashes, and the bytes each prefix spans.
+    """A prompt's blocks as cumulative hashes.
 
-    ``hashes[i]`` covers the model and blocks ``0..i``; ``ends[i]`` is the
-    number of prompt bytes in blocks ``0..i``.
+    ``hashes[i]`` covers the model and blocks ``0..i``: its high 32 bits
+    are their CRC-32, its low 32 bits the number of prompt bytes they span
+    (modulo 2**32: far more than a request's body may hold).
     """
 
     hashes: tuple[int, ...]
-    ends: tuple[int, ...]
+
+    @property
+    def ends(self) -> tuple[int, ...]:
+        """The prompt bytes of each prefix: ``ends[i]`` those of blocks ``0..i``."""
+        return tuple(digest & _LOW for digest in self.hashes)
 
     def matched_bytes(self, blocks: int) -> int:
         """The prompt bytes of the chain's first ``blocks`` blocks."""
-        return self.ends[blocks - 1] if blocks > 0 else 0
+        return self.hashes[blocks - 1] & _LOW if blocks > 0 else 0
 
 
 def prompt_chain(document: Any) -> Chain | None:
@@ -111,41 +116,45 @@ def prompt_chain(document: Any) -> Chain | None:
     if not blocks:
         return None
     hashes: list[int] = []
-    ends: list[int] = []
     total = 0
     for block in blocks:
         crc = zlib.crc32(block, crc)
         total += len(block)
-        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
-        ends.append(total)
-    return Chain(tuple(hashes), tuple(ends))
+        hashes.append((crc << 32) | (total & _LOW))
+    return Chain(tuple(hashes))
 
 
 def _chat_chain(messages: list[Any], crc: int) -> Chain | None:
-    # One block per message. The common message ({"role", "content"}, both
-    # ASCII strings: their length in bytes is their length) costs no call
-    # of ours and no copy of role and content together: a 100 KB context
-    # is read once, by the CRC (docs/performance.md); any other as JSON
-    # with sorted keys (``_message_bytes``).
+    # One block per message. The common message ({"role", "content"}: a
+    # role of ``_ROLE_BYTES``, content an ASCII string, whose length in
+    # bytes is its length) costs no call of ours and no copy of role and
+    # content together: a 100 KB context is read once, by the CRC
+    # (docs/performance.md); any other as JSON with sorted keys
+    # (``_message_bytes``), or, text, as the same bytes as the common one.
     hashes: list[int] = []
-    ends: list[int] = []
+    append = hashes.append
     total = 0
     crc32 = zlib.crc32
+    roles = _ROLE_BYTES
     for message in messages[:MAX_BLOCKS]:
         if type(message) is dict and len(message) == 2:
             role, content = message.get("role"), message.get("content")
-            if type(role) is str and type(content) is str and role.isascii() and content.isascii():
-                crc = crc32(content.encode(), crc32(role.encode() + b"\0", crc))
-                total += len(role) + 1 + len(content)
-                hashes.append((crc << 32) | (total & 0xFFFFFFFF))
-                ends.append(total)
+            head = roles.get(role) if type(role) is str else None
+            if head is not None and type(content) is str and content.isascii():
+                crc = crc32(content.encode(), crc32(head, crc))
+                total += len(head) + len(content)
+                append((crc << 32) | (total & _LOW))
                 continue
         block = _message_bytes(message)
         crc = crc32(block, crc)
         total += len(block)
-        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
-        ends.append(total)
-    return Chain(tuple(hashes), tuple(ends)) if hashes else None
+        append((crc << 32) | (total & _LOW))
+    return Chain(tuple(hashes)) if hashes else None
+
+
+# The roles of the common message, as its block begins: the role and a NUL.
+_ROLE_BYTES = {role: role.encode() + b"\0" for role in ("system", "user", "assistant", "tool")}
+_LOW = 0xFFFFFFFF
 
 
 def _prompt_blocks(document: dict[str, Any]) -> list[bytes]:
@@ -281,16 +290,25 @@ class AffinityMemory:
         held = self._by_node.get(node)
         if held is None:
             held = self._by_node[node] = OrderedDict()
-        # the new blocks added, then every block moved to the end, the
-        # latest first: the opening the most recent, forgotten last
-        newest_first = list(reversed(hashes))
-        held.update(dict.fromkeys(newest_first))
-        deque(map(held.move_to_end, newest_first), maxlen=0)
-        keys = list(zip(repeat(node), newest_first))
+        # The opening last: the most recent, forgotten last. A plain loop:
+        # map() over move_to_end was measured slower (docs/performance.md).
+        # A block's next one is set, or found to differ (branched), only
+        # where that next one is new to the node: a next one it held came
+        # with its block already (a prefix), so most of a chain is moves.
         order = self._order
-        order.update(dict.fromkeys(keys))
-        deque(map(order.move_to_end, keys), maxlen=0)
-        self._link(hashes)
+        nexts = self._next
+        following: int | None = None  # the block after this one, when it is new here
+        for digest in reversed(hashes):
+            if following is not None and nexts.setdefault(digest, following) != following:
+                self._branched.add(digest)
+            if digest in held:
+                held.move_to_end(digest)
+                order.move_to_end((node, digest))
+                following = None
+            else:
+                held[digest] = None
+                order[(node, digest)] = None
+                following = digest
         while len(held) > self.max_per_node:
             digest, _ = held.popitem(last=False)
             del order[(node, digest)]
@@ -299,20 +317,6 @@ class AffinityMemory:
             (oldest, digest), _ = order.popitem(last=False)
             del self._by_node[oldest][digest]
             self._drop(digest)
-
-    def _link(self, hashes: Sequence[int]) -> None:
-        # Each block's next one: set where none was seen, branched where
-        # another was. Only the blocks whose seen next is not this chain's
-        # come to Python: the new ones, and the shared openings.
-        nexts = self._next
-        following = hashes[1:]
-        seen = list(map(nexts.get, hashes[:-1]))  # None where none was seen
-        for index in compress(range(len(hashes)), map(ne, seen, following)):
-            digest = hashes[index]
-            if digest in nexts:
-                self._branched.add(digest)
-            else:
-                nexts[digest] = following[index]
 
     def _drop(self, digest: int) -> None:
         # forgotten by one node; by all, its links go too
