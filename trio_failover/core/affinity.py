@@ -240,17 +240,20 @@ class AffinityMemory:
             raise ValueError("affinity memory bounds must be >= 1")
         self.max_per_node = max_per_node
         self.max_total = max_total
-        # per node its blocks, oldest first; in all, (node, block), oldest first
-        self._by_node: dict[str, OrderedDict[int, None]] = {}
-        self._order: OrderedDict[tuple[str, int], None] = OrderedDict()
-        # the one next block seen after a block, and the blocks after which
-        # two different ones were seen (conversations that went different ways)
+        # Per node its blocks, oldest first, each with the number of the
+        # ``remember`` that last touched it: the oldest entry in all is the
+        # oldest of the nodes' first ones (one call touches one node), so
+        # no second order of (node, block) pairs is kept.
+        self._by_node: dict[str, OrderedDict[int, int]] = {}
+        self._calls = 0
+        self._total = 0
+        # The one next block seen after a block, or ``_BRANCHED`` once two
+        # different ones were (conversations that went different ways).
         self._next: dict[int, int] = {}
-        self._branched: set[int] = set()
 
     def __len__(self) -> int:
         """The (node, block) entries held."""
-        return len(self._order)
+        return self._total
 
     def held(self, node: str) -> int:
         """The blocks ``node`` holds."""
@@ -271,19 +274,17 @@ class AffinityMemory:
         longest = lengths[-1]
         # held by two nodes or more: the second-longest match's blocks
         shared = lengths[-2] if len(lengths) > 1 else 0
-        # a block after which two different ones were seen
-        prefix = hashes[:longest]
-        branched = self._branched
-        shared = max(
-            shared,
-            1 + max(compress(range(len(hashes)), map(branched.__contains__, prefix)), default=-1),
-        )
-        # a block seen followed by another block than this chain's next one
-        # (one with no next seen yields this chain's: no difference)
+        # The last block seen followed by another than this chain's next one,
+        # or branched; one with no next seen yields this chain's: no
+        # difference. In C loops: a 41-block chain costs no Python per block.
+        nexts = self._next
         following = hashes[1 : longest + 1]
-        seen = map(self._next.get, prefix, following)
-        differs = compress(range(len(hashes)), map(ne, seen, following))
-        return Matches(blocks, max(shared, 1 + max(differs, default=-1)))
+        seen = map(nexts.get, hashes[:longest], following)
+        differs = max(compress(range(longest), map(ne, seen, following)), default=-1)
+        shared = max(shared, differs + 1)
+        if longest == len(hashes) and nexts.get(hashes[-1]) == _BRANCHED:
+            shared = longest  # the chain's last block: it has no next to differ from
+        return Matches(blocks, shared)
 
     def remember(self, node: str, hashes: Sequence[int]) -> None:
         """``node`` served the chain ``hashes`` (this proxy's serve, or another replica's)."""
@@ -295,37 +296,41 @@ class AffinityMemory:
         # A block's next one is set, or found to differ (branched), only
         # where that next one is new to the node: a next one it held came
         # with its block already (a prefix), so most of a chain is moves.
-        order = self._order
+        self._calls += 1
+        call = self._calls
         nexts = self._next
         following: int | None = None  # the block after this one, when it is new here
         for digest in reversed(hashes):
             if following is not None and nexts.setdefault(digest, following) != following:
-                self._branched.add(digest)
-            if digest in held:
-                held.move_to_end(digest)
-                order.move_to_end((node, digest))
-                following = None
-            else:
-                held[digest] = None
-                order[(node, digest)] = None
+                nexts[digest] = _BRANCHED
+            if held.pop(digest, None) is None:
+                self._total += 1
                 following = digest
+            else:
+                following = None
+            held[digest] = call  # at the end: the most recent
         while len(held) > self.max_per_node:
-            digest, _ = held.popitem(last=False)
-            del order[(node, digest)]
-            self._drop(digest)
-        while len(order) > self.max_total:
-            (oldest, digest), _ = order.popitem(last=False)
-            del self._by_node[oldest][digest]
-            self._drop(digest)
+            self._drop(held)
+        while self._total > self.max_total:
+            self._drop(min(filter(None, self._by_node.values()), key=_oldest_call))
 
-    def _drop(self, digest: int) -> None:
-        # forgotten by one node; by all, its links go too
-        if not any(digest in held for held in self._by_node.values()):
+    def _drop(self, held: OrderedDict[int, int]) -> None:
+        # a node's oldest block forgotten; by all nodes, its links go too
+        digest, _ = held.popitem(last=False)
+        self._total -= 1
+        if not any(digest in other for other in self._by_node.values()):
             self._next.pop(digest, None)
-            self._branched.discard(digest)
 
 
-def _held_prefix(hashes: Sequence[int], held: Mapping[int, None]) -> int:
+# Not a block's hash: those are CRC << 32 | length, never negative.
+_BRANCHED = -1
+
+
+def _oldest_call(held: OrderedDict[int, int]) -> int:
+    return next(iter(held.values()))
+
+
+def _held_prefix(hashes: Sequence[int], held: Mapping[int, int]) -> int:
     # How many leading blocks of ``hashes`` ``held`` holds: a prefix
     # (``AffinityMemory``), found by halving.
     low, high = 0, len(hashes)
