@@ -55,11 +55,12 @@ MAX_BLOCKS = 4096
 DIGEST_BYTES = 8
 
 # The memory's bounds, in (node, block) entries; each costs about
-# ``ENTRY_BYTES`` of the proxy's memory (measured with tracemalloc: the
-# block's record, its place in the node's order and in the global one).
+# ``ENTRY_BYTES`` of the proxy's memory (measured with tracemalloc, four
+# nodes full: the block's place in its node's order, its hash, and its
+# next block's).
 MAX_PER_NODE = 8192
 MAX_TOTAL = 32768
-ENTRY_BYTES = 550
+ENTRY_BYTES = 160
 
 # Load wins over cache: the preferred node is passed over at this much
 # more load than the least-loaded ready candidate's (``SlotLedger.load``),
@@ -230,9 +231,10 @@ class AffinityMemory:
     them too, and remembering it touches them after it). ``match`` relies
     on that: it finds each node's match by halving, not block by block.
 
-    The work per block is done by C loops (``map``, ``compress``, the
-    ordered dicts' own), not by Python statements: a 100 KB conversation's
-    41 blocks, 39 of them known, cost a few calls (docs/performance.md).
+    ``remember`` is one pass over the chain, from its end, of a pop and a
+    store per block (the next-block table only for the blocks new to the
+    node); ``match`` reads the next-block table in C loops. What that
+    costs a 100 KB conversation: docs/performance.md, "Cache affinity".
     """
 
     def __init__(self, max_per_node: int = MAX_PER_NODE, max_total: int = MAX_TOTAL) -> None:
