@@ -141,9 +141,13 @@ def _chat_chain(messages: list[Any], crc: int) -> Chain | None:
         if type(message) is dict and len(message) == 2:
             role, content = message.get("role"), message.get("content")
             head = roles.get(role) if type(role) is str else None
-            if head is not None and type(content) is str and content.isascii():
-                crc = crc32(content.encode(), crc32(head, crc))
-                total += len(head) + len(content)
+            if head is not None and type(content) is str:
+                try:
+                    data = content.encode()
+                except UnicodeEncodeError:  # a lone surrogate
+                    data = _utf8(content)
+                crc = crc32(data, crc32(head, crc))
+                total += len(head) + len(data)
                 append((crc << 32) | (total & _LOW))
                 continue
         block = _message_bytes(message)
@@ -301,16 +305,18 @@ class AffinityMemory:
         self._calls += 1
         call = self._calls
         nexts = self._next
+        move = held.move_to_end  # a pop and a store would free and make its link
         following: int | None = None  # the block after this one, when it is new here
         for digest in reversed(hashes):
             if following is not None and nexts.setdefault(digest, following) != following:
                 nexts[digest] = _BRANCHED
-            if held.pop(digest, None) is None:
+            if digest in held:
+                move(digest)
+                following = None
+            else:
                 self._total += 1
                 following = digest
-            else:
-                following = None
-            held[digest] = call  # at the end: the most recent
+            held[digest] = call  # at the end now: the most recent
         while len(held) > self.max_per_node:
             self._drop(held)
         while self._total > self.max_total:
