@@ -235,7 +235,7 @@ class AffinityMemory:
     them too, and remembering it touches them after it). ``match`` relies
     on that: it finds each node's match by halving, not block by block.
 
-    ``remember`` is one pass over the chain, from its end, of a pop and a
+    ``remember`` is one pass over the chain, from its end, of a move and a
     store per block (the next-block table only for the blocks new to the
     node); ``match`` reads the next-block table in C loops. What that
     costs a 100 KB conversation: docs/performance.md, "Cache affinity".
