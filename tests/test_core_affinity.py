@@ -182,6 +182,25 @@ def test_a_branch_once_seen_stays_shared() -> None:
     assert again == Matches({"a": 2}, shared=1)
 
 
+def test_a_branched_block_that_ends_the_chain_is_shared() -> None:
+    memory = AffinityMemory()
+    memory.remember("a", chain(_chat("one", system=S)).hashes)
+    memory.remember("a", chain(_chat("two", system=S)).hashes)
+    # the system prompt alone: its one block has no next one to differ from
+    assert memory.match(chain(_chat(system=S))) == Matches({"a": 1}, shared=1)
+
+
+def test_a_block_every_node_forgot_forgets_the_block_seen_after_it() -> None:
+    memory = AffinityMemory(max_per_node=10, max_total=2)
+    memory.remember("a", chain(_chat("x", "y")).hashes)
+    memory.remember("b", chain(_chat("q")).hashes)
+    memory.remember("c", chain(_chat("r")).hashes)  # a's "x" and "y" are forgotten
+    turn = chain(_chat("x", "z"))
+    memory.remember("b", turn.hashes)
+    # "x" followed by "z" is no branch: "x" followed by "y" was forgotten with it
+    assert memory.match(turn) == Matches({"b": 2}, shared=0)
+
+
 def test_a_moved_conversation_matches_longer_at_its_new_home() -> None:
     memory = AffinityMemory()
     turn1 = _chat("q1", system="s")

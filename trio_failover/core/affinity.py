@@ -36,7 +36,9 @@ import json
 import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 from typing import Any
 
 import attrs
@@ -53,11 +55,12 @@ MAX_BLOCKS = 4096
 DIGEST_BYTES = 8
 
 # The memory's bounds, in (node, block) entries; each costs about
-# ``ENTRY_BYTES`` of the proxy's memory (measured with tracemalloc: the
-# block's record, its place in the node's order and in the global one).
+# ``ENTRY_BYTES`` of the proxy's memory (measured with tracemalloc, four
+# nodes full: the block's place in its node's order, its hash, and its
+# next block's).
 MAX_PER_NODE = 8192
 MAX_TOTAL = 32768
-ENTRY_BYTES = 550
+ENTRY_BYTES = 160
 
 # Load wins over cache: the preferred node is passed over at this much
 # more load than the least-loaded ready candidate's (``SlotLedger.load``),
@@ -70,18 +73,23 @@ _EPSILON = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class Chain:
-    """A prompt's blocks as cumulative hashes, and the bytes each prefix spans.
+    """A prompt's blocks as cumulative hashes.
 
-    ``hashes[i]`` covers the model and blocks ``0..i``; ``ends[i]`` is the
-    number of prompt bytes in blocks ``0..i``.
+    ``hashes[i]`` covers the model and blocks ``0..i``: its high 32 bits
+    are their CRC-32, its low 32 bits the number of prompt bytes they span
+    (modulo 2**32: far more than a request's body may hold).
     """
 
     hashes: tuple[int, ...]
-    ends: tuple[int, ...]
+
+    @property
+    def ends(self) -> tuple[int, ...]:
+        """The prompt bytes of each prefix: ``ends[i]`` those of blocks ``0..i``."""
+        return tuple(digest & _LOW for digest in self.hashes)
 
     def matched_bytes(self, blocks: int) -> int:
         """The prompt bytes of the chain's first ``blocks`` blocks."""
-        return self.ends[blocks - 1] if blocks > 0 else 0
+        return self.hashes[blocks - 1] & _LOW if blocks > 0 else 0
 
 
 def prompt_chain(document: Any) -> Chain | None:
@@ -109,41 +117,49 @@ def prompt_chain(document: Any) -> Chain | None:
     if not blocks:
         return None
     hashes: list[int] = []
-    ends: list[int] = []
     total = 0
     for block in blocks:
         crc = zlib.crc32(block, crc)
         total += len(block)
-        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
-        ends.append(total)
-    return Chain(tuple(hashes), tuple(ends))
+        hashes.append((crc << 32) | (total & _LOW))
+    return Chain(tuple(hashes))
 
 
 def _chat_chain(messages: list[Any], crc: int) -> Chain | None:
-    # One block per message. The common message ({"role", "content"}, both
-    # ASCII strings: their length in bytes is their length) costs no call
-    # of ours and no copy of role and content together: a 100 KB context
-    # is read once, by the CRC (docs/performance.md); any other as JSON
-    # with sorted keys (``_message_bytes``).
+    # One block per message. The common message ({"role", "content"}: a
+    # role of ``_ROLE_BYTES``, content an ASCII string, whose length in
+    # bytes is its length) costs no call of ours and no copy of role and
+    # content together: a 100 KB context is read once, by the CRC
+    # (docs/performance.md); any other as JSON with sorted keys
+    # (``_message_bytes``), or, text, as the same bytes as the common one.
     hashes: list[int] = []
-    ends: list[int] = []
+    append = hashes.append
     total = 0
     crc32 = zlib.crc32
+    roles = _ROLE_BYTES
     for message in messages[:MAX_BLOCKS]:
         if type(message) is dict and len(message) == 2:
             role, content = message.get("role"), message.get("content")
-            if type(role) is str and type(content) is str and role.isascii() and content.isascii():
-                crc = crc32(content.encode(), crc32(role.encode() + b"\0", crc))
-                total += len(role) + 1 + len(content)
-                hashes.append((crc << 32) | (total & 0xFFFFFFFF))
-                ends.append(total)
+            head = roles.get(role) if type(role) is str else None
+            if head is not None and type(content) is str:
+                try:
+                    data = content.encode()
+                except UnicodeEncodeError:  # a lone surrogate
+                    data = _utf8(content)
+                crc = crc32(data, crc32(head, crc))
+                total += len(head) + len(data)
+                append((crc << 32) | (total & _LOW))
                 continue
         block = _message_bytes(message)
         crc = crc32(block, crc)
         total += len(block)
-        hashes.append((crc << 32) | (total & 0xFFFFFFFF))
-        ends.append(total)
-    return Chain(tuple(hashes), tuple(ends)) if hashes else None
+        append((crc << 32) | (total & _LOW))
+    return Chain(tuple(hashes)) if hashes else None
+
+
+# The roles of the common message, as its block begins: the role and a NUL.
+_ROLE_BYTES = {role: role.encode() + b"\0" for role in ("system", "user", "assistant", "tool")}
+_LOW = 0xFFFFFFFF
 
 
 def _prompt_blocks(document: dict[str, Any]) -> list[bytes]:
@@ -191,15 +207,6 @@ def _json(value: object) -> str:
 # -- the memory ------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Block:
-    # The nodes holding this prefix (an ordered set), the one next block seen
-    # after it, and whether two different next blocks were seen.
-    holders: dict[str, None] = field(default_factory=dict)
-    next: int | None = None
-    branched: bool = False
-
-
 @dataclass(frozen=True, slots=True)
 class Matches:
     """What the memory knows of one chain.
@@ -222,7 +229,16 @@ class AffinityMemory:
     Bounded by ``max_per_node`` (node, block) entries per node and
     ``max_total`` in all (about ``ENTRY_BYTES`` each). A chain is remembered
     from its last block to its first, so a node forgets a conversation's
-    latest blocks before its opening and every match stays a prefix.
+    latest blocks before its opening, and what a node holds of any chain is
+    a prefix of it: a block is never more recent than the blocks before it
+    in its chain (its hash covers them, so every chain that holds it holds
+    them too, and remembering it touches them after it). ``match`` relies
+    on that: it finds each node's match by halving, not block by block.
+
+    ``remember`` is one pass over the chain, from its end, of a move and a
+    store per block (the next-block table only for the blocks new to the
+    node); ``match`` reads the next-block table in C loops. What that
+    costs a 100 KB conversation: docs/performance.md, "Cache affinity".
     """
 
     def __init__(self, max_per_node: int = MAX_PER_NODE, max_total: int = MAX_TOTAL) -> None:
@@ -230,13 +246,20 @@ class AffinityMemory:
             raise ValueError("affinity memory bounds must be >= 1")
         self.max_per_node = max_per_node
         self.max_total = max_total
-        self._blocks: dict[int, _Block] = {}
-        self._by_node: dict[str, OrderedDict[int, None]] = {}
-        self._order: OrderedDict[tuple[str, int], None] = OrderedDict()
+        # Per node its blocks, oldest first, each with the number of the
+        # ``remember`` that last touched it: the oldest entry in all is the
+        # oldest of the nodes' first ones (one call touches one node), so
+        # no second order of (node, block) pairs is kept.
+        self._by_node: dict[str, OrderedDict[int, int]] = {}
+        self._calls = 0
+        self._total = 0
+        # The one next block seen after a block, or ``_BRANCHED`` once two
+        # different ones were (conversations that went different ways).
+        self._next: dict[int, int] = {}
 
     def __len__(self) -> int:
         """The (node, block) entries held."""
-        return len(self._order)
+        return self._total
 
     def held(self, node: str) -> int:
         """The blocks ``node`` holds."""
@@ -244,65 +267,90 @@ class AffinityMemory:
         return len(held) if held is not None else 0
 
     def match(self, chain: Chain) -> Matches:
-        """Each node's longest match of ``chain``, and its shared part; one pass."""
+        """Each node's longest match of ``chain``, and its shared part."""
+        hashes = chain.hashes
         blocks: dict[str, int] = {}
-        shared = 0
-        hashes = self._blocks
-        last = len(chain.hashes) - 1
-        for index, digest in enumerate(chain.hashes):
-            block = hashes.get(digest)
-            if block is None:
-                break
-            for node in block.holders:
-                blocks[node] = index + 1
-            if (
-                len(block.holders) > 1
-                or block.branched
-                or (
-                    block.next is not None
-                    and index < last
-                    and chain.hashes[index + 1] != block.next
-                )
-            ):
-                shared = index + 1
+        for node, held in self._by_node.items():
+            matched = _held_prefix(hashes, held)
+            if matched:
+                blocks[node] = matched
+        if not blocks:
+            return NO_MATCH
+        lengths = sorted(blocks.values())
+        longest = lengths[-1]
+        # held by two nodes or more: the second-longest match's blocks
+        shared = lengths[-2] if len(lengths) > 1 else 0
+        # The last block seen followed by another than this chain's next one,
+        # or branched; one with no next seen yields this chain's: no
+        # difference. In C loops: a 41-block chain costs no Python per block.
+        nexts = self._next
+        following = hashes[1 : longest + 1]
+        seen = map(nexts.get, hashes[:longest], following)
+        differs = max(compress(range(longest), map(ne, seen, following)), default=-1)
+        shared = max(shared, differs + 1)
+        if longest == len(hashes) and nexts.get(hashes[-1]) == _BRANCHED:
+            shared = longest  # the chain's last block: it has no next to differ from
         return Matches(blocks, shared)
 
     def remember(self, node: str, hashes: Sequence[int]) -> None:
         """``node`` served the chain ``hashes`` (this proxy's serve, or another replica's)."""
-        held = self._by_node.setdefault(node, OrderedDict())
-        order = self._order
-        following: int | None = None
-        for digest in reversed(hashes):  # the opening last: the most recent, forgotten last
-            block = self._blocks.get(digest)
-            if block is None:
-                block = self._blocks[digest] = _Block()
-            if following is not None and not block.branched:
-                if block.next is None:
-                    block.next = following
-                elif block.next != following:
-                    block.branched = True
-            following = digest
-            if node in block.holders:
-                held.move_to_end(digest)
-                order.move_to_end((node, digest))
+        held = self._by_node.get(node)
+        if held is None:
+            held = self._by_node[node] = OrderedDict()
+        # The opening last: the most recent, forgotten last. A plain loop:
+        # map() over move_to_end was measured slower (docs/performance.md).
+        # A block's next one is set, or found to differ (branched), only
+        # where that next one is new to the node: a next one it held came
+        # with its block already (a prefix), so most of a chain is moves.
+        self._calls += 1
+        call = self._calls
+        nexts = self._next
+        move = held.move_to_end  # a pop and a store would free and make its link
+        following: int | None = None  # the block after this one, when it is new here
+        for digest in reversed(hashes):
+            if following is not None and nexts.setdefault(digest, following) != following:
+                nexts[digest] = _BRANCHED
+            if digest in held:
+                move(digest)
+                following = None
             else:
-                block.holders[node] = None
-                held[digest] = None
-                order[(node, digest)] = None
+                self._total += 1
+                following = digest
+            held[digest] = call  # at the end now: the most recent
         while len(held) > self.max_per_node:
-            digest, _ = held.popitem(last=False)
-            del order[(node, digest)]
-            self._drop(node, digest)
-        while len(order) > self.max_total:
-            (oldest, digest), _ = order.popitem(last=False)
-            del self._by_node[oldest][digest]
-            self._drop(oldest, digest)
+            self._drop(held)
+        while self._total > self.max_total:
+            self._drop(min(filter(None, self._by_node.values()), key=_oldest_call))
 
-    def _drop(self, node: str, digest: int) -> None:
-        block = self._blocks[digest]
-        del block.holders[node]
-        if not block.holders:
-            del self._blocks[digest]
+    def _drop(self, held: OrderedDict[int, int]) -> None:
+        # a node's oldest block forgotten; by all nodes, its links go too
+        digest, _ = held.popitem(last=False)
+        self._total -= 1
+        if not any(digest in other for other in self._by_node.values()):
+            self._next.pop(digest, None)
+
+
+# Not a block's hash: those are CRC << 32 | length, never negative.
+_BRANCHED = -1
+
+
+def _oldest_call(held: OrderedDict[int, int]) -> int:
+    return next(iter(held.values()))
+
+
+def _held_prefix(hashes: Sequence[int], held: Mapping[int, int]) -> int:
+    # How many leading blocks of ``hashes`` ``held`` holds: a prefix
+    # (``AffinityMemory``), found by halving.
+    low, high = 0, len(hashes)
+    if high and hashes[-1] in held:
+        return high
+    while low < high:
+        middle = (low + high) // 2
+        if hashes[middle] in held:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 @attrs.frozen
