@@ -138,6 +138,10 @@ class ShareBook:
         for name, use in self.clients.items():
             use.weight, use.max_in_flight = self._settings.get(name, (1.0, 0))
 
+    def settings_of(self, name: str) -> tuple[float, int]:
+        """``name``'s configured ``(weight, max_in_flight)``; ``(1, 0)`` when not configured."""
+        return self._settings.get(name, (1.0, 0))
+
     def client(self, name: str) -> ClientUse:
         """The record of ``name``, made on first sight."""
         use = self.clients.get(name)

@@ -71,6 +71,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
 
+from .fleet_share import ClientShare
 from .sharing import ANONYMOUS, NORMAL, PRIORITIES, ClientUse, ShareBook
 
 __all__ = [
@@ -820,6 +821,50 @@ class SlotScheduler(Generic[T]):
     def use(self, client: str, now: float) -> float:
         """``client``'s recent use of the fleet at ``now``, in decayed slot-seconds."""
         return self.shares.use(client, now)
+
+    def share_summary(self, now: float) -> tuple[ClientShare, ...]:
+        """The clients that wait or run here, for the other replicas (``fleet_share``).
+
+        Per priority and client with waiters: how many wait, its attempts
+        running and its use at ``now``; a client that only runs, once, with
+        nothing waiting (rank ``normal``).
+        """
+        shares, seen = self.shares, set()
+        summary = []
+        for rank, lanes in sorted(self._lanes.items()):
+            for client, lane in lanes.items():
+                seen.add(client)
+                summary.append(
+                    ClientShare(
+                        client, rank, len(lane.waiters), lane.use.running, shares.use(client, now)
+                    )
+                )
+        for client, use in shares.clients.items():
+            if use.running and client not in seen:
+                summary.append(ClientShare(client, NORMAL, 0, use.running, shares.use(client, now)))
+        return tuple(summary)
+
+    def best_waiting(self, now: float) -> tuple[int, str] | None:
+        """``(rank, client)`` of the waiter a freed slot would go to first; None: none may take one.
+
+        Fair: the highest priority's client of the lowest use ÷ weight (not
+        at its ``max_in_flight``); first come, first served: the
+        longest-waiting's. The nodes it may use are not asked.
+        """
+        shares = self.shares
+        if not self.fair:
+            for waiter in self._waiters:
+                if not shares.at_limit(waiter.client):
+                    return waiter.rank, waiter.client
+            return None
+        unit = shares.scale(shares.factor(now))
+        for rank in _RANKS:
+            lanes = self._lanes.get(rank)
+            if lanes:
+                best = _best_client(lanes, unit, frozenset())
+                if best is not None:
+                    return rank, next(iter(best.waiters)).client
+        return None
 
     # -- inside ----------------------------------------------------------------------
 
