@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from trio_failover.core.fleet_share import (
@@ -11,6 +13,7 @@ from trio_failover.core.fleet_share import (
     defer_to_fleet,
     fleet_standing,
 )
+from trio_failover.core.slots import Granted, Queued, SlotScheduler
 
 
 def test_standing_sums_the_replicas_and_counts_a_client_once_per_replica() -> None:
@@ -82,3 +85,22 @@ def test_defer_to_fleet(
     defer: bool,
 ) -> None:
     assert defer_to_fleet(local, remote, standing) is defer
+
+
+def test_the_scheduler_tells_its_clients_and_the_waiter_it_would_serve_first() -> None:
+    s: SlotScheduler[str] = SlotScheduler({"n": 1})
+    assert s.best_waiting(0.0) is None
+    assert isinstance(s.acquire("a1", "n", ready=set("n"), client="a", now=0.0), Granted)
+    for token, client, rank in (("a2", "a", 1), ("b1", "b", 1), ("c1", "c", 2)):
+        assert isinstance(
+            s.acquire(token, "n", ready=set("n"), client=client, rank=rank, now=0.0), Queued
+        )
+    # b runs nothing: it goes before a, which runs one; c is of a lower priority.
+    assert s.best_waiting(10.0) == (1, "b")
+    assert s.share_summary(10.0) == [
+        ("a", 1, 1, 1, pytest.approx(60 / math.log(2) * (1 - 2 ** (-10 / 60)))),
+        ("b", 1, 1, 0, 0.0),
+        ("c", 2, 1, 0, 0.0),
+    ]
+    s.fair = False  # first come, first served: the longest-waiting
+    assert s.best_waiting(10.0) == (1, "a")

@@ -71,7 +71,6 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
 
-from .fleet_share import ClientShare
 from .sharing import ANONYMOUS, NORMAL, PRIORITIES, ClientUse, ShareBook
 
 __all__ = [
@@ -822,27 +821,26 @@ class SlotScheduler(Generic[T]):
         """``client``'s recent use of the fleet at ``now``, in decayed slot-seconds."""
         return self.shares.use(client, now)
 
-    def share_summary(self, now: float) -> tuple[ClientShare, ...]:
-        """The clients that wait or run here, for the other replicas (``fleet_share``).
+    def share_summary(self, now: float) -> list[tuple[str, int, int, int, float]]:
+        """The clients that wait or run here, for the other replicas (``fleet_share.ClientShare``).
 
-        Per priority and client with waiters: how many wait, its attempts
-        running and its use at ``now``; a client that only runs, once, with
-        nothing waiting (rank ``normal``).
+        ``(client, rank, waiting, running, use)`` per priority and client
+        with waiters: how many wait, its attempts running and its use at
+        ``now``; a client that only runs, once, with nothing waiting (rank
+        ``normal``).
         """
         shares, seen = self.shares, set()
-        summary = []
+        summary: list[tuple[str, int, int, int, float]] = []
         for rank, lanes in sorted(self._lanes.items()):
             for client, lane in lanes.items():
                 seen.add(client)
                 summary.append(
-                    ClientShare(
-                        client, rank, len(lane.waiters), lane.use.running, shares.use(client, now)
-                    )
+                    (client, rank, len(lane.waiters), lane.use.running, shares.use(client, now))
                 )
         for client, use in shares.clients.items():
             if use.running and client not in seen:
-                summary.append(ClientShare(client, NORMAL, 0, use.running, shares.use(client, now)))
-        return tuple(summary)
+                summary.append((client, NORMAL, 0, use.running, shares.use(client, now)))
+        return summary
 
     def best_waiting(self, now: float) -> tuple[int, str] | None:
         """``(rank, client)`` of the waiter a freed slot would go to first; None: none may take one.

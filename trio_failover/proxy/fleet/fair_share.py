@@ -25,7 +25,7 @@ import trio
 
 from ...core import fleet_records
 from ...core.fleet_records import RemoteRecord
-from ...core.fleet_share import ShareSummary, defer_to_fleet, fleet_standing
+from ...core.fleet_share import ClientShare, ShareSummary, defer_to_fleet, fleet_standing
 from ...core.slots import SlotScheduler
 from .shared_state import SharedState
 
@@ -65,7 +65,9 @@ class FleetFairShare:
         if not remote:
             return False
         scheduler = self.scheduler
-        local = {share.client: (share.running, share.use) for share in scheduler.share_summary(now)}
+        local = {
+            client: (running, use) for client, _, _, running, use in scheduler.share_summary(now)
+        }
         clients = set(local) | {share.client for summary in remote for share in summary.clients}
         standing = fleet_standing(
             local, remote, {client: scheduler.shares.settings_of(client) for client in clients}
@@ -82,7 +84,7 @@ class FleetFairShare:
         while True:
             await trio.sleep(PERIOD)
             now = trio.current_time()
-            clients = self.scheduler.share_summary(now)
+            clients = tuple(ClientShare(*entry) for entry in self.scheduler.share_summary(now))
             shape = tuple((c.client, c.rank, c.waiting, c.running) for c in clients)
             if shape == told and (not shape or now - told_at < REFRESH):
                 continue
