@@ -104,3 +104,41 @@ def test_the_scheduler_tells_its_clients_and_the_waiter_it_would_serve_first() -
     ]
     s.fair = False  # first come, first served: the longest-waiting
     assert s.best_waiting(10.0) == (1, "a")
+
+
+def test_attempts_elsewhere_count_toward_max_in_flight() -> None:
+    s: SlotScheduler[str] = SlotScheduler({"n": 2})
+    s.configure_clients({"one": (1.0, 1)})
+    assert s.shares.running_elsewhere({"one": 1, "free": 3}) is False
+    assert "free" not in s.shares.clients  # no limit: its count changes nothing
+    queued = s.acquire("w", "n", ready=set("n"), client="one")
+    assert isinstance(queued, Queued)  # the node has room, the client has not
+    assert s.shares.running_elsewhere({}) is True  # it ended there
+    assert [handoff.waiter for handoff in s.dispatch(ready=set("n"))] == [queued.waiter]
+
+
+def test_a_freed_slot_passes_a_client_at_its_limit_elsewhere() -> None:
+    s: SlotScheduler[str] = SlotScheduler({"n": 1})
+    s.configure_clients({"one": (1.0, 1)})
+    taken = s.acquire("x", "n", ready=set("n"), client="x")
+    assert isinstance(taken, Granted)
+    one = s.acquire("w1", "n", ready=set("n"), client="one")
+    two = s.acquire("w2", "n", ready=set("n"), client="two")
+    assert isinstance(one, Queued)
+    assert isinstance(two, Queued)
+    s.shares.running_elsewhere({"one": 1})
+    # Both idle here and of no use: "one" came first, but runs its one elsewhere.
+    assert [h.waiter for h in s.release(taken.slot, ready=set("n"))] == [two.waiter]
+
+
+def test_the_scan_passes_a_client_at_its_limit_elsewhere() -> None:
+    s: SlotScheduler[str] = SlotScheduler({"n": 1, "m": 1})
+    s.configure_clients({"one": (1.0, 1)})
+    on_n = s.acquire("x", "n", ready=set("nm"), client="x")
+    assert isinstance(on_n, Granted)
+    assert isinstance(s.acquire("y", "m", ready=set("nm"), client="y"), Granted)
+    # "two" is the idle pick (first in), but waits for m only: the scan looks further.
+    assert isinstance(s.acquire("w2", "m", ready=set("nm"), client="two"), Queued)
+    assert isinstance(s.acquire("w1", "n", ready=set("nm"), client="one"), Queued)
+    s.shares.running_elsewhere({"one": 1})
+    assert s.release(on_n.slot, ready=set("nm")) == []

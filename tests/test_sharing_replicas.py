@@ -131,3 +131,40 @@ async def test_a_freed_slot_goes_to_the_fleets_fairest_client(redis_server: Redi
             opened.set()  # the rest run through, whichever replica they wait at
             for gate in gates:
                 gate.set()
+
+
+async def test_max_in_flight_holds_across_two_replicas(redis_server: RedisServer) -> None:
+    """A client of ``max_in_flight = 1`` running through a waits at b, on a node with room."""
+    started: list[str] = []
+    gate = trio.Event()
+    answer = healthy(b"hi")
+
+    async def gated(io: NodeIO, received: ReceivedRequest) -> None:
+        started.append((received.header("x-client") or b"?").decode())
+        await gate.wait()
+        await answer(io, received)
+
+    with trio.fail_after(LIMIT):
+        async with (
+            replicas_at(
+                redis_server.address,
+                FakeNode(gated),
+                2,
+                2,
+                client_header="X-Client",
+                clients=[ClientKey("one", max_in_flight=1)],
+            ) as (a, b),
+            trio.open_nursery() as nursery,
+        ):
+            for proxy in (a, b):
+                await until_connected(proxy, True)
+            nursery.start_soon(ask, a, "one")
+            await until(lambda: started == ["one"])
+            assert b.fleet is not None
+            shares = b.queue.scheduler.shares
+            await until(lambda: "one" in shares.clients and shares.clients["one"].elsewhere == 1)
+            nursery.start_soon(ask, b, "one")
+            await until(lambda: len(b.queue) == 1)  # waits at b, though the node has room
+            assert started == ["one"]
+            gate.set()  # a's attempt ends: a tells it, and b's waiter runs
+            await until(lambda: started == ["one", "one"])

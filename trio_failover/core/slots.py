@@ -1030,7 +1030,9 @@ class SlotScheduler(Generic[T]):
                 # best, and so on.
                 passed: set[_Lane[T]] = set()
                 idle = self._best_idle(rank)
-                if idle is not None:
+                if idle is not None and idle.use.at_limit():  # by its attempts elsewhere
+                    passed.add(idle)
+                elif idle is not None:
                     found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
                         return found
@@ -1106,6 +1108,8 @@ def _best_client(
             continue
         use = lane.use
         running = use.running
+        if use.elsewhere and use.at_limit():  # its attempts at the other replicas
+            continue
         if running:
             if running >= use.max_in_flight > 0:
                 continue

@@ -15,8 +15,11 @@ whether a client waiting at another replica is strictly more deserving,
 fleet-wide, than this replica's best waiter; if so, ``FleetSlots.release``
 gives the lease back, announced, and marks the node full here for
 ``--state-timeout``, so that the other replica's waiter takes it; if nobody
-did by then, this replica's waiters try again. While Redis is away nothing
-is deferred: each replica decides alone, as without replicas.
+did by then, this replica's waiters try again. The same summaries carry
+each client's running attempts: those at the other replicas count toward
+its ``max_in_flight`` here (``ShareBook.running_elsewhere``). While Redis
+is away nothing is deferred and nothing counted: each replica decides
+alone, as without replicas.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import trio
 from ...core import fleet_records
 from ...core.fleet_records import RemoteRecord
 from ...core.fleet_share import ClientShare, ShareSummary, defer_to_fleet, fleet_standing
-from ...core.slots import SlotScheduler
+from ..nodes.queue import SlotQueue
 from .shared_state import SharedState
 
 SHARE = "share"  # the record's kind
@@ -38,8 +41,9 @@ STALE = 3.0  # another replica's summary older than this counts for nothing
 class FleetFairShare:
     """This replica's waiting clients out, the others' in, and the deferral rule between."""
 
-    def __init__(self, scheduler: SlotScheduler[trio.Event], state: SharedState) -> None:
-        self.scheduler = scheduler
+    def __init__(self, queue: SlotQueue, state: SharedState) -> None:
+        self.queue = queue
+        self.scheduler = queue.scheduler
         self.state = state
         # replica id -> (its latest summary, when it came, on this clock)
         self.remote: dict[str, tuple[ShareSummary, float]] = {}
@@ -51,6 +55,23 @@ class FleetFairShare:
         record = fleet_records.decode(remote, now)
         if isinstance(record, ShareSummary):
             self.remote[remote.origin] = (record, now)
+            self.count_elsewhere(now)
+
+    def count_elsewhere(self, now: float) -> None:
+        """Each client's attempts at the other replicas, toward its ``max_in_flight`` here.
+
+        From the current summaries (none while Redis is away: each replica
+        alone); a count that fell may let a waiter at its limit run.
+        """
+        counts: dict[str, int] = {}
+        if self.state.connected:
+            for summary in self.fresh(now):
+                # A client is named once per priority it waits at, with one count.
+                running = {share.client: share.running for share in summary.clients}
+                for client, count in running.items():
+                    counts[client] = counts.get(client, 0) + count
+        if self.scheduler.shares.running_elsewhere(counts):
+            self.queue.dispatch()
 
     def fresh(self, now: float) -> list[ShareSummary]:
         """The other replicas' summaries still current at ``now``."""
@@ -84,6 +105,7 @@ class FleetFairShare:
         while True:
             await trio.sleep(PERIOD)
             now = trio.current_time()
+            self.count_elsewhere(now)  # a summary gone stale, or Redis gone, counts no more
             clients = tuple(ClientShare(*entry) for entry in self.scheduler.share_summary(now))
             shape = tuple((c.client, c.rank, c.waiting, c.running) for c in clients)
             if shape == told and (not shape or now - told_at < REFRESH):

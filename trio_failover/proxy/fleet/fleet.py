@@ -365,7 +365,7 @@ class Fleet:
         )
         self.board_link = FleetBoard(board, self.state)
         self.slots = FleetSlots(self.state, queue)
-        self.fair = self.slots.fair = FleetFairShare(queue.scheduler, self.state)
+        self.fair = self.slots.fair = FleetFairShare(queue, self.state)
         # Cache affinity's served records (``shared_affinity.py``); None: affinity not shared.
         self.affinity_link: FleetAffinity | None = None
         if affinity is not None:
