@@ -22,6 +22,7 @@ from trio_failover.core.fleet_records import (
     encode_envelope,
     record_field,
 )
+from trio_failover.core.fleet_share import ClientShare, ShareSummary
 from trio_failover.core.liveness import CheckRecord
 from trio_failover.core.node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
 
@@ -119,7 +120,20 @@ TABLE: list[tuple[Record, str, dict[str, Any]]] = [
         "served",
         {"kind": "served", "chain": ["00112233445566ff", "8899aabbccddeeff"]},
     ),
+    (
+        ShareSummary((ClientShare("bob", 1, 3, 0, 0.5),)),
+        "share",
+        {
+            "kind": "share",
+            "clients": [{"client": "bob", "rank": 1, "waiting": 3, "running": 0, "use": 0.5}],
+        },
+    ),
 ]
+
+
+def about(record: Record) -> str | None:
+    """The node its envelope names: a replica's record (``share``) names none."""
+    return None if isinstance(record, ShareSummary) else "a"
 
 
 def test_the_table_has_every_kind() -> None:
@@ -133,8 +147,8 @@ def test_a_record_goes_and_comes_back_whole(
     written = encode(record, now=100.0)
     assert written.items() >= document.items()
     assert record_field(written) == field
-    remote = decode_envelope(encode_envelope("r2", "a", written))
-    assert remote == RemoteRecord("r2", "a", written)
+    remote = decode_envelope(encode_envelope("r2", about(record), written))
+    assert remote == RemoteRecord("r2", about(record), written)
     # Read on the writer's clock, at once: the same record, with its origin.
     expected = attrs.evolve(record, origin="r2")
     if isinstance(record, NodeChange):
@@ -143,12 +157,13 @@ def test_a_record_goes_and_comes_back_whole(
 
 
 @pytest.mark.parametrize(("record", "field", "document"), TABLE)
-def test_what_is_no_record_of_a_node_is_none(
+def test_a_record_about_the_wrong_thing_is_none(
     record: Record, field: str, document: dict[str, Any]
 ) -> None:
     written = encode(record, now=100.0)
-    assert decode(RemoteRecord("r2", None, written), 100.0) is None
-    assert decode(RemoteRecord("r2", "a", {**written, "kind": "other"}), 100.0) is None
+    wrong = "a" if about(record) is None else None
+    assert decode(RemoteRecord("r2", wrong, written), 100.0) is None
+    assert decode(RemoteRecord("r2", about(record), {**written, "kind": "other"}), 100.0) is None
 
 
 # A record read later, on another clock: (record, seconds in Redis, the reader's now, read).

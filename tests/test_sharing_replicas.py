@@ -7,17 +7,18 @@ The nodes are fake ones over in-memory streams, the shared state is real
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
 from conftest import RedisServer
-from test_replicas import LIMIT, STREAM, replicas_at
+from test_replicas import LIMIT, STREAM, replicas_at, until_connected
 from test_sharing import answers_carry_tokens
 
 from trio_failover.core.client_key import ClientKey
 from trio_failover.proxy.proxy import Proxy
 from trio_failover.testing import FakeNode, healthy, request
+from trio_failover.testing.fakes import NodeIO, ReceivedRequest
 
 
 async def ask(proxy: Proxy, client: str) -> tuple[int, str | None]:
@@ -71,3 +72,99 @@ async def test_tpm_holds_across_two_replicas(redis_server: RedisServer) -> None:
             assert await ask(a, "t") == (200, None)  # 60 tokens
             assert await ask(b, "t") == (200, None)  # 60 held, below 100: 120 now
             await refused_by_both(a, b, "t")
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` (bounded: 500 looks, 10 ms apart) until it holds."""
+    for _ in range(500):
+        if condition():
+            return
+        await trio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_freed_slot_goes_to_the_fleets_fairest_client(redis_server: RedisServer) -> None:
+    """One client floods replica a; another asks through b: the next freed slot is b's client's."""
+    started: list[str] = []  # each request's client, as the node began it
+    gates: list[trio.Event] = []
+    answer = healthy(b"hi")
+    opened = trio.Event()
+
+    async def gated(io: NodeIO, received: ReceivedRequest) -> None:
+        gate = trio.Event()
+        started.append((received.header("x-client") or b"?").decode())
+        gates.append(gate)
+        if not opened.is_set():
+            await gate.wait()
+        await answer(io, received)
+
+    with trio.fail_after(LIMIT):
+        async with (
+            replicas_at(redis_server.address, FakeNode(gated), 2, 2, client_header="X-Client") as (
+                a,
+                b,
+            ),
+            trio.open_nursery() as nursery,
+        ):
+            for proxy in (a, b):
+                await until_connected(proxy, True)
+            for _ in range(6):
+                nursery.start_soon(ask, a, "flood")
+            await until(lambda: len(started) == 2 and len(a.queue) == 4)
+            nursery.start_soon(ask, b, "chat")
+            assert a.fleet is not None
+            fair = a.fleet.fair
+            await until(
+                lambda: (
+                    len(b.queue) == 1
+                    and any(
+                        share.client == "chat" and share.waiting
+                        for summary in fair.fresh(trio.current_time())
+                        for share in summary.clients
+                    )
+                )
+            )
+            gates[0].set()  # one of the flood's slots frees at a
+            await until(lambda: len(started) == 3)
+            assert started[2] == "chat"  # not a's own waiter, first in its queue
+            assert fair.deferred == 1
+            opened.set()  # the rest run through, whichever replica they wait at
+            for gate in gates:
+                gate.set()
+
+
+async def test_max_in_flight_holds_across_two_replicas(redis_server: RedisServer) -> None:
+    """A client of ``max_in_flight = 1`` running through a waits at b, on a node with room."""
+    started: list[str] = []
+    gate = trio.Event()
+    answer = healthy(b"hi")
+
+    async def gated(io: NodeIO, received: ReceivedRequest) -> None:
+        started.append((received.header("x-client") or b"?").decode())
+        await gate.wait()
+        await answer(io, received)
+
+    with trio.fail_after(LIMIT):
+        async with (
+            replicas_at(
+                redis_server.address,
+                FakeNode(gated),
+                2,
+                2,
+                client_header="X-Client",
+                clients=[ClientKey("one", max_in_flight=1)],
+            ) as (a, b),
+            trio.open_nursery() as nursery,
+        ):
+            for proxy in (a, b):
+                await until_connected(proxy, True)
+            nursery.start_soon(ask, a, "one")
+            await until(lambda: started == ["one"])
+            assert b.fleet is not None
+            shares = b.queue.scheduler.shares
+            await until(lambda: "one" in shares.clients and shares.clients["one"].elsewhere == 1)
+            nursery.start_soon(ask, b, "one")
+            await until(lambda: len(b.queue) == 1)  # waits at b, though the node has room
+            assert started == ["one"]
+            gate.set()  # a's attempt ends: a tells it, and b's waiter runs
+            await until(lambda: started == ["one", "one"])

@@ -18,6 +18,9 @@ Redis holds, ``decode`` an object another replica wrote back into a record
   ``Detection`` as ``engine``, its ``Signals`` as ``signals``;
 - ``served``: cache affinity's record (``affinity.Served``): the node
   served a request whose prompt has this chain of hashes (hex).
+- ``share``: a replica's waiting and running clients with their use
+  (``fleet_share.ShareSummary``), for fair share across replicas; about no
+  node (``Kind.nodeless``).
 
 The rules of the JSON form, one for every type:
 
@@ -58,6 +61,7 @@ import attrs
 
 from .affinity import Served
 from .engine_state import EngineRead
+from .fleet_share import ShareSummary
 from .node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
 
 __all__ = [
@@ -76,7 +80,7 @@ __all__ = [
     "value_json",
 ]
 
-Record = NodeChange | InventoryChange | LastCheck | EngineRead | Served
+Record = NodeChange | InventoryChange | LastCheck | EngineRead | Served | ShareSummary
 """A record of the node board, as the replicas share it."""
 
 ENVELOPE = ("node", "origin")  # the envelope's fields, not the record's
@@ -97,6 +101,7 @@ class Kind:
             its kind (None: one per kind).
         aged: the record as it stands ``age`` seconds after it was written;
             None: nothing left to apply.
+        nodeless: about no node (a replica's record): read with ``node`` None.
     """
 
     kind: str
@@ -105,6 +110,7 @@ class Kind:
     inline: str | None = None
     key: Callable[[Any], str] | None = None
     aged: Callable[[Any, float], Any] | None = None
+    nodeless: bool = False
 
 
 # The part of a node's state each kind of change sets (its record's key).
@@ -147,6 +153,7 @@ KINDS = (
     Kind("last_check", LastCheck, names={"kind": "check"}, inline="check"),
     Kind("engine", EngineRead),
     Kind("served", Served),
+    Kind("share", ShareSummary, nodeless=True),
 )
 _BY_TYPE = {kind.type: kind for kind in KINDS}
 _BY_KIND = {kind.kind: kind for kind in KINDS}
@@ -171,11 +178,12 @@ def decode(remote: RemoteRecord, now: float) -> Record | None:
     """The record ``remote`` carries, dated on this clock (``now``); never raises.
 
     None when it is not a whole record of ours (another version's kind, a
-    field of the wrong type), when it is about no node, or when nothing of
+    field of the wrong type), when it is about no node (or, for a
+    ``nodeless`` kind, about one), or when nothing of
     it is left to apply (``Kind.aged``).
     """
     kind = _BY_KIND.get(str(remote.record.get("kind")))
-    if kind is None or remote.node is None:
+    if kind is None or (remote.node is None) != kind.nodeless:
         return None
     clock = (now, remote.age)
     fields: dict[str, Any] = {"node": remote.node, "origin": remote.origin}

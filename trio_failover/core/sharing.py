@@ -107,16 +107,20 @@ class ClientUse:
         scaled: the stored sum (see the module's docstring); with
             ``running`` and the factor of now it makes the use of now.
         running: its attempts holding a slot now.
+        elsewhere: its attempts running at the other replicas, as they
+            last told (``--state redis://``; 0 without): they count toward
+            ``max_in_flight``, not toward the use here.
     """
 
     weight: float = 1.0
     max_in_flight: int = 0
     scaled: float = 0.0
     running: int = 0
+    elsewhere: int = 0
 
     def at_limit(self) -> bool:
-        """Whether it may start no further attempt now (``max_in_flight``)."""
-        return 0 < self.max_in_flight <= self.running
+        """Whether it may start no further attempt now (``max_in_flight``, fleet-wide)."""
+        return 0 < self.max_in_flight <= self.running + self.elsewhere
 
 
 class ShareBook:
@@ -138,6 +142,10 @@ class ShareBook:
         for name, use in self.clients.items():
             use.weight, use.max_in_flight = self._settings.get(name, (1.0, 0))
 
+    def settings_of(self, name: str) -> tuple[float, int]:
+        """``name``'s configured ``(weight, max_in_flight)``; ``(1, 0)`` when not configured."""
+        return self._settings.get(name, (1.0, 0))
+
     def client(self, name: str) -> ClientUse:
         """The record of ``name``, made on first sight."""
         use = self.clients.get(name)
@@ -152,6 +160,23 @@ class ShareBook:
         if use is None:
             return False
         return use.at_limit()
+
+    def running_elsewhere(self, counts: Mapping[str, int]) -> bool:
+        """The other replicas' running attempts by client (absent: none); True if any fell.
+
+        Only clients with a ``max_in_flight`` are kept (the others'
+        count changes nothing). A fall may let a waiter at its limit run.
+        """
+        fell = False
+        for name, use in self.clients.items():
+            count = counts.get(name, 0) if use.max_in_flight else 0
+            if count < use.elsewhere:
+                fell = True
+            use.elsewhere = count
+        for name, count in counts.items():
+            if count and name not in self.clients and self.settings_of(name)[1]:
+                self.client(name).elsewhere = count
+        return fell
 
     def scale(self, factor: float) -> float:
         """What one running attempt adds to a stored sum at ``factor``.
@@ -170,7 +195,12 @@ class ShareBook:
         """
         factor = self.factor(now)
         for name, use in list(self.clients.items()):
-            if not use.running and use.scaled < _FORGOTTEN_BELOW * factor and name not in keep:
+            if (
+                not use.running
+                and not use.elsewhere
+                and use.scaled < _FORGOTTEN_BELOW * factor
+                and name not in keep
+            ):
                 del self.clients[name]
 
     def factor(self, now: float) -> float:

@@ -821,6 +821,49 @@ class SlotScheduler(Generic[T]):
         """``client``'s recent use of the fleet at ``now``, in decayed slot-seconds."""
         return self.shares.use(client, now)
 
+    def share_summary(self, now: float) -> list[tuple[str, int, int, int, float]]:
+        """The clients that wait or run here, for the other replicas (``fleet_share.ClientShare``).
+
+        ``(client, rank, waiting, running, use)`` per priority and client
+        with waiters: how many wait, its attempts running and its use at
+        ``now``; a client that only runs, once, with nothing waiting (rank
+        ``normal``).
+        """
+        shares, seen = self.shares, set()
+        summary: list[tuple[str, int, int, int, float]] = []
+        for rank, lanes in sorted(self._lanes.items()):
+            for client, lane in lanes.items():
+                seen.add(client)
+                summary.append(
+                    (client, rank, len(lane.waiters), lane.use.running, shares.use(client, now))
+                )
+        for client, use in shares.clients.items():
+            if use.running and client not in seen:
+                summary.append((client, NORMAL, 0, use.running, shares.use(client, now)))
+        return summary
+
+    def best_waiting(self, now: float) -> tuple[int, str] | None:
+        """``(rank, client)`` of the waiter a freed slot would go to first; None: none may take one.
+
+        Fair: the highest priority's client of the lowest use ÷ weight (not
+        at its ``max_in_flight``); first come, first served: the
+        longest-waiting's. The nodes it may use are not asked.
+        """
+        shares = self.shares
+        if not self.fair:
+            for waiter in self._waiters:
+                if not shares.at_limit(waiter.client):
+                    return waiter.rank, waiter.client
+            return None
+        unit = shares.scale(shares.factor(now))
+        for rank in _RANKS:
+            lanes = self._lanes.get(rank)
+            if lanes:
+                best = _best_client(lanes, unit, frozenset())
+                if best is not None:
+                    return rank, next(iter(best.waiters)).client
+        return None
+
     # -- inside ----------------------------------------------------------------------
 
     def _take(self, node: str, client: str, now: float) -> Slot:
@@ -987,7 +1030,9 @@ class SlotScheduler(Generic[T]):
                 # best, and so on.
                 passed: set[_Lane[T]] = set()
                 idle = self._best_idle(rank)
-                if idle is not None:
+                if idle is not None and idle.use.at_limit():  # by its attempts elsewhere
+                    passed.add(idle)
+                elif idle is not None:
                     found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
                         return found
@@ -1063,6 +1108,8 @@ def _best_client(
             continue
         use = lane.use
         running = use.running
+        if use.elsewhere and use.at_limit():  # its attempts at the other replicas
+            continue
         if running:
             if running >= use.max_in_flight > 0:
                 continue

@@ -50,12 +50,14 @@ from ...core.config import Config
 from ...core.engine_book import EngineChange
 from ...core.engine_state import EngineRead
 from ...core.fleet_records import RemoteRecord
-from ...core.node_change import NodeChange
+from ...core.fleet_share import ShareSummary
+from ...core.node_change import InventoryChange, LastCheck, NodeChange
 from ...core.redis_url import parse_state
 from ...telemetry.logs import logger
 from ..nodes.affinity import CacheAffinity
 from ..nodes.board import BoardRecord, NodeBoard
 from ..nodes.queue import SlotQueue
+from .fair_share import SHARE, FleetFairShare
 from .shared_affinity import SERVED, FleetAffinity
 from .shared_state import SharedState
 from .spare_leases import SpareLease, SpareLeases
@@ -96,7 +98,7 @@ class FleetBoard:
             read = record.read
             if read is None or read.signals.last_error:
                 return
-            shared: fleet_records.Record = read
+            shared: NodeChange | InventoryChange | LastCheck | EngineRead = read
         elif isinstance(record, NodeChange) and record.reason == EXPIRED:
             return
         else:
@@ -123,7 +125,7 @@ class FleetBoard:
             return
         now = trio.current_time()
         record = fleet_records.decode(remote, now)
-        if record is None or isinstance(record, Served):  # the affinity link's
+        if record is None or isinstance(record, Served | ShareSummary):  # not the board's
             return
         self.board.apply(record, now)
         if isinstance(record, EngineRead):
@@ -172,6 +174,8 @@ class FleetSlots:
         self._marked = trio.Event()
         self._frees: dict[str, int] = {}  # node -> freed announcements heard
         self.spares = SpareLeases(state)  # ended attempts' leases, kept for the next
+        # Fair share across replicas (``fair_share.py``); None: each replica alone.
+        self.fair: FleetFairShare | None = None
 
     async def take(self, node: str) -> str | None:
         """The node's lease for an attempt holding its local slot; None: full across the fleet.
@@ -228,10 +232,23 @@ class FleetSlots:
         entry = self.held.pop(lease, None)
         capacity = self.ledger.capacity(node)
         crowded = self.ledger.full_by_others(node)
-        if entry is None or not self.spares.keep(node, entry[1], capacity, crowded=crowded):
+        # A client waiting at another replica deserves it more: the slot is
+        # given back and announced, and this replica's waiters leave it to
+        # that one for --state-timeout (``fair_share.py``).
+        deferred = self.fair is not None and self.fair.defer()
+        if (
+            deferred
+            or entry is None
+            or not self.spares.keep(node, entry[1], capacity, crowded=crowded)
+        ):
             full = self.ledger.is_full(node)
-            await self.state.release_slot(node, lease, capacity=capacity, seen_full=full)
-        self.freed(node)  # this replica's waiters: no announcement comes back for them
+            if deferred:
+                self._mark(node, self.state.state_timeout)
+            await self.state.release_slot(
+                node, lease, capacity=capacity, seen_full=full or deferred
+            )
+        if not deferred:
+            self.freed(node)  # this replica's waiters: no announcement comes back for them
 
     async def queued(self, nodes: Iterable[str]) -> None:
         """A workload waits here for ``nodes``: ask for those the engine's count fills.
@@ -348,13 +365,16 @@ class Fleet:
         )
         self.board_link = FleetBoard(board, self.state)
         self.slots = FleetSlots(self.state, queue)
+        self.fair = self.slots.fair = FleetFairShare(queue, self.state)
         # Cache affinity's served records (``shared_affinity.py``); None: affinity not shared.
         self.affinity_link: FleetAffinity | None = None
         if affinity is not None:
             self.affinity_link = FleetAffinity(affinity, self.state, board.nodes)
 
     def _on_record(self, record: RemoteRecord) -> None:
-        if record.record.get("kind") == SERVED:
+        if record.record.get("kind") == SHARE:
+            self.fair.on_record(record)
+        elif record.record.get("kind") == SERVED:
             if self.affinity_link is not None:
                 self.affinity_link.on_record(record)
         elif self.board_link is not None:
@@ -386,6 +406,7 @@ class Fleet:
             if self.affinity_link is not None:
                 nursery.start_soon(self.affinity_link.publish_all)
             nursery.start_soon(self.board_link.age_engines)
+            nursery.start_soon(self.fair.publish_all)
             await nursery.start(self.state.run)
             nursery.start_soon(self.slots.watch_marks)
             nursery.start_soon(self.slots.watch_state)

@@ -1,0 +1,128 @@
+"""Pure: fair share across replicas: each replica's waiting clients, and who a freed slot is for.
+
+With ``--state redis://…`` every replica keeps its own queue, and a slot
+it frees would go to its own best waiter, which reaches Redis first. So
+each replica tells the others a ``ShareSummary``: per priority and client,
+its waiting workloads, its running attempts and its recent use. A
+client's fleet-wide standing is the sum over the replicas
+(``fleet_standing``); when a slot frees here, ``defer_to_fleet`` says
+whether a client waiting at another replica is strictly more deserving
+than this replica's best waiter: then this replica lets the announced
+slot go to the other replica for a short grace before taking it itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+__all__ = ["ClientShare", "ShareSummary", "Standing", "defer_to_fleet", "fleet_standing"]
+
+
+@attrs.frozen
+class ClientShare:
+    """One client at one replica.
+
+    Attributes:
+        client: its name.
+        rank: the priority rank of its waiting workloads (0 = high).
+        waiting: its workloads waiting there, of that rank.
+        running: its attempts holding a slot there.
+        use: its decayed slot-seconds there when written (running ones included).
+    """
+
+    client: str
+    rank: int
+    waiting: int
+    running: int
+    use: float
+
+
+@attrs.frozen
+class ShareSummary:
+    """One replica's clients that wait or run (``core/fleet_records.py``'s ``share`` kind).
+
+    ``node`` is always None (a replica's record, not a node's); ``origin``
+    the replica that wrote it (None: this one).
+    """
+
+    clients: tuple[ClientShare, ...]
+    node: str | None = None
+    origin: str | None = None
+
+
+@attrs.frozen
+class Standing:
+    """A client's fleet-wide standing: its attempts running and its use, summed over replicas."""
+
+    running: int = 0
+    use: float = 0.0
+    weight: float = 1.0
+    max_in_flight: int = 0
+
+    def at_limit(self) -> bool:
+        """Whether its ``max_in_flight`` is reached fleet-wide."""
+        return 0 < self.max_in_flight <= self.running
+
+
+def fleet_standing(
+    local: Mapping[str, tuple[int, float]],
+    remote: Iterable[ShareSummary],
+    settings: Mapping[str, tuple[float, int]],
+) -> dict[str, Standing]:
+    """Every client's standing: this replica's ``(running, use)`` plus the others' summaries.
+
+    ``settings``: client -> ``(weight, max_in_flight)``; others get ``(1, 0)``.
+    A client named twice in one summary (two priorities) counts once.
+    """
+    sums: dict[str, tuple[int, float]] = dict(local)
+    for summary in remote:
+        seen: set[str] = set()
+        for share in summary.clients:
+            if share.client in seen:
+                continue
+            seen.add(share.client)
+            running, use = sums.get(share.client, (0, 0.0))
+            sums[share.client] = (running + share.running, use + share.use)
+    return {
+        client: Standing(running, use, *settings.get(client, (1.0, 0)))
+        for client, (running, use) in sums.items()
+    }
+
+
+def _key(rank: int, standing: Standing) -> tuple[int, bool, float]:
+    """Smaller goes first: priority, then nothing running, then use ÷ weight."""
+    return (rank, standing.running > 0, standing.use / standing.weight)
+
+
+def defer_to_fleet(
+    local_best: tuple[int, str] | None,
+    remote: Iterable[ShareSummary],
+    standing: Mapping[str, Standing],
+) -> bool:
+    """Whether a slot freed here should go to a client waiting at another replica.
+
+    Args:
+        local_best: ``(rank, client)`` of this replica's best waiter; None: none waits.
+        remote: the other replicas' latest summaries.
+        standing: every client's fleet-wide standing (``fleet_standing``).
+
+    Returns:
+        True when some other replica has a waiting client, not this one's
+        and not at its fleet-wide ``max_in_flight``, that is strictly more
+        deserving: a higher priority; or the same and nothing running
+        fleet-wide against something; or that and a lower use ÷ weight.
+    """
+    if local_best is None:
+        return False
+    rank, client = local_best
+    mine = _key(rank, standing.get(client, Standing()))
+    for summary in remote:
+        for share in summary.clients:
+            if not share.waiting or share.client == client:
+                continue
+            theirs = standing.get(share.client, Standing())
+            if not theirs.at_limit() and _key(share.rank, theirs) < mine:
+                return True
+    return False

@@ -1,0 +1,115 @@
+"""Fair share across replicas: waiting clients told, a freed slot left to the fairest.
+
+With ``--state redis://…`` every replica keeps its own queue, and a slot it
+frees used to go to its own best waiter, which reaches Redis first. Here
+each replica publishes a ``share`` record (``core/fleet_share.ShareSummary``:
+per priority and client, its waiting workloads, running attempts and use)
+when it changes, at most every ``PERIOD`` seconds and again every
+``REFRESH`` seconds while it names anyone, from a task of its own (never on
+the request path). The others' latest records make the mirror; one older
+than ``STALE`` seconds (a replica that died or lost Redis) counts for
+nothing.
+
+When an attempt here ends, ``defer`` asks ``fleet_share.defer_to_fleet``
+whether a client waiting at another replica is strictly more deserving,
+fleet-wide, than this replica's best waiter; if so, ``FleetSlots.release``
+gives the lease back, announced, and marks the node full here for
+``--state-timeout``, so that the other replica's waiter takes it; if nobody
+did by then, this replica's waiters try again. The same summaries carry
+each client's running attempts: those at the other replicas count toward
+its ``max_in_flight`` here (``ShareBook.running_elsewhere``). While Redis
+is away nothing is deferred and nothing counted: each replica decides
+alone, as without replicas.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ...core import fleet_records
+from ...core.fleet_records import RemoteRecord
+from ...core.fleet_share import ClientShare, ShareSummary, defer_to_fleet, fleet_standing
+from ..nodes.queue import SlotQueue
+from .shared_state import SharedState
+
+SHARE = "share"  # the record's kind
+PERIOD = 0.1  # seconds between two looks at this replica's queue
+REFRESH = 1.0  # a summary that names anyone is told again this often
+STALE = 3.0  # another replica's summary older than this counts for nothing
+
+
+class FleetFairShare:
+    """This replica's waiting clients out, the others' in, and the deferral rule between."""
+
+    def __init__(self, queue: SlotQueue, state: SharedState) -> None:
+        self.queue = queue
+        self.scheduler = queue.scheduler
+        self.state = state
+        # replica id -> (its latest summary, when it came, on this clock)
+        self.remote: dict[str, tuple[ShareSummary, float]] = {}
+        self.deferred = 0  # freed slots left to another replica's client (for tests, /status)
+
+    def on_record(self, remote: RemoteRecord) -> None:
+        """Keep another replica's latest ``share`` record."""
+        now = trio.current_time()
+        record = fleet_records.decode(remote, now)
+        if isinstance(record, ShareSummary):
+            self.remote[remote.origin] = (record, now)
+            self.count_elsewhere(now)
+
+    def count_elsewhere(self, now: float) -> None:
+        """Each client's attempts at the other replicas, toward its ``max_in_flight`` here.
+
+        From the current summaries (none while Redis is away: each replica
+        alone); a count that fell may let a waiter at its limit run.
+        """
+        counts: dict[str, int] = {}
+        if self.state.connected:
+            for summary in self.fresh(now):
+                # A client is named once per priority it waits at, with one count.
+                running = {share.client: share.running for share in summary.clients}
+                for client, count in running.items():
+                    counts[client] = counts.get(client, 0) + count
+        if self.scheduler.shares.running_elsewhere(counts):
+            self.queue.dispatch()
+
+    def fresh(self, now: float) -> list[ShareSummary]:
+        """The other replicas' summaries still current at ``now``."""
+        return [summary for summary, at in self.remote.values() if now - at <= STALE]
+
+    def defer(self) -> bool:
+        """Whether a slot freed here now should be left to another replica's client."""
+        if not self.state.connected or not self.scheduler.fair:
+            return False
+        now = trio.current_time()
+        remote = self.fresh(now)
+        if not remote:
+            return False
+        scheduler = self.scheduler
+        local = {
+            client: (running, use) for client, _, _, running, use in scheduler.share_summary(now)
+        }
+        clients = set(local) | {share.client for summary in remote for share in summary.clients}
+        standing = fleet_standing(
+            local, remote, {client: scheduler.shares.settings_of(client) for client in clients}
+        )
+        if defer_to_fleet(scheduler.best_waiting(now), remote, standing):
+            self.deferred += 1
+            return True
+        return False
+
+    async def publish_all(self) -> None:
+        """Tell this replica's summary when it changes (its own task, for the proxy's lifetime)."""
+        told: tuple[object, ...] | None = None
+        told_at = -REFRESH
+        while True:
+            await trio.sleep(PERIOD)
+            now = trio.current_time()
+            self.count_elsewhere(now)  # a summary gone stale, or Redis gone, counts no more
+            clients = tuple(ClientShare(*entry) for entry in self.scheduler.share_summary(now))
+            shape = tuple((c.client, c.rank, c.waiting, c.running) for c in clients)
+            if shape == told and (not shape or now - told_at < REFRESH):
+                continue
+            record = fleet_records.encode(ShareSummary(clients), now)
+            if await self.state.publish(record):
+                told, told_at = shape, now
