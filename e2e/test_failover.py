@@ -49,7 +49,10 @@ def test_frozen_node_costs_one_header_deadline(fleet: Fleet, report: Report, kin
         what="a's cooldown to end",
     )
     restored = time.monotonic() - resumed
-    third = Exchange.post(proxy.port, CHAT, chat_body(8)).read_all()
+    # A new conversation (cache affinity would send the first prompt again
+    # to b, which holds it): the resolved order puts a first again.
+    fresh = chat_body(8, prompt="Tell me a short story about a harbour pilot.")
+    third = Exchange.post(proxy.port, CHAT, fresh).read_all()
     assert third.status == 200
     assert third.complete
     assert third.response_headers["x-failover-node"] == "a"
