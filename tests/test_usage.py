@@ -86,7 +86,7 @@ async def test_tokens_of_every_answer_reach_every_output(
                 if event.get("type") == "workload" and event["state"] == "completed":
                     terminal.append(event)
         now = trio.current_time()
-        usage = json.loads(_route(proxy, _get(b"/usage"), b"/usage", None).body)
+        usage = json.loads((await _route(proxy, _get(b"/usage"), b"/usage", None)).body)
         status = proxy.status()
         metrics = proxy.report.metrics.registry
 
@@ -152,7 +152,7 @@ async def test_a_cut_stream_counts_what_came(
             )
             assert gone is None
             await trio.sleep(5)
-            usage = proxy.usage()
+            usage = await proxy.usage()
     [line] = access_lines(logged)
     assert line["state"] == "cancelled"
     assert (line["completion_tokens"], line["usage_estimated"]) == (2, True)

@@ -85,6 +85,17 @@ async def status_until(
     raise AssertionError(f"/status never showed what was wanted: {status}")
 
 
+async def usage_until(admin: tuple[str, int], requests: int, *, polls: int = 400) -> None:
+    """``/usage`` once it counts ``requests`` requests of the one client (``anonymous``)."""
+    clients: list[dict[str, Any]] = []
+    for _ in range(polls):  # bounded: the caller's fail_after, and this count
+        clients = json.loads((await http_get(admin, "/usage")).partition(b"\r\n\r\n")[2])["clients"]
+        if [(c["client"], c["requests"]) for c in clients] == [("anonymous", requests)]:
+            return
+        await trio.sleep(0.025)
+    raise AssertionError(f"/usage never counted {requests} requests: {clients}")
+
+
 async def worker_pids(sup: Supervisor, after: int = 0) -> list[int]:
     return [await sup.worker_pid(0, after), await sup.worker_pid(1, after)]
 
@@ -121,6 +132,8 @@ async def test_metrics_add_up_every_workers_counts_a_dead_ones_too(
                 ]
                 assert total(samples, "trio_failover_state_replicas") == 2
                 assert total(samples, "trio_failover_build_info") == 1
+                # GET /usage too counts every worker's requests (added up in Redis).
+                await usage_until(admin, 20)
 
                 # Worker 1 killed: its counts stay, its gauges go; its successor adds on.
                 seen = len(sup.lines)
@@ -130,6 +143,7 @@ async def test_metrics_add_up_every_workers_counts_a_dead_ones_too(
                 assert list(directory.glob(f"counter_{pids[1]}.db"))
                 await send(client, 4)
                 await scrape_until(admin, lambda s: total(s, attempts) == 24)
+                await usage_until(admin, 24)  # the killed worker's requests too
 
                 # /status covers the fleet (the shared state's view) and lists the workers.
                 status = await status_until(admin, lambda s: s["state"]["replicas"] == 2)

@@ -1,4 +1,4 @@
-"""Pure: each client's rpm and tpm windows in the shared state, fleet-wide (docs/sharing.md).
+"""Pure: each client's rpm and tpm windows, and its usage, in the shared state (docs/sharing.md).
 
 With ``--state redis://`` a client's requests and tokens of the last minute
 are counted in Redis, so its ``rpm`` and ``tpm`` hold whichever replica its
@@ -14,13 +14,42 @@ clock (the replicas' own clocks are not comparable): an amount counted at
 ``t`` is in the window while ``now - t < 60 s``; a request finding the
 window holding ``rpm`` requests, or ``tpm`` tokens, is refused with the
 milliseconds until it has room, and counted nowhere.
+
+The usage that ``GET /usage`` shows is counted there too, so that any
+replica's answer (and a ``--workers`` fleet's admin) covers the fleet:
+
+- ``{prefix}usage``: a hash of running totals, one field per client,
+  model and count (``{client}\\x1f{model}\\x1e{count}``), the counts
+  ``USAGE_COUNTS``, slot-seconds in milliseconds;
+- ``{prefix}usage:minute:{n}``: the same for the minute ``n`` of Redis'
+  clock, kept 62 minutes, for the last hour;
+- ``{prefix}usage:names``: the model of each client and model as first
+  asked (the model of a pair is its ``names.model_key``);
+- ``{prefix}usage:batch:{id}``: a batch written already: a batch sent
+  again after a timeout (which may have been written) counts once.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
-__all__ = ["ADMIT", "CHARGE", "read_admit", "requests_key", "tokens_key"]
+from .usage_book import Counts, Pair
+
+__all__ = [
+    "ADMIT",
+    "CHARGE",
+    "USAGE_ADD",
+    "USAGE_COUNTS",
+    "USAGE_READ",
+    "minutes_prefix",
+    "read_admit",
+    "read_usage",
+    "requests_key",
+    "tokens_key",
+    "usage_args",
+    "usage_keys",
+]
 
 _WINDOW_MS = 60_000
 
@@ -110,3 +139,141 @@ def read_admit(reply: object) -> int | None:
     if admitted == 1:
         return None
     return max(math.ceil(wait_ms / 1000), 1)
+
+
+# -- usage ----------------------------------------------------------------------------
+
+USAGE_COUNTS = ("requests", "prompt_tokens", "completion_tokens", "estimated", "slot_ms")
+_NO_MODEL = "\x00"  # the model part of a request that named none
+_HOUR_MINUTES = 60
+_MINUTE_KEPT_S = 62 * 60
+_BATCH_KEPT_S = 3600
+
+USAGE_ADD = f"""
+-- KEYS[1] the totals, KEYS[2] the names, KEYS[3] this batch's mark;
+-- ARGV[1] the minutes' key prefix, then per pair: its field, its model as
+-- first asked, and the {len(USAGE_COUNTS)} counts. Returns 1, or 0 for a batch written before.
+if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', {_BATCH_KEPT_S}) then return 0 end
+local t = redis.call('TIME')
+local minute = ARGV[1] .. math.floor(tonumber(t[1]) / 60)
+local counts = {{{", ".join(repr(name) for name in USAGE_COUNTS)}}}
+local width = 2 + #counts
+for i = 2, #ARGV, width do
+  redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
+  for j = 1, #counts do
+    local n = tonumber(ARGV[i + 1 + j])
+    if n ~= 0 then
+      local field = ARGV[i] .. '\\30' .. counts[j]
+      redis.call('HINCRBY', KEYS[1], field, n)
+      redis.call('HINCRBY', minute, field, n)
+    end
+  end
+end
+redis.call('EXPIRE', minute, {_MINUTE_KEPT_S})
+return 1
+"""
+
+USAGE_READ = f"""
+-- KEYS[1] the totals, KEYS[2] the names; ARGV[1] the minutes' key prefix.
+-- Returns {{totals, names, the last hour's minutes...}} as HGETALL lists.
+local t = redis.call('TIME')
+local now = math.floor(tonumber(t[1]) / 60)
+local out = {{redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}}
+for minute = now - {_HOUR_MINUTES - 1}, now do
+  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. minute)
+end
+return out
+"""
+
+
+def usage_keys(prefix: str, batch: str) -> list[str]:
+    """``USAGE_ADD``'s keys: the totals, the names, the batch's mark (``USAGE_READ``: two)."""
+    return [f"{prefix}usage", f"{prefix}usage:names", f"{prefix}usage:batch:{batch}"]
+
+
+def minutes_prefix(prefix: str) -> str:
+    """The prefix of the minutes' keys (the minute's number follows)."""
+    return f"{prefix}usage:minute:"
+
+
+def _field(pair: Pair) -> str:
+    client, model = pair
+    return f"{client}\x1f{_NO_MODEL if model is None else model}"
+
+
+def usage_args(prefix: str, batch: Mapping[Pair, tuple[str | None, Counts]]) -> list[str | int]:
+    """``USAGE_ADD``'s arguments for ``batch``: pair -> (its model as first asked, counts)."""
+    args: list[str | int] = [minutes_prefix(prefix)]
+    for pair, (shown, counts) in batch.items():
+        args += [_field(pair), _NO_MODEL if shown is None else shown, *_counted(counts)]
+    return args
+
+
+def _counted(counts: Counts) -> tuple[int, ...]:
+    return (
+        counts.requests,
+        counts.prompt_tokens,
+        counts.completion_tokens,
+        counts.estimated,
+        round(counts.slot_seconds * 1000),
+    )
+
+
+def read_usage(reply: object) -> dict[Pair, tuple[str | None, Counts, Counts]]:
+    """``USAGE_READ``'s reply: pair -> (its model as first asked, since start, last hour).
+
+    Raises:
+        ValueError: not such a reply.
+    """
+    if not isinstance(reply, list) or len(reply) < 2:
+        raise ValueError(f"unexpected usage reply {reply!r}"[:200])
+    names = dict(_pairs(reply[1]))
+    found: dict[Pair, tuple[str | None, Counts, Counts]] = {}
+
+    def entry(field: str) -> tuple[Pair, int] | None:
+        head, _, count = field.rpartition("\x1e")
+        client, _, model = head.partition("\x1f")
+        if not client or count not in USAGE_COUNTS:
+            return None
+        pair = (client, None if model == _NO_MODEL else model)
+        if pair not in found:
+            shown = names.get(head, model)
+            found[pair] = (None if shown == _NO_MODEL else shown, Counts(), Counts())
+        return pair, USAGE_COUNTS.index(count)
+
+    for since_start, hashes in ((True, reply[:1]), (False, reply[2:])):
+        for fields in hashes:
+            for field, value in _pairs(fields):
+                place = entry(field)
+                if place is not None:
+                    _, total, hour = found[place[0]]
+                    _add(total if since_start else hour, place[1], int(value))
+    return found
+
+
+def _pairs(fields: object) -> Iterable[tuple[str, str]]:
+    if not isinstance(fields, list) or len(fields) % 2:
+        raise ValueError(f"unexpected hash {fields!r}"[:200])
+    for name, value in zip(fields[::2], fields[1::2], strict=True):
+        yield _text(name), _text(value)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, str | int):
+        return str(value)
+    raise ValueError(f"unexpected value {value!r}"[:200])
+
+
+def _add(counts: Counts, index: int, value: int) -> None:
+    if index == 0:
+        counts.requests += value
+    elif index == 1:
+        counts.prompt_tokens += value
+    elif index == 2:
+        counts.completion_tokens += value
+    elif index == 3:
+        counts.estimated += value
+    else:
+        counts.slot_seconds += value / 1000

@@ -15,11 +15,15 @@ a new one. Past that many, a new pair is counted under the model
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from .names import model_key
+
+Pair = tuple[str, "str | None"]
+"""A client and a model's key (``names.model_key``; None: the request named no model)."""
 
 MOST_ENTRIES = 1000
 OTHER = "(other)"  # the model of the pairs past MOST_ENTRIES
@@ -130,15 +134,17 @@ class UsageBook:
 
     def document(self, now: float) -> dict[str, Any]:
         """``GET /usage``: one entry per client and model, by client then model."""
-        entries = sorted(self._entries.values(), key=lambda e: (e.client, e.model or ""))
-        return {
-            "clients": [
-                {
-                    "client": entry.client,
-                    "model": entry.model,
-                    **entry.total.to_json(),
-                    "last_hour": entry.last_hour(now).to_json(),
-                }
-                for entry in entries
-            ]
-        }
+        return usage_document(
+            (entry.client, entry.model, entry.total, entry.last_hour(now))
+            for entry in self._entries.values()
+        )
+
+
+def usage_document(entries: Iterable[tuple[str, str | None, Counts, Counts]]) -> dict[str, Any]:
+    """``GET /usage`` of ``(client, model, since start, last hour)``, by client then model."""
+    return {
+        "clients": [
+            {"client": client, "model": model, **total.to_json(), "last_hour": hour.to_json()}
+            for client, model, total, hour in sorted(entries, key=lambda e: (e[0], e[1] or ""))
+        ]
+    }

@@ -154,6 +154,7 @@ class Proxy:
             self.fleet = Fleet(config, self.board, self.queue, self.affinity)
             self._workloads.attempts.fleet = self.fleet.slots
             self._workloads.shares.fleet = self.fleet.state  # rpm and tpm fleet-wide
+            self.report.share_usage = self.fleet.usage.told  # GET /usage fleet-wide
         metrics.read_state(self._state_status)
         # Its own tasks' lifetime (``run``, ``async with``, ``lent``).
         self._running = False
@@ -410,9 +411,15 @@ class Proxy:
         document["state"] = self._state_status()
         return document
 
-    def usage(self) -> dict[str, Any]:
-        """The ``GET /usage`` document: every client's use, per model."""
-        return self.report.usage.document(trio.current_time())
+    async def usage(self) -> dict[str, Any]:
+        """The ``GET /usage`` document: every client's use, per model.
+
+        With a shared state, the fleet's (every replica's counts, added up
+        in Redis); while Redis does not answer, this replica's own.
+        """
+        if self.fleet is None:
+            return self.report.usage.document(trio.current_time())
+        return await self.fleet.usage.document(self.report.usage)
 
     def _state_status(self) -> dict[str, Any]:
         """``/status``'s ``state``: ``{"backend", "connected", "replicas"}``."""

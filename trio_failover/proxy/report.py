@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..core.config import Config, LiveConfig, live_config
 from ..core.liveness import CheckRecord
+from ..core.names import model_key
 from ..core.outcome import AttemptRecord, Outcome
-from ..core.usage_book import UsageBook
+from ..core.usage_book import Counts, Pair, UsageBook
 from ..core.workload import State
 from ..telemetry.events import EventBus
 from ..telemetry.logs import access_logger, log_access, logger
@@ -54,6 +56,9 @@ class Report:
         self.limits_hit: dict[str, int] = {}
         # Every client's requests, tokens and slot-seconds (``GET /usage``).
         self.usage = UsageBook()
+        # With a shared state, where each finished request's usage is told
+        # too (``fleet/shared_usage.FleetUsage.told``): the fleet's totals.
+        self.share_usage: Callable[[Pair, str | None, Counts], None] | None = None
         # The traces' sink. None: traces off, OpenTelemetry not even imported.
         self.tracing: Tracing | None = None
         if self.config.otel_endpoint is not None:
@@ -247,16 +252,20 @@ class Report:
             self.limits_hit[client] = self.limits_hit.get(client, 0) + 1
             return
         prompt, completion = work.prompt_tokens or 0, work.completion_tokens or 0
+        # Each attempt held its slot from its connect to its end (its record's elapsed).
+        slot_seconds = sum(record.elapsed for record in work.attempts)
         model = self.usage.add(
             client,
             work.model,
             prompt=prompt,
             completion=completion,
             estimated=work.usage_estimated,
-            # Each attempt held its slot from its connect to its end (its record's elapsed).
-            slot_seconds=sum(record.elapsed for record in work.attempts),
+            slot_seconds=slot_seconds,
             now=now,
         )
+        if self.share_usage is not None:
+            counts = Counts(1, prompt, completion, int(work.usage_estimated), slot_seconds)
+            self.share_usage((client, None if model is None else model_key(model)), model, counts)
         if work.prompt_tokens is not None and work.node is not None:
             self.metrics.used(client, "" if model is None else model, work.node, prompt, completion)
 

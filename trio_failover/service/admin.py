@@ -177,7 +177,7 @@ async def _answer(
             return False
         reply = refusal
     else:
-        reply = _route(proxy, request, path, history)
+        reply = await _route(proxy, request, path, history)
     await _send_reply(client, reply)
     return True
 
@@ -223,11 +223,14 @@ _UNAUTHORIZED = attrs.evolve(
 )
 
 
-def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History | None) -> Reply:
-    routes: dict[bytes, Callable[[Proxy, ClientRequest], Reply]] = {
+async def _route(
+    proxy: Proxy, request: ClientRequest, path: bytes, history: History | None
+) -> Reply:
+    # None: the route that may wait (with a shared state, /usage's counts are in Redis).
+    routes: dict[bytes, Callable[[Proxy, ClientRequest], Reply] | None] = {
         b"/healthz": lambda p, _: _healthz_reply(p),
         b"/status": lambda p, _: _status_reply(p),
-        b"/usage": lambda p, _: Reply(200, json.dumps(p.usage()).encode()),
+        b"/usage": None,
         b"/metrics": _metrics_reply,
         b"/config": lambda p, _: Reply(200, json.dumps(running_config(p.config)).encode()),
         b"/": lambda _, __: _dashboard_reply(),
@@ -239,12 +242,14 @@ def _route(proxy: Proxy, request: ClientRequest, path: bytes, history: History |
     }
     if history is not None:
         routes[b"/history"] = lambda _, __: Reply(200, json.dumps(history.document()).encode())
-    answer = routes.get(path)
-    if answer is None:
+    if path not in routes:
         return _error(404, "not_found", "not found")
     if request.method not in (b"GET", b"HEAD"):
         reply = _error(405, "method_not_allowed", "the admin API is read-only")
         return attrs.evolve(reply, headers=((b"allow", b"GET, HEAD"),))
+    answer = routes[path]
+    if answer is None:
+        return Reply(200, json.dumps(await proxy.usage()).encode())
     return answer(proxy, request)
 
 

@@ -30,6 +30,9 @@ the proxy's parts:
 - **cache affinity** (``FleetAffinity``, ``shared_affinity.py``): the
   chains this replica's nodes served go out as ``served`` records, and
   the others' come into the proxy's memory of them.
+- **usage** (``FleetUsage``, ``shared_usage.py``): each finished request's
+  tokens and slot-seconds are added up in Redis, so ``GET /usage`` at any
+  replica shows the fleet's.
 
 Its own tasks run in the proxy's nursery (``Fleet.run``): the shared
 state's membership, the publisher (the board's listeners are synchronous;
@@ -60,6 +63,7 @@ from ..nodes.queue import SlotQueue
 from .fair_share import SHARE, FleetFairShare
 from .shared_affinity import SERVED, FleetAffinity
 from .shared_state import SharedState
+from .shared_usage import FleetUsage
 from .spare_leases import SpareLease, SpareLeases
 
 __all__ = ["Fleet", "FleetBoard", "FleetSlots"]
@@ -370,6 +374,7 @@ class Fleet:
         self.affinity_link: FleetAffinity | None = None
         if affinity is not None:
             self.affinity_link = FleetAffinity(affinity, self.state, board.nodes)
+        self.usage = FleetUsage(self.state)  # the report tells it (``Report.share_usage``)
 
     def _on_record(self, record: RemoteRecord) -> None:
         if record.record.get("kind") == SHARE:
@@ -407,6 +412,7 @@ class Fleet:
                 nursery.start_soon(self.affinity_link.publish_all)
             nursery.start_soon(self.board_link.age_engines)
             nursery.start_soon(self.fair.publish_all)
+            nursery.start_soon(self.usage.publish_all)
             await nursery.start(self.state.run)
             nursery.start_soon(self.slots.watch_marks)
             nursery.start_soon(self.slots.watch_state)

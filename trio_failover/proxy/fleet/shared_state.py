@@ -64,6 +64,7 @@ from ...core.errors import StateError, StateReplyError
 from ...core.fleet_records import RemoteRecord
 from ...core.redis_url import RedisAddress
 from ...core.state_layout import Beats, LeaseTake, freed_channel, read_freed, wanted_channel
+from ...core.usage_book import Counts, Pair
 from ...telemetry.logs import logger
 from ...wire.client_rates import ClientRates
 from ...wire.redis import RedisConnection, Subscription, open_redis, open_subscription
@@ -75,6 +76,7 @@ T = TypeVar("T")
 
 HEARTBEAT_MOST = 1.0  # seconds between heartbeats, at most; a beat lasts three
 OWED_MOST = 10_000  # releases kept for the next join; past that they end by their TTL
+USAGE_READ_TIMEOUT = 2.0  # seconds GET /usage waits for the fleet's counts
 
 
 def _ignore(*_: object) -> None:
@@ -302,14 +304,47 @@ class SharedState:
 
         return await self._bounded(charge) is not None
 
-    async def _bounded(self, call: Callable[[_Link, float], Awaitable[T]]) -> T | None:
-        """``call`` within ``--state-timeout``; None at once while away, or when it failed."""
+    async def add_usage(
+        self, batch_id: str, batch: Mapping[Pair, tuple[str | None, Counts]]
+    ) -> bool:
+        """Count finished requests' usage fleet-wide (``ClientRates.add_usage``).
+
+        Returns False when it was not written (or its answer did not come).
+
+        A batch sent again with its id after a False counts once.
+        """
+        prefix = self.prefix
+
+        async def add(link: _Link, deadline: float) -> bool:
+            await ClientRates(link.connection, prefix).add_usage(batch_id, batch, deadline=deadline)
+            return True
+
+        return await self._bounded(add) is not None
+
+    async def read_usage(self) -> dict[Pair, tuple[str | None, Counts, Counts]] | None:
+        """The fleet's usage (``ClientRates.read_usage``); None while Redis is away or silent.
+
+        Not on a request's path: it may take ``USAGE_READ_TIMEOUT`` (or
+        ``--state-timeout`` when longer).
+        """
+        prefix = self.prefix
+        return await self._bounded(
+            lambda link, deadline: ClientRates(link.connection, prefix).read_usage(
+                deadline=deadline
+            ),
+            bound=max(self.state_timeout, USAGE_READ_TIMEOUT),
+        )
+
+    async def _bounded(
+        self, call: Callable[[_Link, float], Awaitable[T]], bound: float | None = None
+    ) -> T | None:
+        """``call`` within ``bound`` seconds (``--state-timeout``); None: away, or it failed."""
         link = self._link
         if link is None:
             await trio.lowlevel.checkpoint()
             return None
         try:
-            return await call(link, trio.current_time() + self.state_timeout)
+            return await call(link, trio.current_time() + (bound or self.state_timeout))
         except StateError as exc:
             # The heartbeat probes Redis now, and a probe that fails too is an
             # outage: one slow answer on a busy host is not, while a lost
