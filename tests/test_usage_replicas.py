@@ -9,7 +9,8 @@ ones over in-memory streams, the clock real, every wait bounded.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -131,13 +132,20 @@ async def test_a_batch_sent_twice_counts_once_and_in_the_last_hour(
 # -- two replicas -----------------------------------------------------------------------
 
 
+@asynccontextmanager
+async def two_replicas(redis_server: RedisServer) -> AsyncIterator[tuple[Proxy, Proxy]]:
+    """Two replicas joined over ``redis_server``, clients named by ``X-Client``."""
+    async with replicas_at(
+        redis_server.address, FakeNode(healthy(ANSWER)), 0, 2, client_header="X-Client"
+    ) as (a, b):
+        for proxy in (a, b):
+            await until_connected(proxy, True)
+        yield a, b
+
+
 async def test_usage_at_either_replica_is_the_fleets(redis_server: RedisServer) -> None:
     with trio.fail_after(LIMIT):
-        async with replicas_at(
-            redis_server.address, FakeNode(healthy(ANSWER)), 0, 2, client_header="X-Client"
-        ) as (a, b):
-            for proxy in (a, b):
-                await until_connected(proxy, True)
+        async with two_replicas(redis_server) as (a, b):
             await ask(a, "ann")
             # Shown as first written to Redis: "m" once it is there.
             await until_usage(b, {("ann", "m"): (1, 7, 3)})
@@ -159,11 +167,7 @@ async def test_while_redis_is_away_a_replica_shows_its_own_and_tells_it_later(
     redis_server: RedisServer,
 ) -> None:
     with trio.fail_after(LIMIT):
-        async with replicas_at(
-            redis_server.address, FakeNode(healthy(ANSWER)), 0, 2, client_header="X-Client"
-        ) as (a, b):
-            for proxy in (a, b):
-                await until_connected(proxy, True)
+        async with two_replicas(redis_server) as (a, b):
             await ask(b, "bob")
             await until_usage(a, {("bob", "m"): (1, 7, 3)})
             redis_server.stop()
