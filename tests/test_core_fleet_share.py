@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import random
 
 import pytest
 
@@ -15,7 +17,7 @@ from trio_failover.core.fleet_share import (
     told_by_replicas,
 )
 from trio_failover.core.sharing import HALF_LIFE, ShareBook
-from trio_failover.core.slots import Granted, Queued, SlotScheduler
+from trio_failover.core.slots import Granted, Queued, Slot, SlotScheduler, Waiter
 
 
 def test_standing_sums_the_replicas_and_counts_a_client_once_per_replica() -> None:
@@ -307,3 +309,69 @@ def test_the_idle_order_follows_the_figures_as_they_change() -> None:
     told()  # idle again, at its own 10: first again (e, idle at 55, next)
     assert next_served() == "a1"
     assert s.share_summary(60.0)[0][:4] == ("a", 1, 1, 1)  # its own running, not the others'
+
+
+def the_rule(
+    s: SlotScheduler[int], now: float, taker: str | None, waiter: Waiter[int]
+) -> tuple[int, bool, float, int]:
+    """Smaller goes first; the figures before the hand-off that gave ``taker`` a slot.
+
+    A take at ``now`` has used nothing yet: it only counts running.
+    """
+    use = s.shares.clients[waiter.client]
+    running = use.running - (waiter.client == taker) + use.elsewhere
+    fleet = s.shares.fleet_use(waiter.client, now) / use.weight
+    return (waiter.rank, running > 0, fleet, waiter.seq)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_hand_off_is_the_fleet_wide_fairest_waiter(seed: int) -> None:
+    """Random takes, waits, releases and figures told: each freed slot goes as the rule says.
+
+    The rule, computed plainly over every waiter that may use the freed
+    node: the highest priority, then nothing running fleet-wide, then the
+    lowest fleet-wide use ÷ weight, then the longest-waiting. Each client
+    starts with a use of its own (no two equal: no ties between clients).
+    """
+    rng = random.Random(seed)
+    nodes = "nmo"
+    s: SlotScheduler[int] = SlotScheduler({node: rng.choice((1, 2)) for node in nodes})
+    clients = [f"c{i}" for i in range(8)]
+    s.configure_clients({client: (rng.choice((1.0, 2.0, 0.5)), 0) for client in clients[:4]})
+    for client in clients:
+        s.shares.took(client, 0.0)
+        s.shares.released(client, rng.uniform(0.1, 30.0))
+    ready = set(nodes)
+    running: list[Slot] = []
+    now = 30.0
+    handed = 0
+    for token in range(400):
+        now += rng.uniform(0.0, 2.0)
+        step = rng.random()
+        if step < 0.45:
+            order = rng.sample(nodes, rng.randint(1, 3))
+            client, rank = rng.choice(clients), rng.choice((0, 1, 1, 2))
+            result = s.acquire(token, order, ready=ready, client=client, rank=rank, now=now)
+            if isinstance(result, Granted):
+                running.append(result.slot)
+        elif step < 0.8 and running:
+            slot = running.pop(rng.randrange(len(running)))
+            was_full = s.ledger.is_full(slot.node)
+            can = [w for w in s.waiting() if slot.node in w.untried]
+            handoffs = s.release(slot, ready=ready, now=now)
+            if not (was_full and can):
+                assert handoffs == []
+                continue
+
+            taker = handoffs[0].waiter.client if handoffs else None
+            expected = min(can, key=functools.partial(the_rule, s, now, taker))
+            assert [h.waiter for h in handoffs] == [expected]
+            running.append(handoffs[0].slot)
+            handed += 1
+        else:
+            told = [
+                (now - rng.uniform(0.0, 1.0), client, rng.choice((0, 0, 1, 3)), rng.uniform(0, 90))
+                for client in rng.sample(clients, rng.randint(0, 4))
+            ]
+            s.told_elsewhere(told, now)
+    assert handed > 20

@@ -574,7 +574,8 @@ class SlotScheduler(Generic[T]):
     waiter of the highest priority, then of the client with the lowest
     recent use divided by its weight (``sharing.ShareBook``; a client with
     nothing running before every client with work running; with replicas,
-    both fleet-wide: ``told_elsewhere``), then the longest-waiting. Not fair: the longest-waiting, first come first served.
+    both fleet-wide: ``told_elsewhere``), then the longest-waiting. Not
+    fair: the longest-waiting, first come first served.
     Either way a client at its ``max_in_flight`` takes no further slot.
 
     Costs: ``acquire`` is O(candidates); ``release`` with an empty queue,
@@ -902,10 +903,20 @@ class SlotScheduler(Generic[T]):
             del lanes[waiter.client]
 
     def _push_idle_lanes(self, client: str) -> None:
+        """Push each lane of ``client`` (idle now) onto its priority's heap."""
         for rank, lanes in self._lanes.items():
             lane = lanes.get(client)
-            if lane is not None:
-                self._push_idle(rank, lane)
+            if lane is None:
+                continue
+            heap = self._idle.get(rank)  # (a rebuild replaces them all)
+            if heap is None or len(heap) > 2 * len(lanes) + 64:
+                self._push_idle(rank, lane)  # the same, or a rebuild first
+                continue
+            use = lane.use  # as in _push_idle, inline: once per hand-off
+            heapq.heappush(
+                heap, ((use.scaled + use.scaled_elsewhere) / use.weight, self._pushes, lane)
+            )
+            self._pushes += 1
 
     def _push_idle(self, rank: int, lane: _Lane[T]) -> None:
         heap = self._idle.setdefault(rank, [])
@@ -1060,16 +1071,24 @@ class SlotScheduler(Generic[T]):
                 clients = lanes
             else:
                 # As a rule the idle client of least use takes it: no scan.
-                # Else the best of all, by one scan over the clients; if
-                # none of its waiters may take the freed slot, the next
-                # best, and so on.
-                passed: set[_Lane[T]] = set()
-                idle = self._best_idle(rank)  # idle: never at its max_in_flight
+                # If none of its waiters may take the freed slot, the next
+                # idle one, from the heap too. Only when no idle client may
+                # take it, the best of the others, by one scan over the
+                # clients; if none of its waiters may, the next best, and so on.
+                idle = self._best_idle(rank)
                 if idle is not None:
                     found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
+                        # Its client runs from now: its entry (on top) is stale.
+                        heapq.heappop(self._idle[rank])
                         return found
-                    passed.add(idle)
+                passed: set[_Lane[T]] = set()
+                if idle is not None:
+                    found = self._next_idle_taker(
+                        rank, idle, is_ready, by_model, freed, blocked, passed
+                    )
+                    if found is not None:
+                        return found
                 unit = shares.scale(shares.factor(now))
                 for _ in range(len(lanes)):
                     best = _best_client(lanes, unit, passed)
@@ -1088,6 +1107,40 @@ class SlotScheduler(Generic[T]):
                 if found is not None:
                     return found
         return None
+
+    def _next_idle_taker(
+        self,
+        rank: int,
+        lane: _Lane[T],
+        is_ready: Callable[[str], bool],
+        by_model: dict[str, Callable[[str], bool]],
+        freed: str | None,
+        blocked: set[Waiter[T]],
+        passed: set[_Lane[T]],
+    ) -> tuple[Waiter[T], str] | None:
+        """The first taker among the idle clients of ``rank`` after ``lane``, the best of them.
+
+        None of ``lane``'s waiters may take a slot now. The idle clients'
+        lanes come off the heap in order (least use ÷ weight first); those
+        none of whose waiters may take one are added to ``passed`` and go
+        back to the heap as they were (an idle client is never at its
+        ``max_in_flight``: nothing runs).
+        """
+        heap = self._idle[rank]
+        popped = []
+        found = None
+        while found is None:
+            passed.add(lane)
+            popped.append(heapq.heappop(heap))  # lane's: _best_idle left it on top
+            next_lane = self._best_idle(rank)
+            if next_lane is None:
+                break
+            lane = next_lane
+            if lane not in passed:  # else a second entry of one passed
+                found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return found
 
     def _first_taker(
         self,
