@@ -205,11 +205,14 @@ class ShareBook:
         epoch = self.epoch
         assert epoch is not None
         sums: dict[str, tuple[int, float]] = {}
+        heard_at, factor = math.nan, 1.0
         for at, name, running, used in told:
+            if at != heard_at:  # one power per summary, not per client
+                heard_at, factor = at, 2.0 ** ((at - epoch) / HALF_LIFE)
             count, scaled = sums.get(name, (0, 0.0))
             # Heard at ``at``: ``used`` decays from there; the ``running``
             # term (added when read) completes it with what they earned since.
-            earned = (used - running * _C) * 2.0 ** ((at - epoch) / HALF_LIFE)
+            earned = (used - running * _C) * factor
             sums[name] = (count + running, scaled + earned)
         changed: set[str] = set()
         fell = False
