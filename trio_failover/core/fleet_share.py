@@ -9,6 +9,9 @@ client's fleet-wide standing is the sum over the replicas
 whether a client waiting at another replica is strictly more deserving
 than this replica's best waiter: then this replica lets the announced
 slot go to the other replica for a short grace before taking it itself.
+The same figures, heard at a known time (``told_by_replicas``), join each
+client's own in this replica's book (``sharing.ShareBook.told_elsewhere``),
+so that this replica's own queue is ordered by fleet-wide use too.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-__all__ = ["ClientShare", "ShareSummary", "Standing", "defer_to_fleet", "fleet_standing"]
+__all__ = [
+    "ClientShare",
+    "ShareSummary",
+    "Standing",
+    "defer_to_fleet",
+    "fleet_standing",
+    "told_by_replicas",
+]
 
 
 @attrs.frozen
@@ -89,6 +99,24 @@ def fleet_standing(
         client: Standing(running, use, *settings.get(client, (1.0, 0)))
         for client, (running, use) in sums.items()
     }
+
+
+def told_by_replicas(
+    heard: Iterable[tuple[ShareSummary, float]],
+) -> list[tuple[float, str, int, float]]:
+    """``(heard_at, client, running, use)`` once per summary and client, for ``ShareBook``.
+
+    ``heard``: the other replicas' current summaries, each with the time it
+    came. A client named twice in one summary (two priorities) counts once.
+    """
+    told: list[tuple[float, str, int, float]] = []
+    for summary, at in heard:
+        seen: set[str] = set()
+        for share in summary.clients:
+            if share.client not in seen:
+                seen.add(share.client)
+                told.append((at, share.client, share.running, share.use))
+    return told
 
 
 def _key(rank: int, standing: Standing) -> tuple[int, bool, float]:

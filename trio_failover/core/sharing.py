@@ -17,16 +17,24 @@ take subtracts ``C * E(s)`` and counts it running, its release adds
 ``C * E(e)``; while it runs, ``running * C * E(now)`` completes the sum. The
 epoch moves forward (every stored sum scaled down once) before the factor
 grows past ``2 ** 30``, so nothing overflows however long the proxy runs.
+
+With replicas (``--state redis://``) each client's use and running
+attempts at the other replicas are kept beside its own, in the same units
+(``ShareBook.told_elsewhere``): a use ``u`` with ``n`` attempts running,
+heard at ``t``, is stored as ``(u - n * C) * E(t)``, so that with
+``n * C * E(now)`` added it is ``u`` decayed from ``t`` plus what the
+``n`` attempts earned since, exactly as a local running attempt's term
+completes the local sum. The fair pick adds the two: use is fleet-wide.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "ANONYMOUS",
@@ -34,6 +42,7 @@ __all__ = [
     "NORMAL",
     "PRIORITIES",
     "ClientUse",
+    "Elsewhere",
     "Priority",
     "ShareBook",
     "client_from_header",
@@ -97,6 +106,15 @@ def request_priority(rank: int, header: bytes | None) -> int:
     return rank
 
 
+class Elsewhere(NamedTuple):
+    """What ``ShareBook.told_elsewhere`` changed."""
+
+    changed: set[str]
+    """The clients whose figures at the other replicas changed."""
+    fell: bool
+    """A running count of a client with a ``max_in_flight`` fell: a waiter may run."""
+
+
 @dataclass(slots=True)
 class ClientUse:
     """One client's share settings and its use, in the book's scaled units.
@@ -109,7 +127,11 @@ class ClientUse:
         running: its attempts holding a slot now.
         elsewhere: its attempts running at the other replicas, as they
             last told (``--state redis://``; 0 without): they count toward
-            ``max_in_flight``, not toward the use here.
+            ``max_in_flight`` and, with ``scaled_elsewhere``, toward its
+            fleet-wide use; a client running only there is not idle here.
+        scaled_elsewhere: its use at the other replicas, in the same units
+            as ``scaled`` and completed the same way by ``elsewhere``'s
+            running term (the module's docstring); 0 without replicas.
     """
 
     weight: float = 1.0
@@ -117,6 +139,7 @@ class ClientUse:
     scaled: float = 0.0
     running: int = 0
     elsewhere: int = 0
+    scaled_elsewhere: float = 0.0
 
     def at_limit(self) -> bool:
         """Whether it may start no further attempt now (``max_in_flight``, fleet-wide)."""
@@ -161,22 +184,51 @@ class ShareBook:
             return False
         return use.at_limit()
 
-    def running_elsewhere(self, counts: Mapping[str, int]) -> bool:
-        """The other replicas' running attempts by client (absent: none); True if any fell.
+    def told_elsewhere(
+        self, told: Iterable[tuple[float, str, int, float]], now: float
+    ) -> Elsewhere:
+        """The other replicas' figures replace the last ones (absent: none).
 
-        Only clients with a ``max_in_flight`` are kept (the others'
-        count changes nothing). A fall may let a waiter at its limit run.
+        Args:
+            told: ``(heard_at, client, running, use)``, once per replica and
+                client: its attempts running there and its use there when
+                heard (running ones included), ``heard_at`` no later than
+                ``now`` (``fleet_share.told_by_replicas``). The same figures
+                heard at the same instant store the same sums, to the bit.
+            now: the time of this call.
+
+        Returns:
+            The clients whose figures changed, and whether the running count
+            of one with a ``max_in_flight`` fell (a waiter at its limit may run).
         """
+        self.factor(now)  # sets the epoch, or moves it
+        epoch = self.epoch
+        assert epoch is not None
+        sums: dict[str, tuple[int, float]] = {}
+        heard_at, factor = math.nan, 1.0
+        for at, name, running, used in told:
+            if at != heard_at:  # one power per summary, not per client
+                heard_at, factor = at, 2.0 ** ((at - epoch) / HALF_LIFE)
+            count, scaled = sums.get(name, (0, 0.0))
+            # Heard at ``at``: ``used`` decays from there; the ``running``
+            # term (added when read) completes it with what they earned since.
+            earned = (used - running * _C) * factor
+            sums[name] = (count + running, scaled + earned)
+        changed: set[str] = set()
         fell = False
         for name, use in self.clients.items():
-            count = counts.get(name, 0) if use.max_in_flight else 0
-            if count < use.elsewhere:
-                fell = True
-            use.elsewhere = count
-        for name, count in counts.items():
-            if count and name not in self.clients and self.settings_of(name)[1]:
-                self.client(name).elsewhere = count
-        return fell
+            count, scaled = sums.pop(name, (0, 0.0))
+            if count != use.elsewhere or scaled != use.scaled_elsewhere:
+                changed.add(name)
+                if count < use.elsewhere and use.max_in_flight:
+                    fell = True
+                use.elsewhere, use.scaled_elsewhere = count, scaled
+        for name, (count, scaled) in sums.items():
+            if count or scaled:
+                use = self.client(name)
+                use.elsewhere, use.scaled_elsewhere = count, scaled
+                changed.add(name)
+        return Elsewhere(changed, fell)
 
     def scale(self, factor: float) -> float:
         """What one running attempt adds to a stored sum at ``factor``.
@@ -198,6 +250,7 @@ class ShareBook:
             if (
                 not use.running
                 and not use.elsewhere
+                and not use.scaled_elsewhere
                 and use.scaled < _FORGOTTEN_BELOW * factor
                 and name not in keep
             ):
@@ -235,9 +288,19 @@ class ShareBook:
             return 0.0
         return max(use.scaled + use.running * _C * factor, 0.0) / factor
 
+    def fleet_use(self, name: str, now: float) -> float:
+        """``name``'s use at ``now`` here and at the other replicas: what its turn depends on."""
+        factor = self.factor(now)
+        use = self.clients.get(name)
+        if use is None:
+            return 0.0
+        running = use.running + use.elsewhere
+        return max(use.scaled + use.scaled_elsewhere + running * _C * factor, 0.0) / factor
+
     def _rebase(self, now: float) -> None:
         assert self.epoch is not None
         scale = 2.0 ** (-(now - self.epoch) / HALF_LIFE)
         for use in self.clients.values():
             use.scaled *= scale  # the running attempts' own terms too
+            use.scaled_elsewhere *= scale
         self.epoch = now

@@ -573,8 +573,9 @@ class SlotScheduler(Generic[T]):
     The queue is fair (``fair``, the default): a freed slot goes to the
     waiter of the highest priority, then of the client with the lowest
     recent use divided by its weight (``sharing.ShareBook``; a client with
-    nothing running before every client with work running), then the
-    longest-waiting. Not fair: the longest-waiting, first come first served.
+    nothing running before every client with work running; with replicas,
+    both fleet-wide: ``told_elsewhere``), then the longest-waiting. Not
+    fair: the longest-waiting, first come first served.
     Either way a client at its ``max_in_flight`` takes no further slot.
 
     Costs: ``acquire`` is O(candidates); ``release`` with an empty queue,
@@ -627,11 +628,13 @@ class SlotScheduler(Generic[T]):
         # The same waiters by priority rank, then client, each in arrival
         # order: fair share scans the clients, not every waiter.
         self._lanes: dict[int, dict[str, _Lane[T]]] = {}
-        # Per priority, the lanes of clients with nothing running, by use ÷
-        # weight (which stays put while a client runs nothing): the fair
-        # pick finds the best of them without a scan. Entries go stale
-        # (checked when they come up), and all at once when the book's
-        # epoch moves or the weights change (then rebuilt).
+        # Per priority, the lanes of clients with nothing running (here or
+        # at the other replicas), by fleet-wide use ÷ weight (which stays
+        # put while a client runs nothing, until the other replicas' figures
+        # change: then pushed again): the fair pick finds the best of them
+        # without a scan. Entries go stale (checked when they come up), and
+        # all at once when the book's epoch moves or the weights change
+        # (then rebuilt).
         self._idle: dict[int, list[tuple[float, int, _Lane[T]]]] = {}
         self._idle_epoch: float | None = None
         self._pushes = 0
@@ -711,7 +714,7 @@ class SlotScheduler(Generic[T]):
         lane = lanes.get(client)
         if lane is None:
             lane = lanes[client] = _Lane(self.shares.client(client))
-            if self.fair and not lane.use.running:
+            if self.fair and not lane.use.running and not lane.use.elsewhere:
                 self._push_idle(rank, lane)
         lane.waiters[waiter] = None
         return Queued(waiter, displaced)
@@ -732,11 +735,9 @@ class SlotScheduler(Generic[T]):
         if client is not None:
             limited = self.shares.at_limit(client)
             self.shares.released(client, now)
-            if self.fair and not self.shares.clients[client].running:
-                for rank, lanes in self._lanes.items():  # idle now: its lanes' keys are fixed
-                    lane = lanes.get(client)
-                    if lane is not None:
-                        self._push_idle(rank, lane)
+            use = self.shares.clients[client]
+            if self.fair and not use.running and not use.elsewhere:
+                self._push_idle_lanes(client)  # idle now: its lanes' keys are fixed
             self._releases += 1
             if not self._releases % FORGET_EVERY:
                 self.shares.forget(now, self._waiting_clients())
@@ -778,6 +779,23 @@ class SlotScheduler(Generic[T]):
         if not self._waiters:
             return []
         return self._hand_off(_asked_once(ready), None, now)
+
+    def told_elsewhere(self, told: Iterable[tuple[float, str, int, float]], now: float) -> bool:
+        """The other replicas' running attempts and use by client (``ShareBook.told_elsewhere``).
+
+        They join each client's own in the fair order (its use is
+        fleet-wide, and one running only elsewhere is not idle here) and
+        toward its ``max_in_flight``. Returns whether a count fell for a
+        client with a limit: then ``dispatch``, a waiter at its limit may run.
+        """
+        changed, fell = self.shares.told_elsewhere(told, now)
+        if self.fair and changed and self._lanes:
+            clients = self.shares.clients
+            for client in changed:
+                use = clients.get(client)
+                if use is not None and not use.running and not use.elsewhere:
+                    self._push_idle_lanes(client)  # idle, at a new key: its old entries go stale
+        return fell
 
     def configure_clients(self, settings: Mapping[str, tuple[float, int]]) -> None:
         """The configured clients' ``(weight, max_in_flight)`` by name (at start and reload)."""
@@ -884,13 +902,29 @@ class SlotScheduler(Generic[T]):
             lane.alive = False
             del lanes[waiter.client]
 
+    def _push_idle_lanes(self, client: str) -> None:
+        """Push each lane of ``client`` (idle now) onto its priority's heap."""
+        for rank, lanes in self._lanes.items():
+            lane = lanes.get(client)
+            if lane is None:
+                continue
+            heap = self._idle.get(rank)  # (a rebuild replaces them all)
+            if heap is None or len(heap) > 2 * len(lanes) + 64:
+                self._push_idle(rank, lane)  # the same, or a rebuild first
+                continue
+            use = lane.use  # as in _push_idle, inline: once per hand-off
+            heapq.heappush(
+                heap, ((use.scaled + use.scaled_elsewhere) / use.weight, self._pushes, lane)
+            )
+            self._pushes += 1
+
     def _push_idle(self, rank: int, lane: _Lane[T]) -> None:
         heap = self._idle.setdefault(rank, [])
         if len(heap) > 2 * len(self._lanes.get(rank, ())) + 64:
             self._rebuild_idle()  # stale entries pile up: start afresh
             heap = self._idle.setdefault(rank, [])
         use = lane.use
-        heapq.heappush(heap, (use.scaled / use.weight, self._pushes, lane))
+        heapq.heappush(heap, ((use.scaled + use.scaled_elsewhere) / use.weight, self._pushes, lane))
         self._pushes += 1
 
     def _rebuild_idle(self) -> None:
@@ -902,20 +936,32 @@ class SlotScheduler(Generic[T]):
             heap = self._idle[rank] = []
             for lane in lanes.values():
                 use = lane.use
-                if not use.running:
-                    heap.append((use.scaled / use.weight, self._pushes, lane))
+                if not use.running and not use.elsewhere:
+                    key = (use.scaled + use.scaled_elsewhere) / use.weight
+                    heap.append((key, self._pushes, lane))
                     self._pushes += 1
             heapq.heapify(heap)
 
     def _best_idle(self, rank: int) -> _Lane[T] | None:
-        """The lane of the idle client with the lowest use ÷ weight (its waiters go first)."""
+        """The lane of the idle client with the lowest use ÷ weight (its waiters go first).
+
+        Idle: nothing running here nor at the other replicas. An entry is
+        current while its lane is alive, its client idle and its key the
+        client's key now (the same expression as ``_push_idle``'s, so equal
+        to the bit); the others are dropped as they come up.
+        """
         if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
             self._rebuild_idle()
         heap = self._idle.get(rank)
         while heap:
             key, _, lane = heap[0]
             use = lane.use
-            if lane.alive and not use.running and key == use.scaled / use.weight:
+            if (
+                lane.alive
+                and not use.running
+                and not use.elsewhere
+                and key == (use.scaled + use.scaled_elsewhere) / use.weight
+            ):
                 return lane
             heapq.heappop(heap)
         return None
@@ -1025,18 +1071,24 @@ class SlotScheduler(Generic[T]):
                 clients = lanes
             else:
                 # As a rule the idle client of least use takes it: no scan.
-                # Else the best of all, by one scan over the clients; if
-                # none of its waiters may take the freed slot, the next
-                # best, and so on.
-                passed: set[_Lane[T]] = set()
+                # If none of its waiters may take the freed slot, the next
+                # idle one, from the heap too. Only when no idle client may
+                # take it, the best of the others, by one scan over the
+                # clients; if none of its waiters may, the next best, and so on.
                 idle = self._best_idle(rank)
-                if idle is not None and idle.use.at_limit():  # by its attempts elsewhere
-                    passed.add(idle)
-                elif idle is not None:
+                if idle is not None:
                     found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
+                        # Its client runs from now: its entry (on top) is stale.
+                        heapq.heappop(self._idle[rank])
                         return found
-                    passed.add(idle)
+                passed: set[_Lane[T]] = set()
+                if idle is not None:
+                    found = self._next_idle_taker(
+                        rank, idle, is_ready, by_model, freed, blocked, passed
+                    )
+                    if found is not None:
+                        return found
                 unit = shares.scale(shares.factor(now))
                 for _ in range(len(lanes)):
                     best = _best_client(lanes, unit, passed)
@@ -1055,6 +1107,40 @@ class SlotScheduler(Generic[T]):
                 if found is not None:
                     return found
         return None
+
+    def _next_idle_taker(
+        self,
+        rank: int,
+        lane: _Lane[T],
+        is_ready: Callable[[str], bool],
+        by_model: dict[str, Callable[[str], bool]],
+        freed: str | None,
+        blocked: set[Waiter[T]],
+        passed: set[_Lane[T]],
+    ) -> tuple[Waiter[T], str] | None:
+        """The first taker among the idle clients of ``rank`` after ``lane``, the best of them.
+
+        None of ``lane``'s waiters may take a slot now. The idle clients'
+        lanes come off the heap in order (least use ÷ weight first); those
+        none of whose waiters may take one are added to ``passed`` and go
+        back to the heap as they were (an idle client is never at its
+        ``max_in_flight``: nothing runs).
+        """
+        heap = self._idle[rank]
+        popped = []
+        found = None
+        while found is None:
+            passed.add(lane)
+            popped.append(heapq.heappop(heap))  # lane's: _best_idle left it on top
+            next_lane = self._best_idle(rank)
+            if next_lane is None:
+                break
+            lane = next_lane
+            if lane not in passed:  # else a second entry of one passed
+                found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        return found
 
     def _first_taker(
         self,
@@ -1097,8 +1183,9 @@ def _best_client(
     """The lane whose client goes first, but ``passed`` and the clients at their limit.
 
     First a client with nothing running, then the lowest use ÷ weight;
-    ties in the order the lanes began. One pass, no tuples, no calls: this
-    runs at every hand-off of a fair queue.
+    ties in the order the lanes began. Running and use are fleet-wide: the
+    client's own here plus the other replicas' (0 without). One pass, no
+    tuples, no calls: this runs at every hand-off of a fair queue.
     """
     best: _Lane[T] | None = None
     best_busy = True
@@ -1107,19 +1194,17 @@ def _best_client(
         if passed and lane in passed:
             continue
         use = lane.use
-        running = use.running
-        if use.elsewhere and use.at_limit():  # its attempts at the other replicas
-            continue
+        running = use.running + use.elsewhere
         if running:
             if running >= use.max_in_flight > 0:
-                continue
+                continue  # at its max_in_flight, fleet-wide
             if not best_busy:
                 continue  # an idle client is ahead already
-            key = (use.scaled + running * unit) / use.weight
+            key = (use.scaled + use.scaled_elsewhere + running * unit) / use.weight
             if key < best_key:
                 best, best_key = lane, key
         else:
-            key = use.scaled / use.weight
+            key = (use.scaled + use.scaled_elsewhere) / use.weight
             if best_busy or key < best_key:
                 best, best_busy, best_key = lane, False, key
     return best

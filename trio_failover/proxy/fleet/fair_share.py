@@ -16,10 +16,12 @@ fleet-wide, than this replica's best waiter; if so, ``FleetSlots.release``
 gives the lease back, announced, and marks the node full here for
 ``--state-timeout``, so that the other replica's waiter takes it; if nobody
 did by then, this replica's waiters try again. The same summaries carry
-each client's running attempts: those at the other replicas count toward
-its ``max_in_flight`` here (``ShareBook.running_elsewhere``). While Redis
-is away nothing is deferred and nothing counted: each replica decides
-alone, as without replicas.
+each client's running attempts and use: those at the other replicas join
+its own here (``SlotScheduler.told_elsewhere``), toward its
+``max_in_flight`` and in the order of this replica's own queue, so a client
+that floods through several replicas is behind, in each, a client that
+used the fleet less. While Redis is away nothing is deferred and nothing
+counted: each replica decides alone, as without replicas.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ import trio
 
 from ...core import fleet_records
 from ...core.fleet_records import RemoteRecord
-from ...core.fleet_share import ClientShare, ShareSummary, defer_to_fleet, fleet_standing
+from ...core.fleet_share import (
+    ClientShare,
+    ShareSummary,
+    defer_to_fleet,
+    fleet_standing,
+    told_by_replicas,
+)
 from ..nodes.queue import SlotQueue
 from .shared_state import SharedState
 
@@ -58,19 +66,17 @@ class FleetFairShare:
             self.count_elsewhere(now)
 
     def count_elsewhere(self, now: float) -> None:
-        """Each client's attempts at the other replicas, toward its ``max_in_flight`` here.
+        """Each client's attempts and use at the other replicas, joined to its own here.
 
-        From the current summaries (none while Redis is away: each replica
-        alone); a count that fell may let a waiter at its limit run.
+        From the current summaries, each dated when it came (none while
+        Redis is away: each replica alone): toward its ``max_in_flight``
+        and in the fair order of this replica's queue. A count that fell
+        may let a waiter at its limit run.
         """
-        counts: dict[str, int] = {}
+        heard: list[tuple[ShareSummary, float]] = []
         if self.state.connected:
-            for summary in self.fresh(now):
-                # A client is named once per priority it waits at, with one count.
-                running = {share.client: share.running for share in summary.clients}
-                for client, count in running.items():
-                    counts[client] = counts.get(client, 0) + count
-        if self.scheduler.shares.running_elsewhere(counts):
+            heard = [(summary, at) for summary, at in self.remote.values() if now - at <= STALE]
+        if self.scheduler.told_elsewhere(told_by_replicas(heard), now):
             self.queue.dispatch()
 
     def fresh(self, now: float) -> list[ShareSummary]:
