@@ -109,11 +109,8 @@ class CacheAffinity:
         else:
             counts.misses += 1
         work.cache_matched(matched)
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.child(metrics.affinity_requests, node, "hit" if blocks else "miss").inc()
-            if matched:
-                metrics.child(metrics.affinity_matched_bytes, node).inc(matched)
+        if self.metrics is not None:
+            self.metrics.affinity_served(node, blocks > 0, matched)
         self.memory.remember(node, affine.chain.hashes)
         if self.share is not None:
             self.share(Served(node, tuple(map(digest_text, affine.chain.hashes))))
