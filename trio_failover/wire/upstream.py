@@ -252,7 +252,8 @@ class UpstreamResponse:
     held before the first event.
 
     ``checks``: the liveness checks the attempt waited on; set
-    on the instance only when there were any.
+    on the instance only when there were any. ``content_type``: its
+    ``Content-Type`` header's value, if any, found once for every reader.
     """
 
     checks = 0
@@ -271,12 +272,18 @@ class UpstreamResponse:
         scanner: SseScanner | None = None,
         progressed: bool = True,
         headers: Headers | None = None,
+        content_type: bytes | None = None,
     ) -> None:
         self.node = node
         self.status = response.status_code
         self.reason = response.reason
-        # ``headers``: the caller's list of ``response.headers``, if it made one.
-        self.headers: Headers = list(response.headers) if headers is None else headers
+        # ``headers``: the caller's list of ``response.headers``, if it made
+        # one, and with it the ``content_type`` it found in them.
+        if headers is None:
+            headers = list(response.headers)
+            content_type = get(headers, b"content-type")
+        self.headers: Headers = headers
+        self.content_type = content_type
         self.first_chunk = first_chunk
         self.complete = complete
         self.timings = timings
@@ -476,14 +483,15 @@ async def _exchange(
     flaw = answer_flaw(response.reason, headers)
     if flaw is not None:  # h11 let it through; relayed, it would reach the client as is
         raise errors.UpstreamProtocolError(node.name, "head", flaw)
+    content_type = get(headers, b"content-type")
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
-    elif config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
+    elif config.first_body_timeout and is_event_stream(content_type):
         scanner = SseScanner()
         first, complete = await _first_event(node.name, stream, conn, config, scanner)
     else:
         first, complete = await _first_body(node.name, stream, conn, config)
-        if not config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
+        if not config.first_body_timeout and is_event_stream(content_type):
             # Every byte commits (the pings reach the client), but the
             # relay's stream-idle timer waits for the first event line.
             scanner = SseScanner()
@@ -501,6 +509,7 @@ async def _exchange(
         scanner=scanner,
         progressed=progressed,
         headers=headers,
+        content_type=content_type,
     )
 
 
