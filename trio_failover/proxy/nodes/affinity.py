@@ -86,13 +86,13 @@ class CacheAffinity:
         ledger = queue.scheduler.ledger
         is_ready = queue.is_ready
         seen = [
-            Candidate(
-                name=node.name,
-                ready=is_ready(node.name),
-                full=ledger.is_full(node.name),
-                load=ledger.load(node.name),
-                in_flight=ledger.in_flight(node.name),
-                capacity=ledger.capacity(node.name),
+            Candidate(  # name, ready, full, load, in_flight, capacity
+                node.name,
+                is_ready(node.name),
+                ledger.is_full(node.name),
+                ledger.load(node.name),
+                ledger.in_flight(node.name),
+                ledger.capacity(node.name),
             )
             for node in candidates
         ]
