@@ -182,6 +182,15 @@ def test_a_branch_once_seen_stays_shared() -> None:
     assert again == Matches({"a": 2}, shared=1)
 
 
+def test_a_branch_counts_when_one_node_matches_and_a_later_one_holds_nothing_of_it() -> None:
+    memory = AffinityMemory()
+    memory.remember("a", chain(_chat("one", system=S)).hashes)
+    memory.remember("a", chain(_chat("two", system=S)).hashes)
+    memory.remember("b", chain(_chat("elsewhere", system="other")).hashes)  # after a
+    again = memory.match(chain(_chat("one", "answer", "more", system=S)))
+    assert again == Matches({"a": 2}, shared=1)
+
+
 def test_a_branched_block_that_ends_the_chain_is_shared() -> None:
     memory = AffinityMemory()
     memory.remember("a", chain(_chat("one", system=S)).hashes)

@@ -146,3 +146,21 @@ def test_the_node_gets_the_client_s_name_or_its_mapping(
         )
     assert node.serves(model)
     assert node.model_name_for(model) == (model if sent is None else sent)
+
+
+def test_model_keys_are_kept_within_their_bounds() -> None:
+    """Asked again, a name's key is the same; a long name, or one past the bound, is not kept."""
+    from trio_failover.core import names as module
+
+    module._KEYS.clear()
+    assert model_key("kept") == "kept:latest"
+    assert module._KEYS == {"kept": "kept:latest"}
+    assert model_key("kept") == "kept:latest"  # from what was kept
+    long = "m" * (module._KEY_LENGTH + 1)
+    assert model_key(long) == long + ":latest"
+    assert long not in module._KEYS
+    for number in range(module._KEYS_KEPT + 10):
+        assert model_key(f"n{number}:1b") == f"n{number}:1b"
+    assert len(module._KEYS) == module._KEYS_KEPT
+    assert model_key(f"n{module._KEYS_KEPT + 5}:latest") == f"n{module._KEYS_KEPT + 5}:latest"
+    module._KEYS.clear()

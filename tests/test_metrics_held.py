@@ -33,6 +33,9 @@ def update_directly(metrics: Metrics, durations: list[float]) -> None:
         metrics.time_to_commit.labels("a").observe(value / 2)
         metrics.workloads.labels("completed", "anonymous").inc()
         metrics.duration.labels("a").observe(value * 3)
+        metrics.affinity_requests.labels("a", "hit" if value < 1 else "miss").inc()
+        if value < 1:
+            metrics.affinity_matched_bytes.labels("a").inc(int(value * 1000) + 1)
 
 
 def update_held(metrics: Metrics, durations: list[float]) -> None:
@@ -40,6 +43,8 @@ def update_held(metrics: Metrics, durations: list[float]) -> None:
         metrics.attempt_ended("a", "completed")
         metrics.committed("a", value, value / 2)
         metrics.finished("completed", "anonymous", "a", value * 3)
+        hit = value < 1
+        metrics.affinity_served("a", hit, int(value * 1000) + 1 if hit else 0)
 
 
 def test_held_updates_read_as_direct_ones_across_scrapes() -> None:

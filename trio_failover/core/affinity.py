@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import ne
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -276,18 +276,23 @@ class AffinityMemory:
                 blocks[node] = matched
         if not blocks:
             return NO_MATCH
-        lengths = sorted(blocks.values())
-        longest = lengths[-1]
-        # held by two nodes or more: the second-longest match's blocks
-        shared = lengths[-2] if len(lengths) > 1 else 0
+        if len(blocks) == 1:  # one node holds any of it (the common case): no sort
+            (longest,), shared = blocks.values(), 0
+        else:
+            lengths = sorted(blocks.values())
+            longest = lengths[-1]
+            # held by two nodes or more: the second-longest match's blocks
+            shared = lengths[-2]
         # The last block seen followed by another than this chain's next one,
         # or branched; one with no next seen yields this chain's: no
         # difference. In C loops: a 41-block chain costs no Python per block.
+        # A chain of one block has no next block to look at.
         nexts = self._next
         following = hashes[1 : longest + 1]
-        seen = map(nexts.get, hashes[:longest], following)
-        differs = max(compress(range(longest), map(ne, seen, following)), default=-1)
-        shared = max(shared, differs + 1)
+        if following:
+            seen = map(nexts.get, hashes[:longest], following)
+            differs = max(compress(range(longest), map(ne, seen, following)), default=-1)
+            shared = max(shared, differs + 1)
         if longest == len(hashes) and nexts.get(hashes[-1]) == _BRANCHED:
             shared = longest  # the chain's last block: it has no next to differ from
         return Matches(blocks, shared)
@@ -386,12 +391,13 @@ def digest_text(digest: int) -> str:
 # -- the choice ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """A candidate node as the choice sees it now.
 
     ``load``: ``SlotLedger.load`` (``in_flight / max(capacity, 1)``, or the
-    engine's reading); ``capacity`` 0: unknown (no limit).
+    engine's reading); ``capacity`` 0: unknown (no limit). A named tuple:
+    one is made per candidate of every request, at a third of a frozen
+    dataclass's cost.
     """
 
     name: str
@@ -412,22 +418,28 @@ def prefer(matches: Matches, candidates: Sequence[Candidate]) -> str | None:
     ready candidate (capacity unknown: ``ATTEMPTS_MARGIN`` attempts in
     flight above the fewest).
     """
-    if not matches.blocks:
+    blocks = matches.blocks
+    if not blocks:
         return None
-    group = [node for node in candidates if node.ready] or list(candidates)
-    best = max((matches.blocks.get(node.name, 0) for node in group), default=0)
-    if best <= matches.shared:
+    group = [node for node in candidates if node.ready] or candidates
+    # The longest match in the group, its node, and how many nodes match as long.
+    best, home, homes = 0, None, 0
+    for node in group:
+        held = blocks.get(node.name, 0)
+        if held > best:
+            best, home, homes = held, node, 1
+        elif held == best:
+            homes += 1
+    if best <= matches.shared or home is None:
         return None  # nothing of its own matches: a new conversation, or a shared opening
-    homes = [node for node in group if matches.blocks.get(node.name, 0) == best]
-    if len(homes) != 1:
+    if homes != 1:
         return None  # a tie (two nodes holding one block make it shared: kept for safety)
-    home = homes[0]
     if home.full:
         return None
     if home.capacity > 0:
-        least = min(node.load for node in group)
+        least = min([node.load for node in group])
         if home.load - least >= LOAD_MARGIN - _EPSILON:
             return None
-    elif home.in_flight - min(node.in_flight for node in group) >= ATTEMPTS_MARGIN:
+    elif home.in_flight - min([node.in_flight for node in group]) >= ATTEMPTS_MARGIN:
         return None
     return home.name

@@ -45,14 +45,28 @@ def spellings(name: str) -> tuple[str, str] | tuple[str]:
     return (name,)
 
 
+# ``model_key``'s answers, kept for the names it was asked: a fleet serves
+# a handful of models and every request asks twice (its prompt's chain, its
+# usage). Bounded in entries and in the length of a name kept, since a
+# client may send any "model": past either bound the key is computed, not kept.
+_KEYS: dict[str, str] = {}
+_KEYS_KEPT = 512
+_KEY_LENGTH = 256
+
+
 def model_key(name: str) -> str:
     """One spelling for every name of the same model (``NAME:latest`` for a bare name).
 
     For grouping: two names mean the same model exactly when their keys are
     equal.
     """
-    alternatives = spellings(name)
-    return name if len(alternatives) == 1 or name.endswith(LATEST) else alternatives[1]
+    key = _KEYS.get(name)
+    if key is None:
+        alternatives = spellings(name)
+        key = name if len(alternatives) == 1 or name.endswith(LATEST) else alternatives[1]
+        if len(name) <= _KEY_LENGTH and len(_KEYS) < _KEYS_KEPT:
+            _KEYS[name] = key
+    return key
 
 
 def same_model(first: str, second: str) -> bool:

@@ -135,6 +135,8 @@ class Metrics:
         self._commits = HeldCounter(self.commits)
         self._workloads = HeldCounter(self.workloads)
         self._tokens = HeldCounter(self.tokens)
+        self._affinity_requests = HeldCounter(self.affinity_requests)
+        self._affinity_matched_bytes = HeldCounter(self.affinity_matched_bytes)
         self._time_to_head = HeldHistograms(self.time_to_head, _LATENCY_BUCKETS)
         self._time_to_commit = HeldHistograms(self.time_to_commit, _LATENCY_BUCKETS)
         self._duration = HeldHistograms(self.duration, _LATENCY_BUCKETS)
@@ -143,6 +145,8 @@ class Metrics:
             self._commits,
             self._workloads,
             self._tokens,
+            self._affinity_requests,
+            self._affinity_matched_bytes,
             self._time_to_head,
             self._time_to_commit,
             self._duration,
@@ -365,6 +369,15 @@ class Metrics:
         (tokens.by_labels.get(labels) or tokens.of(*labels)).count += prompt
         labels = (client, model, node, "completion")
         (tokens.by_labels.get(labels) or tokens.of(*labels)).count += completion
+
+    def affinity_served(self, node: str, hit: bool, matched_bytes: int) -> None:
+        """Count a request ``node`` served with cache affinity on: a hit or a miss, its bytes."""
+        requests = self._affinity_requests
+        labels = (node, "hit" if hit else "miss")
+        (requests.by_labels.get(labels) or requests.of(*labels)).count += 1
+        if matched_bytes:
+            matched = self._affinity_matched_bytes
+            (matched.by_labels.get((node,)) or matched.of(node)).count += matched_bytes
 
     def child(self, metric: _Metric, *labels: str) -> _Metric:
         """``metric.labels(*labels)``, kept: the proxy asks on every request.

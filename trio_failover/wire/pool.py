@@ -259,7 +259,8 @@ class ConnectionPool:
                     expired.append(entry)
                     entry = None
             try:
-                await self._close_all(expired)
+                if expired:  # nearly always none: no coroutine to make and await
+                    await self._close_all(expired)
             except BaseException:
                 if entry is not None:
                     await trio.aclose_forcefully(entry.stream)
@@ -300,7 +301,8 @@ class ConnectionPool:
             max_idle=self.max_idle,
         )
         self._ask_look(now)
-        await self._close_all(discarded)
+        if discarded:
+            await self._close_all(discarded)
 
     def _ask_look(self, now: float) -> None:
         """Have the watcher add released connections to its set within ``WATCH_DELAY``."""

@@ -33,6 +33,7 @@ response was relayed to its end goes back to the node's pool
 
 from __future__ import annotations
 
+import math
 import re
 import ssl
 from collections.abc import Iterator
@@ -63,6 +64,8 @@ __all__ = [
     "Timings",
     "UpstreamResponse",
     "connect_node",
+    "head_timed_out",
+    "head_wait",
     "map_error",
     "mapped",
     "open_response",
@@ -190,11 +193,30 @@ class Progress(Protocol):
     ``waiting_since``: since when the node owes an answer (None: it owes
     none yet); ``head_seen``: the head came; ``resends``: requests sent
     again on a fresh connection because a pooled one was found stale.
+
+    ``scope``: the caller's cancel scope, entered around ``open_response``.
+    The head's deadline is set on it while the head is awaited (and lifted
+    after, whichever way the wait ends), instead of a scope of the wire's
+    own: one scope an attempt, not two. A ``Cancelled`` that this deadline
+    raises goes up to the caller's scope, which turns it into
+    ``head_timed_out``'s error unless the caller cancelled the scope itself.
     """
 
     waiting_since: float | None
     head_seen: bool
     resends: int
+    scope: trio.CancelScope
+
+
+class _Unwatched:
+    """The ``Progress`` of an attempt whose caller passed none: only its scope is used."""
+
+    waiting_since: float | None = None
+    head_seen = False
+    resends = 0
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
 
 
 class _StaleConnection(Exception):
@@ -230,7 +252,8 @@ class UpstreamResponse:
     held before the first event.
 
     ``checks``: the liveness checks the attempt waited on; set
-    on the instance only when there were any.
+    on the instance only when there were any. ``content_type``: its
+    ``Content-Type`` header's value, if any, found once for every reader.
     """
 
     checks = 0
@@ -249,12 +272,18 @@ class UpstreamResponse:
         scanner: SseScanner | None = None,
         progressed: bool = True,
         headers: Headers | None = None,
+        content_type: bytes | None = None,
     ) -> None:
         self.node = node
         self.status = response.status_code
         self.reason = response.reason
-        # ``headers``: the caller's list of ``response.headers``, if it made one.
-        self.headers: Headers = list(response.headers) if headers is None else headers
+        # ``headers``: the caller's list of ``response.headers``, if it made
+        # one, and with it the ``content_type`` it found in them.
+        if headers is None:
+            headers = list(response.headers)
+            content_type = get(headers, b"content-type")
+        self.headers: Headers = headers
+        self.content_type = content_type
         self.first_chunk = first_chunk
         self.complete = complete
         self.timings = timings
@@ -352,7 +381,9 @@ async def open_response(
     since its last checkpoint (else read here).
 
     ``progress``: told when the node owes an answer (``Progress``), so that
-    the caller can time the node's silence.
+    the caller can time the node's silence; its ``scope``, entered by the
+    caller, carries the head's deadline. None: the attempt gets a record and
+    a scope of its own.
 
     Returns:
         The response with its head and first body bytes (or its valid empty
@@ -367,6 +398,19 @@ async def open_response(
         Cancelling closes the connection at once; nothing is left open and
         nothing goes back to the pool.
     """
+    if progress is None:  # nobody times this attempt: a record and a scope of its own
+        own = _Unwatched()
+        with own.scope:
+            return await open_response(
+                node,
+                request,
+                connector=connector,
+                config=config,
+                pool=pool,
+                started=started,
+                progress=own,
+            )
+        raise head_timed_out(node.name, head_wait(request, config))  # nothing else cancels it
     if started is None:
         started = trio.current_time()
     if pool is not None:
@@ -390,9 +434,8 @@ async def open_response(
                 await trio.aclose_forcefully(idle.stream)
                 raise
             await trio.aclose_forcefully(idle.stream)
-            if progress is not None:
-                progress.resends += 1
-                progress.waiting_since = None
+            progress.resends += 1
+            progress.waiting_since = None
     stream = await connect_node(node, connector, config)
     try:
         return await _exchange(
@@ -421,15 +464,14 @@ async def _exchange(
     pool: ConnectionPool | None,
     *,
     reused: bool,
-    progress: Progress | None,
+    progress: Progress,
 ) -> UpstreamResponse:
     """The phases after connect: request and head, then the error body or the first byte."""
     response, written = await _request_and_head(
         node, stream, conn, request, config, reused, progress
     )
     head_at = trio.current_time()
-    if progress is not None:
-        progress.waiting_since, progress.head_seen = head_at, True
+    progress.waiting_since, progress.head_seen = head_at, True
     action = classify_head(
         response.status_code,
         retry_status=config.retry_status,
@@ -441,14 +483,15 @@ async def _exchange(
     flaw = answer_flaw(response.reason, headers)
     if flaw is not None:  # h11 let it through; relayed, it would reach the client as is
         raise errors.UpstreamProtocolError(node.name, "head", flaw)
+    content_type = get(headers, b"content-type")
     if action is not HeadAction.COMMIT:
         first, complete = await _error_body(node.name, stream, conn, response, action, config)
-    elif config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
+    elif config.first_body_timeout and is_event_stream(content_type):
         scanner = SseScanner()
         first, complete = await _first_event(node.name, stream, conn, config, scanner)
     else:
         first, complete = await _first_body(node.name, stream, conn, config)
-        if not config.first_body_timeout and is_event_stream(get(headers, b"content-type")):
+        if not config.first_body_timeout and is_event_stream(content_type):
             # Every byte commits (the pings reach the client), but the
             # relay's stream-idle timer waits for the first event line.
             scanner = SseScanner()
@@ -466,6 +509,7 @@ async def _exchange(
         scanner=scanner,
         progressed=progressed,
         headers=headers,
+        content_type=content_type,
     )
 
 
@@ -476,7 +520,7 @@ async def _request_and_head(
     request: OutgoingRequest,
     config: Config,
     reused: bool,
-    progress: Progress | None,
+    progress: Progress,
 ) -> tuple[h11.Response, float]:
     """Write the request and read the whole head (1xx skipped); the head and when it was written.
 
@@ -487,12 +531,16 @@ async def _request_and_head(
     come within the same length, or the unstreamed timeout for a request
     whose answer comes whole. A write taken at once (nearly every request:
     a small one on a connection with room in its send buffer) has no
-    deadline to run, so a request costs one cancel scope, not one scope
-    entered with a relative deadline and then moved.
+    deadline to run. The head's deadline (``head_wait``) is set on
+    ``progress.scope``, the attempt's own (``Progress``): an attempt enters
+    no scope of the wire's.
+
+    Raises:
+        UpstreamError: the write or the head failed.
+        trio.Cancelled: the head's deadline passed (``progress.scope`` catches it).
     """
     name = node.name
     header_timeout = request.head_timeout or config.response_header_timeout
-    head_timeout = config.unstreamed_timeout if request.unstreamed else header_timeout
     phase = "write"
     try:
         unsent = _write_at_once(stream, conn, request)
@@ -503,26 +551,39 @@ async def _request_and_head(
             if write_scope.cancelled_caught:
                 raise errors.HeaderTimeout(name, "write", f"request not taken in {header_timeout}s")
         written = trio.current_time()
-        if progress is not None:
-            progress.waiting_since = written
+        progress.waiting_since = written
         phase = "head"
-        with trio.CancelScope(deadline=written + head_timeout) as scope:
+        scope = progress.scope
+        scope.deadline = written + head_wait(request, config)
+        try:
             if reused:  # a pooled connection's first read tells a stale one
                 await _receive_answer_start(name, stream, conn, written)
             event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):
                 event = await next_event(stream, conn)
+        finally:
+            scope.deadline = math.inf  # lifted: a stale connection's resend starts without it
     except (trio.BrokenResourceError, OSError) as exc:
         if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
             raise _StaleConnection("broken on write") from exc
         raise map_error(name, phase, exc) from exc
     except (EarlyClose, h11.RemoteProtocolError, trio.ClosedResourceError) as exc:
         raise map_error(name, phase, exc) from exc
-    if scope.cancelled_caught:
-        raise errors.HeaderTimeout(name, "head", f"no complete response head in {head_timeout}s")
     if not isinstance(event, h11.Response):
         raise errors.UpstreamProtocolError(name, "head", f"unexpected {type(event).__name__}")
     return event, written
+
+
+def head_wait(request: OutgoingRequest, config: Config) -> float:
+    """How long after the request is written its whole head may take to come."""
+    if request.unstreamed:
+        return config.unstreamed_timeout
+    return request.head_timeout or config.response_header_timeout
+
+
+def head_timed_out(node: str, head_timeout: float) -> errors.HeaderTimeout:
+    """The error of a head not complete ``head_timeout`` seconds after the request was written."""
+    return errors.HeaderTimeout(node, "head", f"no complete response head in {head_timeout}s")
 
 
 def _write_at_once(

@@ -86,13 +86,13 @@ class CacheAffinity:
         ledger = queue.scheduler.ledger
         is_ready = queue.is_ready
         seen = [
-            Candidate(
-                name=node.name,
-                ready=is_ready(node.name),
-                full=ledger.is_full(node.name),
-                load=ledger.load(node.name),
-                in_flight=ledger.in_flight(node.name),
-                capacity=ledger.capacity(node.name),
+            Candidate(  # name, ready, full, load, in_flight, capacity
+                node.name,
+                is_ready(node.name),
+                ledger.is_full(node.name),
+                ledger.load(node.name),
+                ledger.in_flight(node.name),
+                ledger.capacity(node.name),
             )
             for node in candidates
         ]
@@ -109,11 +109,8 @@ class CacheAffinity:
         else:
             counts.misses += 1
         work.cache_matched(matched)
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.child(metrics.affinity_requests, node, "hit" if blocks else "miss").inc()
-            if matched:
-                metrics.child(metrics.affinity_matched_bytes, node).inc(matched)
+        if self.metrics is not None:
+            self.metrics.affinity_served(node, blocks > 0, matched)
         self.memory.remember(node, affine.chain.hashes)
         if self.share is not None:
             self.share(Served(node, tuple(map(digest_text, affine.chain.hashes))))

@@ -37,7 +37,14 @@ from ...core.slots import Exhausted, Granted, QueueBudget, QueueFull, Slot
 from ...core.workload import State
 from ...wire.client import ClientConnection, ClientRequest
 from ...wire.pool import ConnectionPool
-from ...wire.upstream import Connector, OutgoingRequest, UpstreamResponse, open_response
+from ...wire.upstream import (
+    Connector,
+    OutgoingRequest,
+    UpstreamResponse,
+    head_timed_out,
+    head_wait,
+    open_response,
+)
 from ..nodes.affinity import Affine, CacheAffinity
 from ..nodes.queue import SlotQueue
 from ..nodes.silence import SilenceTimer, SilenceWatch
@@ -239,14 +246,19 @@ class Attempts:
     ) -> UpstreamResponse:
         """One attempt up to commit, its silence timed: a node found down ends it.
 
+        The timer's scope is the attempt's one cancel scope: the watch
+        cancels it when the node is found down, and the wire sets the head's
+        deadline on it (``upstream.Progress``).
+
         Raises:
             UpstreamError: the attempt failed; ``Unresponsive`` when the
                 node was found down (no answer to a liveness check, or a
-                down mark from any check) while the attempt waited on it.
+                down mark from any check) while the attempt waited on it;
+                ``HeaderTimeout`` when the head's deadline passed.
         """
         config = self.config
         interval, timeout = config.liveness_interval, config.response_header_timeout
-        head_timeout = outgoing.head_timeout or timeout
+        head_timeout = head_wait(outgoing, config)
         timer = SilenceTimer(
             math.inf,
             armed=False,
@@ -254,10 +266,7 @@ class Attempts:
             committed=False,
             head_period=question_period(interval, timeout, watched=outgoing.unstreamed),
             period=question_period(interval, timeout, watched=not config.first_body_timeout),
-            deadlines=(
-                config.unstreamed_timeout if outgoing.unstreamed else head_timeout,
-                config.first_body_timeout or math.inf,
-            ),
+            deadlines=(head_timeout, config.first_body_timeout or math.inf),
         )
         self.silence.register(timer)
         try:
@@ -282,11 +291,16 @@ class Attempts:
             if timer.resends:  # a pooled connection found stale: told, not hidden
                 work.asked(0, timer.resends)
                 self.report.resent(node.name, timer.resends)
-        # Only the watch cancels the timer's scope: the node was found down.
-        phase = "first body byte" if timer.head_seen else "head"
-        unresponsive = Unresponsive(node.name, phase, timer.ended_by or "node down")
-        unresponsive.checks = timer.checks
-        raise unresponsive
+        # The watch cancels the scope only for a node found down, and says
+        # why (ended_by); otherwise the head's deadline, set on it, passed.
+        failure: UpstreamError
+        if timer.ended_by is None:
+            failure = head_timed_out(node.name, head_timeout)
+        else:
+            phase = "first body byte" if timer.head_seen else "head"
+            failure = Unresponsive(node.name, phase, timer.ended_by)
+        failure.checks += timer.checks
+        raise failure
 
     async def _no_node(self, client: ClientConnection, work: Workload, model: str | None) -> bool:
         self.report.publish_workload(work)

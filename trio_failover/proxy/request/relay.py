@@ -18,7 +18,7 @@ import trio
 
 from ...core.config import Config, LiveConfig, Upstream, live_config
 from ...core.errors import UpstreamError
-from ...core.headers import client_response_headers, get
+from ...core.headers import client_response_headers
 from ...core.liveness import question_period
 from ...core.outcome import Outcome, after_commit, may_pool
 from ...core.usage import UsageReader, body_kind
@@ -61,7 +61,7 @@ class Relay:
         ``request_bytes``: the size of the request's body, a stream's
         prompt tokens when its engine tells none (``core/usage.py``).
         """
-        reader = UsageReader(body_kind(get(response.headers, b"content-type")))
+        reader = UsageReader(body_kind(response.content_type))
         try:
             relayed = await self._relay(client, work, node, response, reader, request_bytes)
         except BaseException:
