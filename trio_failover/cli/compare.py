@@ -22,7 +22,7 @@ from ..core.config import Config
 from ..core.errors import ConfigError
 from ..core.reload import config_from_document, diff_configs, hmac_mask, masked
 
-__all__ = ["EXIT_REFUSED", "EXIT_UNREACHABLE", "compare_with_running"]
+__all__ = ["compare_with_running"]
 
 EXIT_UNREACHABLE = 1
 """The admin listener could not be asked, or gave no configuration."""

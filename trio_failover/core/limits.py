@@ -14,7 +14,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["WINDOW", "RateBook", "Window", "retry_after"]
+__all__ = ["RateBook", "Window", "retry_after"]
 
 WINDOW = 60.0
 """Seconds of the sliding window."""

@@ -28,7 +28,6 @@ import attrs
 from .errors import ConfigError
 
 __all__ = [
-    "DEFAULT_PORT",
     "MEMORY",
     "RedisAddress",
     "StateSettings",

@@ -26,8 +26,6 @@ import attrs
 from .config import ClientKey, Config, Upstream, redact_url
 
 __all__ = [
-    "NEEDS_RESTART",
-    "ConfigDiff",
     "NodeChange",
     "config_document",
     "config_from_document",

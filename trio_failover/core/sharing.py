@@ -42,7 +42,6 @@ __all__ = [
     "NORMAL",
     "PRIORITIES",
     "ClientUse",
-    "Elsewhere",
     "Priority",
     "ShareBook",
     "client_from_header",

@@ -78,15 +78,20 @@ def workload_attributes(
         "url.scheme": scheme,
         "trio_failover.workload_id": workload_id,
     }
-    operation = operation_name(path)
-    if operation is not None:
-        attributes["gen_ai.operation.name"] = operation
-    if model is not None:
-        attributes["gen_ai.request.model"] = model
-    if client_address is not None:
-        attributes["client.address"] = client_address
-    if client is not None:
-        attributes["trio_failover.client"] = client
+    return _known(
+        attributes,
+        {
+            "gen_ai.operation.name": operation_name(path),
+            "gen_ai.request.model": model,
+            "client.address": client_address,
+            "trio_failover.client": client,
+        },
+    )
+
+
+def _known(attributes: Attributes, optional: Mapping[str, str | int | None]) -> Attributes:
+    """``attributes`` with those of ``optional`` whose value is known (not None)."""
+    attributes.update((name, value) for name, value in optional.items() if value is not None)
     return attributes
 
 
@@ -117,11 +122,7 @@ def attempt_attributes(
         "trio_failover.attempt": attempt,
         "trio_failover.workload_id": workload_id,
     }
-    if operation is not None:
-        attributes["gen_ai.operation.name"] = operation
-    if model is not None:
-        attributes["gen_ai.request.model"] = model
-    return attributes
+    return _known(attributes, {"gen_ai.operation.name": operation, "gen_ai.request.model": model})
 
 
 @attrs.frozen
@@ -186,12 +187,8 @@ def workload_end(
         "trio_failover.attempts": attempts,
         "trio_failover.queued_ms": round(queued * 1000, 1),
     }
-    if status is not None:
-        attributes["http.response.status_code"] = status
-    if node is not None:
-        attributes["trio_failover.node"] = node
-    if reason is not None:
-        attributes["trio_failover.reason"] = reason
+    optional = {"http.response.status_code": status, "trio_failover.node": node}
+    _known(attributes, {**optional, "trio_failover.reason": reason})
     if tokens is not None:
         attributes["gen_ai.usage.input_tokens"] = tokens[0]
         attributes["gen_ai.usage.output_tokens"] = tokens[1]

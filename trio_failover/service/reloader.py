@@ -36,7 +36,7 @@ from ..proxy.proxy import Proxy
 from ..proxy.reload import ReloadResult, failed_reload
 from ..telemetry.logs import logger
 
-__all__ = ["WATCH_INTERVAL", "ListenerTLS", "Reloader", "error_lines", "tls_digest"]
+__all__ = ["ListenerTLS", "Reloader", "tls_digest"]
 
 WATCH_INTERVAL = 1.0
 """Seconds between two looks at the config file (``--watch-config``)."""

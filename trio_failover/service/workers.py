@@ -42,7 +42,7 @@ from .reloader import Loader
 from .roster import Roster, WorkerEntry, encode, install, send
 from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
 
-__all__ = ["Listeners", "bind_listeners", "main", "run_workers"]
+__all__ = ["Listeners", "main", "run_workers"]
 
 READY = b"r"
 BACKLOG = 4096

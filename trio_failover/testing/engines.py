@@ -36,6 +36,7 @@ from .fakes import (
     healthy,
     include_usage,
     prompt_tokens,
+    sse_head,
     usage_chunk,
     usage_event,
 )
@@ -167,7 +168,7 @@ class FakeEngine:
             return
         await self.before_slot(io, model)
         if streamed and self.stream_head_first:
-            await io.send(_sse_head())
+            await io.send(sse_head())
         await self._take_slot(io)
         try:  # the slot is this request's until it ends, however it ends
             words = [f"word{i} " for i in range(self.tokens)]
@@ -177,7 +178,7 @@ class FakeEngine:
                 await _json(io, request, answer)
             else:
                 if not self.stream_head_first:
-                    await io.send(_sse_head())
+                    await io.send(sse_head())
                 for word in words:
                     await io.pause(self.token_delay)
                     if self.cut_short():  # "[DONE]", no finish_reason: looks complete
@@ -229,10 +230,6 @@ class FakeEngine:
             self.deferred -= 1
         if not taken:
             raise trio.BrokenResourceError("the proxy closed the connection")
-
-
-def _sse_head() -> h11.Response:
-    return h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
 
 
 def _event(document: dict[str, Any]) -> bytes:

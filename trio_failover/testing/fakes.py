@@ -272,13 +272,7 @@ def die_mid_stream(chunks: int = 3, delay: float = 0.0) -> Behaviour:
     """Streams ``chunks`` SSE events, then closes without ending the body."""
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
-        await io.send(
-            h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
-        )
-        for index in range(chunks):
-            if delay:
-                await io.pause(delay)
-            await io.send(h11.Data(data=b"data: %d\n\n" % index))
+        await _numbered_events(io, chunks, delay)
         await io.stream.aclose()
 
     return behave
@@ -293,11 +287,7 @@ def frozen_mid_stream(chunks: int = 3) -> Behaviour:
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
         if not is_health(request):
-            await io.send(
-                h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
-            )
-            for index in range(chunks):
-                await io.send(h11.Data(data=b"data: %d\n\n" % index))
+            await _numbered_events(io, chunks)
         await io.wait_closed()
 
     return behave
@@ -310,15 +300,25 @@ def stream_then_silence(chunks: int, silence: float) -> Behaviour:
     """
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
-        await io.send(
-            h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
-        )
-        for index in range(chunks):
-            await io.send(h11.Data(data=b"data: %d\n\n" % index))
+        await _numbered_events(io, chunks)
         await io.pause(silence)
         await io.send(h11.Data(data=b"data: [DONE]\n\n"), h11.EndOfMessage())
 
     return with_health(behave)
+
+
+def sse_head() -> h11.Response:
+    """The head of a ``200`` SSE stream."""
+    return h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
+
+
+async def _numbered_events(io: NodeIO, chunks: int, delay: float = 0.0) -> None:
+    """The SSE head, then ``chunks`` events ``data: 0``, ``data: 1``..., ``delay`` s apart."""
+    await io.send(sse_head())
+    for index in range(chunks):
+        if delay:
+            await io.pause(delay)
+        await io.send(h11.Data(data=b"data: %d\n\n" % index))
 
 
 def slow_prefill_with_pings(
@@ -339,9 +339,7 @@ def slow_prefill_with_pings(
     """
 
     async def behave(io: NodeIO, request: ReceivedRequest) -> None:
-        await io.send(
-            h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
-        )
+        await io.send(sse_head())
         waited = 0.0
         while waited + ping_every < prefill:
             await io.pause(ping_every)

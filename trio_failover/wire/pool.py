@@ -41,9 +41,6 @@ import trio
 
 __all__ = [
     "ConnectionPool",
-    "IdleConnection",
-    "IdleSocketWatch",
-    "Unread",
     "is_reusable",
     "next_expiry",
     "put_idle",

@@ -42,7 +42,6 @@ from . import connect, http1, sockopts
 __all__ = [
     "Arg",
     "Message",
-    "OnReplies",
     "RedisConnection",
     "Reply",
     "Script",

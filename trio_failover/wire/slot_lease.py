@@ -20,7 +20,7 @@ from ..core.fleet_records import RemoteRecord
 from ..core.state_layout import Beats, LeaseTake
 from .redis import Arg, RedisConnection, Script, checked
 
-__all__ = ["NODE_KEEP", "LeaseTake", "SharedRecords", "SlotLeases"]
+__all__ = ["LeaseTake", "SharedRecords", "SlotLeases"]
 
 _TAKE = Script(state_layout.TAKE)
 _RENEW = Script(state_layout.RENEW)

@@ -41,7 +41,6 @@ __all__ = [
     "TEXT",
     "TOKEN",
     "Kind",
-    "QuotedNumber",
     "capacity_toml",
     "choice_kind",
     "comma_list",

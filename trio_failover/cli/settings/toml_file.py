@@ -21,16 +21,7 @@ from ...core.errors import ConfigError
 from .options import OPTIONS
 from .sources import DEFAULT, Source
 
-__all__ = [
-    "CAPACITY",
-    "CLIENT",
-    "ENGINE",
-    "MISSING",
-    "UPSTREAM",
-    "ConfigFile",
-    "KeyPath",
-    "key_lines",
-]
+__all__ = ["CAPACITY", "CLIENT", "ENGINE", "MISSING", "UPSTREAM", "ConfigFile", "key_lines"]
 
 _TIMEOUTS = "timeouts"
 UPSTREAM = "upstream"

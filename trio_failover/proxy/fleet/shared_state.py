@@ -70,7 +70,7 @@ from ...wire.client_rates import ClientRates
 from ...wire.redis import RedisConnection, Subscription, open_redis, open_subscription
 from ...wire.slot_lease import SharedRecords, SlotLeases
 
-__all__ = ["HEARTBEAT_MOST", "OWED_MOST", "RemoteRecord", "SharedState"]
+__all__ = ["RemoteRecord", "SharedState"]
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ import trio
 
 from .shared_state import SharedState
 
-__all__ = ["RECYCLE_MOST", "SPARE_HOLD", "SpareLease", "SpareLeases"]
+__all__ = ["RECYCLE_MOST", "SpareLease", "SpareLeases"]
 
 SPARE_HOLD = 0.05  # seconds a spare waits for the node's next attempt
 RECYCLE_MOST = 10.0  # seconds after its take a lease may still be kept

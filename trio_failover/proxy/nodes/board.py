@@ -74,7 +74,7 @@ from ...core.liveness import DOWN_REASON as LIVENESS_DOWN
 from ...core.liveness import CheckRecord
 from ...core.node_change import ChangeKind, InventoryChange, LastCheck, NodeChange
 
-__all__ = ["BoardRecord", "Listener", "NodeBoard", "NodeState", "Record"]
+__all__ = ["BoardRecord", "NodeBoard", "NodeState", "Record"]
 
 Record = NodeChange | InventoryChange | LastCheck | EngineRead
 """What ``apply`` takes: a record made here, or another replica's."""
