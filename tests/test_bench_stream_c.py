@@ -187,6 +187,20 @@ def read_whole(sock: socket.socket, expected: bytes, timeout: float = 10.0) -> b
     return data
 
 
+def read_to_close(sock: socket.socket, limit: int = 4096, timeout: float = 10.0) -> bytes:
+    """Bytes from ``sock`` until it closes: at most ``limit`` of them, within ``timeout``."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while len(data) <= limit:
+        assert time.monotonic() < deadline, f"still open after {data!r}"
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        piece = sock.recv(65536)
+        if not piece:
+            return data
+        data += piece
+    raise AssertionError(f"more than {limit} bytes and still open: {data[:200]!r}...")
+
+
 def test_checks_are_answered_on_a_kept_connection(
     bench_stream: ModuleType, either_upstream: int
 ) -> None:
@@ -225,9 +239,7 @@ def test_other_routes_get_404_at_once(
     end, at once: never the endless stream a check would read to its limits."""
     with socket.create_connection(("127.0.0.1", either_upstream), timeout=10) as sock:
         sock.sendall(request_line + b" HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n")
-        answer = b""
-        while piece := sock.recv(65536):  # the upstream closes after it
-            answer += piece
+        answer = read_to_close(sock)  # the upstream closes after it
     assert answer == bench_stream.NOT_FOUND_ANSWER
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n")
     assert b"\r\nConnection: close\r\n" in answer
