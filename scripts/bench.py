@@ -120,7 +120,10 @@ class UpstreamProtocol(asyncio.Protocol):
     CLOCK_MONOTONIC nanoseconds of its write (system-wide on Linux, so the
     client can subtract), back to back or MS milliseconds apart. ``/slow``
     sends the head and one event, then holds the stream open until the
-    client leaves. Anything else gets a small JSON answer.
+    client leaves. A ``POST`` to a path ending in ``/completions`` gets a small
+    JSON answer; the rest is answered as llama-server does (``bench_stream.route``):
+    ``GET /health`` and ``GET /v1/models`` a short JSON answer, anything else
+    a 404 at once, the connection closed.
     """
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -141,10 +144,13 @@ class UpstreamProtocol(asyncio.Protocol):
             if len(self.buffer) < total:
                 return
             del self.buffer[:total]
-            self.respond(head.split(b" ", 2)[1])
+            self.respond(head)
+            if self.transport.is_closing():
+                return
 
-    def respond(self, target: bytes) -> None:
+    def respond(self, head: bytes) -> None:
         write = self.transport.write
+        target = head.split(b" ", 2)[1]
         if target.startswith(b"/sse"):
             query = dict(p.split(b"=", 1) for p in target.partition(b"?")[2].split(b"&") if p)
             count, gap = int(query.get(b"n", SSE_CHUNKS)), float(query.get(b"gap", 0)) / 1000
@@ -167,11 +173,18 @@ class UpstreamProtocol(asyncio.Protocol):
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(event), event)
             )
-        else:
+        elif (kind := bench_stream.route(head)) == "stream":  # a completion, not streamed
             write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(JSON_ANSWER), JSON_ANSWER)
             )
+        elif kind == "health":
+            write(bench_stream.HEALTH_ANSWER)
+        elif kind == "models":
+            write(bench_stream.MODELS_ANSWER)
+        else:
+            write(bench_stream.NOT_FOUND_ANSWER)
+            self.transport.close()
 
     def event(self, index: int) -> None:
         if not self.transport.is_closing():

@@ -12,12 +12,17 @@
  * Python loops cost about a third of what the proxy does per chunk, which
  * caps what a two-worker proxy can show.
  *
- * upstream: any request but "GET /v1/models" gets an endless SSE stream (the
- * head and one event at once, then one event every 100 ms) from one timer
- * that walks a wheel of 100 one-millisecond slots; a body with
- * "max_tokens":K gets K events, then the chunked body's end, and the
- * connection waits for its next request. Every event is stamped
- * "t=NANOSECONDS;" with CLOCK_MONOTONIC just before it is written.
+ * upstream: answers like llama-server. "GET /health" gets 200 {"status":"ok"}
+ * and "GET /v1/models" (or /models) a one-model list, each with a
+ * Content-Length, and the connection waits for its next request; a POST to
+ * a path ending in "/completions" (or to "/completion") gets an endless SSE
+ * stream (the head and one event at once, then one event every 100 ms) from
+ * one timer that walks a wheel of 100 one-millisecond slots; any other
+ * request gets llama-server's 404 (a short JSON body, "Connection: close")
+ * at once, and the connection is closed. A body with "max_tokens":K gets K
+ * events, then the chunked body's end, and the connection waits for its
+ * next request. Every event is stamped "t=NANOSECONDS;" with CLOCK_MONOTONIC
+ * just before it is written.
  *
  * clients: opens N streams in batches of 100, prints "open M" (how many
  * delivered an event), on "go" starts counting, on "stop" prints
@@ -68,6 +73,9 @@ static const char STREAM_HEAD[] =
     "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
 static const char MODELS[] =
     "{\"object\":\"list\",\"data\":[{\"id\":\"bench\",\"object\":\"model\",\"owned_by\":\"bench\"}]}";
+static const char HEALTH[] = "{\"status\":\"ok\"}";
+static const char NOT_FOUND[] =
+    "{\"error\":{\"message\":\"File Not Found\",\"type\":\"not_found_error\",\"code\":404}}";
 static const char REQUEST_BODY[] =
     "{\"model\":\"bench\",\"messages\":[{\"role\":\"user\",\"content\":\"Count.\"}],\"stream\":true}";
 static const char BODY_END[] = "0\r\n\r\n";
@@ -252,22 +260,70 @@ static long max_tokens(const char *body, size_t length) {
     return -1;
 }
 
-/* A request is whole: answer it (the models list, or a stream). */
+enum route { ROUTE_STREAM, ROUTE_HEALTH, ROUTE_MODELS, ROUTE_MISSING };
+
+/* Whether s[0:n] is word. */
+static int is(const char *s, size_t n, const char *word) {
+    return n == strlen(word) && memcmp(s, word, n) == 0;
+}
+
+/* What the upstream does with a request, by its head's method and path: as
+ * bench_stream.py's route(). */
+static enum route route_of(const char *head, size_t length) {
+    const char *end = head + length;
+    const char *space = memchr(head, ' ', length);
+    if (!space) return ROUTE_MISSING;
+    size_t method = (size_t)(space - head);
+    const char *path = space + 1;
+    const char *at = path;
+    while (at < end && *at != ' ' && *at != '?' && *at != '\r') at++;
+    size_t n = (size_t)(at - path);
+    static const char suffix[] = "/completions";
+    size_t s = sizeof suffix - 1;
+    if (is(head, method, "GET") && is(path, n, "/health")) return ROUTE_HEALTH;
+    if (is(head, method, "GET") && (is(path, n, "/v1/models") || is(path, n, "/models")))
+        return ROUTE_MODELS;
+    if (is(head, method, "POST")
+        && ((n >= s && memcmp(path + n - s, suffix, s) == 0) || is(path, n, "/completion")))
+        return ROUTE_STREAM;
+    return ROUTE_MISSING;
+}
+
+/* A short JSON answer with a Content-Length, as llama-server writes one; 0 if
+ * the connection is still open. */
+static int json_answer(struct upstream *u, struct conn *c, const char *status, const char *body,
+                       int close) {
+    char answer[512];
+    int n = snprintf(answer, sizeof answer,
+                     "HTTP/1.1 %s\r\nContent-Type: application/json; charset=utf-8\r\n"
+                     "%sContent-Length: %zu\r\n\r\n%s",
+                     status, close ? "Connection: close\r\n" : "", strlen(body), body);
+    if (n < 0 || (size_t)n >= sizeof answer) {
+        conn_close(u, c);
+        return -1;
+    }
+    return send_or_close(u, c, answer, (size_t)n);
+}
+
+/* A request is whole: answer it (the health, the models list, a 404, or a stream). */
 static void request(struct upstream *u, struct conn *c, size_t head_length) {
     const char *body = c->request + head_length + 4;
     size_t body_length = c->used - head_length - 4;
-    int models = c->used >= 14 && memcmp(c->request, "GET /v1/models", 14) == 0;
-    long tokens = models ? -1 : max_tokens(body, body_length);
+    enum route route = route_of(c->request, head_length);
+    long tokens = route == ROUTE_STREAM ? max_tokens(body, body_length) : -1;
     free(c->request); /* anything after the request is not read, as in bench_stream.py */
     c->request = NULL;
     c->used = c->size = 0;
-    if (models) {
-        char answer[512];
-        int n = snprintf(answer, sizeof answer,
-                         "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                         "Connection: close\r\nContent-Length: %zu\r\n\r\n%s",
-                         sizeof MODELS - 1, MODELS);
-        if (send_or_close(u, c, answer, (size_t)n) == 0) conn_close(u, c);
+    if (route == ROUTE_MISSING) {
+        if (json_answer(u, c, "404 Not Found", NOT_FOUND, 1) == 0) conn_close(u, c);
+        return;
+    }
+    if (route != ROUTE_STREAM) { /* the connection waits for its next request */
+        if (await_request(c) != 0) {
+            conn_close(u, c);
+            return;
+        }
+        json_answer(u, c, "200 OK", route == ROUTE_HEALTH ? HEALTH : MODELS, 0);
         return;
     }
     wheel_add(u, c, (int)(u->opened % SLOTS));

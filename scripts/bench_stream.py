@@ -8,10 +8,17 @@ but the standard library, so that they cost a few microseconds per event and
 the system under test runs out of CPU first (``bench.py`` reports their CPU
 next to the proxy's, to show it).
 
-The upstream answers any request but ``GET /v1/models`` with an endless SSE
-stream: the head and one event at once, then one event every 100 ms, from a
-single timer loop for every stream (a wheel of 100 one-millisecond slots, the
-streams spread over them, so the events go out evenly rather than in bursts).
+The upstream answers like llama-server: ``GET /health`` gets ``200``
+``{"status":"ok"}`` and ``GET /v1/models`` (or ``/models``) a one-model list,
+both with a Content-Length on a kept-alive connection; a ``POST`` to a path
+ending in ``/completions`` (or to ``/completion``) gets the stream; any other
+request gets llama-server's ``404`` at once (``File Not Found``, a short JSON
+body, ``Connection: close``), so a proxy's checks and discovery probes cost
+what they cost at a real engine, not a read of an endless stream. The
+stream is endless: the head and one event at once, then one event every
+100 ms, from a single timer loop for every stream (a wheel of 100
+one-millisecond slots, the streams spread over them, so the events go out
+evenly rather than in bursts).
 Each event is an OpenAI-style chunk of about 100 bytes whose content is
 ``t=NANOSECONDS;``: the CLOCK_MONOTONIC time (system-wide on Linux) just
 before it was written, so a proxy that re-encodes chunks keeps the stamp.
@@ -60,10 +67,21 @@ STREAM_HEAD = (
     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
 )
 MODELS = b'{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}'
-MODELS_ANSWER = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(MODELS), MODELS)
-)
+HEALTH = b'{"status":"ok"}'
+NOT_FOUND = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
+
+
+def json_answer(status: bytes, body: bytes, *, close: bool = False) -> bytes:
+    """A whole JSON answer with a Content-Length, as llama-server writes one."""
+    head = b"HTTP/1.1 %s\r\nContent-Type: application/json; charset=utf-8\r\n" % status
+    if close:
+        head += b"Connection: close\r\n"
+    return head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+HEALTH_ANSWER = json_answer(b"200 OK", HEALTH)
+MODELS_ANSWER = json_answer(b"200 OK", MODELS)
+NOT_FOUND_ANSWER = json_answer(b"404 Not Found", NOT_FOUND, close=True)
 REQUEST_BODY = b'{"model":"bench","messages":[{"role":"user","content":"Count."}],"stream":true}'
 STAMP = re.compile(rb"t=(\d+);")
 MAX_TOKENS = re.compile(rb'"max_tokens":\s*(\d+)')
@@ -74,6 +92,24 @@ def event() -> bytes:
     """One chunk of the chunked body: an SSE event stamped now."""
     data = EVENT % time.monotonic_ns()
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def route(head: bytes) -> str:
+    """What the upstream does with a request, by its head's method and path.
+
+    ``"health"`` and ``"models"``: a short JSON answer, the connection kept;
+    ``"stream"``: the event stream (a completion); ``"missing"``: llama-server's
+    404 for a route it does not serve, and the connection closed.
+    """
+    method, _, rest = head.partition(b" ")
+    path = rest.partition(b" ")[0].partition(b"?")[0]
+    if method == b"GET" and path == b"/health":
+        return "health"
+    if method == b"GET" and path in (b"/v1/models", b"/models"):
+        return "models"
+    if method == b"POST" and (path.endswith(b"/completions") or path == b"/completion"):
+        return "stream"
+    return "missing"
 
 
 def nodelay(sock: socket.socket) -> None:
@@ -146,9 +182,14 @@ class Upstream:
             self.requests[sock] = data
             return
         del self.requests[sock]
-        if head.startswith(b"GET /v1/models"):
-            self.send(sock, MODELS_ANSWER)
+        kind = route(head)
+        if kind == "missing":
+            self.send(sock, NOT_FOUND_ANSWER)
             self.close(sock)
+            return
+        if kind != "stream":  # anything after the request is not read, as after a stream
+            self.requests[sock] = b""
+            self.send(sock, HEALTH_ANSWER if kind == "health" else MODELS_ANSWER)
             return
         slot = self.opened % SLOTS
         self.opened += 1

@@ -62,6 +62,31 @@ def test_reference_relay_answers_like_the_upstream(bench: ModuleType, mode: str)
                 assert body == bench.JSON_ANSWER
 
 
+def test_json_upstream_answers_checks_like_llama_server(bench: ModuleType) -> None:
+    """The proxy's checks get llama-server's answers from the JSON upstream too:
+    ``/health`` its status on a kept connection, a route it lacks a 404 and the end."""
+    with (
+        bench.child("upstream") as ((upstream_port, _frozen), _),
+        socket.create_connection(("127.0.0.1", upstream_port), timeout=10) as sock,
+    ):
+        health = bench.bench_stream.HEALTH_ANSWER
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n")
+        data = b""
+        while len(data) < len(health):
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert data == health
+        sock.sendall(b"GET /api/tags HTTP/1.1\r\nHost: bench\r\n\r\n")
+        data = b""
+        for _ in range(100):  # a few reads; a stream instead would not end
+            chunk = sock.recv(65536)
+            if not chunk:  # the upstream closes after it
+                break
+            data += chunk
+        assert data == bench.bench_stream.NOT_FOUND_ANSWER
+
+
 def test_cpu_seconds_reads_this_process_and_nothing_for_no_pid(bench: ModuleType) -> None:
     assert bench.cpu_seconds(os.getpid()) > 0
     assert bench.cpu_seconds(None) is None

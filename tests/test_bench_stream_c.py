@@ -164,13 +164,85 @@ def test_finite_streams_keep_the_connection(bench_stream: ModuleType, upstream_p
         assert abs(time.monotonic_ns() - stamps[1]) < 10_000_000_000  # CLOCK_MONOTONIC
 
 
-def test_models_answer(bench_stream: ModuleType, upstream_port: int) -> None:
-    with socket.create_connection(("127.0.0.1", upstream_port), timeout=10) as sock:
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: bench\r\n\r\n")
-        answer = b""
-        while piece := sock.recv(65536):  # the upstream closes after it
-            answer += piece
-    assert answer == bench_stream.MODELS_ANSWER
+@pytest.fixture(params=["c", "python"])
+def either_upstream(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The port of the C upstream, then of bench_stream.py's."""
+    if request.param == "c":
+        command = [str(request.getfixturevalue("binary")), "upstream"]
+    else:
+        command = [sys.executable, str(SCRIPTS / "bench_stream.py"), "upstream"]
+    with running(command) as upstream:
+        yield int(readline(upstream))
+
+
+def read_whole(sock: socket.socket, expected: bytes, timeout: float = 10.0) -> bytes:
+    """Bytes from ``sock`` until there are as many as in ``expected`` (or it closes)."""
+    data = b""
+    sock.settimeout(timeout)
+    while len(data) < len(expected):
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        data += piece
+    return data
+
+
+def read_to_close(sock: socket.socket, limit: int = 4096, timeout: float = 10.0) -> bytes:
+    """Bytes from ``sock`` until it closes: at most ``limit`` of them, within ``timeout``."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while len(data) <= limit:
+        assert time.monotonic() < deadline, f"still open after {data!r}"
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        piece = sock.recv(65536)
+        if not piece:
+            return data
+        data += piece
+    raise AssertionError(f"more than {limit} bytes and still open: {data[:200]!r}...")
+
+
+def test_checks_are_answered_on_a_kept_connection(
+    bench_stream: ModuleType, either_upstream: int
+) -> None:
+    """``/health`` and ``/v1/models`` get short answers, as llama-server's, not the
+    stream, and the same connection then takes a completion."""
+    body = b'{"model":"bench","max_tokens":1,"stream":true}'
+    completion = b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\nContent-Length: %d\r\n\r\n%s"
+    with socket.create_connection(("127.0.0.1", either_upstream), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n")
+        assert read_whole(sock, bench_stream.HEALTH_ANSWER) == bench_stream.HEALTH_ANSWER
+        sock.sendall(b"GET /v1/models?x=1 HTTP/1.1\r\nHost: bench\r\n\r\n")
+        assert read_whole(sock, bench_stream.MODELS_ANSWER) == bench_stream.MODELS_ANSWER
+        sock.sendall(completion % (len(body), body))
+        answer = read_until(sock, bench_stream.BODY_END, 1)
+    assert answer.startswith(bench_stream.STREAM_HEAD)
+    assert len(list(bench_stream.STAMP.finditer(answer))) == 1
+    assert bench_stream.HEALTH_ANSWER.endswith(b'\r\nContent-Length: 15\r\n\r\n{"status":"ok"}')
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GET /api/tags",
+        b"GET /props",
+        b"GET /slots",
+        b"GET /metrics",
+        b"GET /",
+        b"POST /health",
+        b"GET /v1/chat/completions",
+    ],
+)
+def test_other_routes_get_404_at_once(
+    bench_stream: ModuleType, either_upstream: int, request_line: bytes
+) -> None:
+    """What the upstream does not serve gets llama-server's 404 and the connection's
+    end, at once: never the endless stream a check would read to its limits."""
+    with socket.create_connection(("127.0.0.1", either_upstream), timeout=10) as sock:
+        sock.sendall(request_line + b" HTTP/1.1\r\nHost: bench\r\nContent-Length: 0\r\n\r\n")
+        answer = read_to_close(sock)  # the upstream closes after it
+    assert answer == bench_stream.NOT_FOUND_ANSWER
+    assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n")
+    assert b"\r\nConnection: close\r\n" in answer
 
 
 def test_choose_falls_back_to_python_without_cc(
