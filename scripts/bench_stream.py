@@ -43,6 +43,7 @@ source changes, or these, where there is no ``cc``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import re
@@ -66,6 +67,7 @@ STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
 )
+UNUSED_BUILD_SECONDS = 86400.0  # a cached build of another source, untouched this long, goes
 MODELS = b'{"object":"list","data":[{"id":"bench","object":"model","owned_by":"bench"}]}'
 HEALTH = b'{"status":"ok"}'
 NOT_FOUND = b'{"error":{"message":"File Not Found","type":"not_found_error","code":404}}'
@@ -368,7 +370,8 @@ def compile_c(source: Path = C_SOURCE, cache: Path | None = None) -> Path:
 
     The binary's name carries the source's hash, so an edited source is
     built again and two benchmarks compiling at once each rename a whole
-    file into place.
+    file into place; a build unused for ``UNUSED_BUILD_SECONDS`` is removed
+    (each use touches it), so two checkouts can run theirs side by side.
 
     Raises:
         FileNotFoundError: no ``cc`` on PATH.
@@ -381,6 +384,7 @@ def compile_c(source: Path = C_SOURCE, cache: Path | None = None) -> Path:
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     binary = cache / f"bench_stream-{digest}"
     if binary.exists():
+        binary.touch()  # in use: kept by other checkouts' clean-ups
         return binary
     cache.mkdir(parents=True, exist_ok=True)
     building = cache / f".bench_stream-{digest}.{os.getpid()}"
@@ -390,9 +394,13 @@ def compile_c(source: Path = C_SOURCE, cache: Path | None = None) -> Path:
         building.unlink(missing_ok=True)
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr.strip()}")
     building.replace(binary)
-    for old in cache.glob("bench_stream-*"):  # earlier sources' builds
-        if old != binary:
-            old.unlink(missing_ok=True)
+    # Other sources' builds go once unused for a day: another checkout's
+    # benchmark may be running one now.
+    stale = time.time() - UNUSED_BUILD_SECONDS
+    for old in cache.glob("bench_stream-*"):
+        with contextlib.suppress(FileNotFoundError):
+            if old != binary and old.stat().st_mtime < stale:
+                old.unlink()
     return binary
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import select
 import shutil
 import socket
@@ -258,3 +259,26 @@ def test_choose_falls_back_to_python_without_cc(
             bench_stream.choose("c")
     finally:
         bench_stream.choose("python")
+
+
+def test_a_build_goes_only_once_unused_for_a_day(
+    bench_stream: ModuleType, binary: Path, tmp_path: Path
+) -> None:
+    """Another checkout's benchmark may be running its build: a fresh build keeps it."""
+    cache = binary.parent
+    two_days_ago = time.time() - 2 * 86400
+    stale, recent = cache / "bench_stream-00000000000000aa", cache / "bench_stream-00000000000000bb"
+    stale.write_bytes(b"")
+    recent.write_bytes(b"")
+    os.utime(stale, (two_days_ago, two_days_ago))
+    os.utime(binary, (two_days_ago, two_days_ago))
+    assert bench_stream.compile_c(cache=cache) == binary  # cached: used, so touched
+    assert binary.stat().st_mtime > two_days_ago + 86400
+    edited = tmp_path / "bench_stream.c"
+    edited.write_bytes(bench_stream.C_SOURCE.read_bytes() + b"\n/* another checkout's */\n")
+    built = bench_stream.compile_c(edited, cache=cache)
+    assert built != binary
+    assert built.exists()
+    assert binary.exists()
+    assert recent.exists()
+    assert not stale.exists()
