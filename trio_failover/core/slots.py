@@ -633,8 +633,8 @@ class SlotScheduler(Generic[T]):
         # An insertion-ordered dict is the FIFO: arrival order to iterate,
         # O(1) removal from the middle when a waiter leaves.
         self._waiters: dict[Waiter[T], None] = {}
-        # The same waiters by priority rank, then client, each in arrival
-        # order: fair share scans the clients, not every waiter.
+        # The same waiters by priority rank (highest first), then client,
+        # each in arrival order: fair share scans the clients, not every waiter.
         self._lanes: dict[int, dict[str, _Lane[T]]] = {}
         # Per priority, the lanes of clients with nothing running (here or
         # at the other replicas), by fleet-wide use ÷ weight (which stays
@@ -719,7 +719,10 @@ class SlotScheduler(Generic[T]):
             seq=self._arrivals,
         )
         self._waiters[waiter] = None
-        lanes = self._lanes.setdefault(rank, {})
+        lanes = self._lanes.get(rank)
+        if lanes is None:  # a priority new to the queue: kept in rank order
+            lanes = self._lanes[rank] = {}
+            self._lanes = dict(sorted(self._lanes.items()))
         lane = lanes.get(client)
         if lane is None:
             lane = lanes[client] = _Lane(self.shares.client(client))
@@ -1059,25 +1062,84 @@ class SlotScheduler(Generic[T]):
 
         ``freed`` is the node a release freed, full until then: once a
         waiter takes it again it is full as before (the same counts), so
-        the hand-off ends there without asking the ledger. That is a
-        release's hand-off as a rule, so it goes first, without the loop.
+        the hand-off ends there without asking the ledger.
+
+        Such a hand-off runs at nearly every release, and as a rule the
+        idle client of least use takes the slot: the top of its priority's
+        heap, its first waiter that may use the node. That case is written
+        out first, without calls (``_best_idle``, ``_first_taker``,
+        ``_choose``, ``_remove`` and ``_take`` inline); any other goes on
+        to ``_hand_one_fair``, which decides every case.
         """
         by_model: dict[str, Callable[[str], bool]] = {}
         # Waiters found unable to take anything: every take since only
         # fills nodes and raises counts, so they stay unable in this call.
         blocked: set[Waiter[T]] = set()
         ledger = self.ledger
-        if freed is not None and only is None:  # a release's: one hand-off, as a rule
+        handoffs: list[Handoff[T]] = []
+        if freed is not None and only is None:
             if ledger.is_full(freed):
-                return []
-            handoff = self._hand_one_fair(is_ready, by_model, freed, now, None, blocked)
-            if handoff is None:
-                return []
-            if handoff.slot.node == freed:
-                return [handoff]  # full again, as it was before the release
-            handoffs = [handoff]
-        else:
-            handoffs = []
+                return handoffs
+            if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
+                self._rebuild_idle()
+            for rank, lanes in self._lanes.items():  # the highest priority that waits
+                if lanes:
+                    heap = self._idle.get(rank)
+                    break
+            else:
+                return handoffs
+            while heap:
+                key, _, lane = heap[0]
+                use = lane.use
+                if not (
+                    lane.alive
+                    and not use.running
+                    and not use.elsewhere
+                    and key == (use.scaled + use.scaled_elsewhere) / use.weight
+                ):
+                    heappop(heap)
+                    continue
+                for waiter in lane.waiters:
+                    if freed not in waiter.untried:
+                        continue  # it can never use the freed node
+                    choice = choose_node(
+                        waiter.order,
+                        tried=waiter.tried,
+                        ready=is_ready
+                        if self.ready_for is None or waiter.model is None
+                        else _model_ready(by_model, waiter.model, self.ready_for),
+                        ledger=ledger,
+                        balance=self.balance,
+                        preferred=waiter.preferred,
+                        loaded=waiter.loaded,
+                    )
+                    if not isinstance(choice, Take):
+                        blocked.add(waiter)
+                        continue
+                    heappop(heap)  # its client runs from now: its entry is stale
+                    del self._waiters[waiter]
+                    waiters = lane.waiters
+                    del waiters[waiter]
+                    if not waiters:
+                        lane.alive = False
+                        del lanes[waiter.client]
+                    node = choice.node  # choose_node has just found room there
+                    slot = waiter.slot = ledger.take_free(node, waiter.client)
+                    self.shares.took_use(use, now)
+                    if node == freed:
+                        return [Handoff(waiter, slot)]  # full again, as before the release
+                    handoffs.append(Handoff(waiter, slot))
+                    break
+                else:  # the next idle clients, from the heap
+                    found = self._next_idle_taker(
+                        rank, lane, is_ready, by_model, freed, blocked, set()
+                    )
+                    if found is not None:
+                        given = self._give(*found, now)
+                        if given.slot.node == freed:
+                            return [given]
+                        handoffs.append(given)
+                break
         while freed is None or not ledger.is_full(freed):
             handoff = self._hand_one_fair(is_ready, by_model, freed, now, only, blocked)
             if handoff is None:
@@ -1103,14 +1165,8 @@ class SlotScheduler(Generic[T]):
         slot, the next idle one, from the heap too. Only when no idle
         client may take it, the best of the others, by one scan over the
         clients; if none of its waiters may, the next best, and so on.
-        The first case runs at nearly every hand-off: it is written out
-        here (``_best_idle``, ``_first_taker``, ``_choose``, ``_remove``
-        and ``_take`` inline), the others call them.
         """
-        if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
-            self._rebuild_idle()
-        for rank in _RANKS:
-            lanes = self._lanes.get(rank)
+        for rank, lanes in self._lanes.items():  # highest priority first
             if not lanes:
                 continue
             if only is not None or len(lanes) == 1:
@@ -1120,57 +1176,18 @@ class SlotScheduler(Generic[T]):
                     if found is not None:
                         return self._give(*found, now)
                 continue
-            heap = self._idle.get(rank)
-            while heap:  # _best_idle
-                key, _, lane = heap[0]
-                use = lane.use
-                if not (
-                    lane.alive
-                    and not use.running
-                    and not use.elsewhere
-                    and key == (use.scaled + use.scaled_elsewhere) / use.weight
-                ):
-                    heappop(heap)
-                    continue
-                for waiter in lane.waiters:  # _first_taker
-                    if freed is not None and freed not in waiter.untried:
-                        continue  # it can never use the freed node
-                    if waiter in blocked:
-                        continue
-                    choice = choose_node(
-                        waiter.order,
-                        tried=waiter.tried,
-                        ready=is_ready
-                        if self.ready_for is None or waiter.model is None
-                        else _model_ready(by_model, waiter.model, self.ready_for),
-                        ledger=self.ledger,
-                        balance=self.balance,
-                        preferred=waiter.preferred,
-                        loaded=waiter.loaded,
-                    )
-                    if not isinstance(choice, Take):
-                        blocked.add(waiter)
-                        continue
-                    heappop(heap)  # its client runs from now: its entry is stale
-                    del self._waiters[waiter]  # _remove
-                    waiters = lane.waiters
-                    del waiters[waiter]
-                    if not waiters:
-                        lane.alive = False
-                        del lanes[waiter.client]
-                    # _take: choose_node has just found room at the node.
-                    slot = waiter.slot = self.ledger.take_free(choice.node, waiter.client)
-                    self.shares.took_use(use, now)
-                    return Handoff(waiter, slot)
-                passed: set[_Lane[T]] = set()
+            passed: set[_Lane[T]] = set()
+            idle = self._best_idle(rank)
+            if idle is not None:
+                found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
+                if found is not None:
+                    heappop(self._idle[rank])  # its client runs from now: its entry is stale
+                    return self._give(*found, now)
                 found = self._next_idle_taker(
-                    rank, lane, is_ready, by_model, freed, blocked, passed
+                    rank, idle, is_ready, by_model, freed, blocked, passed
                 )
                 if found is not None:
                     return self._give(*found, now)
-                break
-            else:
-                passed = set()
             unit = self.shares.scale(self.shares.factor(now))
             for _ in range(len(lanes)):
                 best = _best_client(lanes, unit, passed)
