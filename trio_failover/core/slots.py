@@ -1071,15 +1071,16 @@ class SlotScheduler(Generic[T]):
         ``_choose``, ``_remove`` and ``_take`` inline); any other goes on
         to ``_hand_one_fair``, which decides every case.
         """
-        by_model: dict[str, Callable[[str], bool]] = {}
-        # Waiters found unable to take anything: every take since only
-        # fills nodes and raises counts, so they stay unable in this call.
-        blocked: set[Waiter[T]] = set()
+        # A predicate per model, and the waiters found unable to take
+        # anything (every take since only fills nodes and raises counts, so
+        # they stay unable in this call): made when first needed.
+        by_model: dict[str, Callable[[str], bool]] | None = None
+        blocked: set[Waiter[T]] | None = None
         ledger = self.ledger
-        handoffs: list[Handoff[T]] = []
+        handoffs: list[Handoff[T]] | None = None
         if freed is not None and only is None:
             if ledger.is_full(freed):
-                return handoffs
+                return []
             if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
                 self._rebuild_idle()
             for rank, lanes in self._lanes.items():  # the highest priority that waits
@@ -1087,7 +1088,7 @@ class SlotScheduler(Generic[T]):
                     heap = self._idle.get(rank)
                     break
             else:
-                return handoffs
+                return []
             while heap:
                 key, _, lane = heap[0]
                 use = lane.use
@@ -1102,18 +1103,21 @@ class SlotScheduler(Generic[T]):
                 for waiter in lane.waiters:
                     if freed not in waiter.untried:
                         continue  # it can never use the freed node
+                    ready = is_ready
+                    if self.ready_for is not None and waiter.model is not None:
+                        by_model = {} if by_model is None else by_model
+                        ready = _model_ready(by_model, waiter.model, self.ready_for)
                     choice = choose_node(
                         waiter.order,
                         tried=waiter.tried,
-                        ready=is_ready
-                        if self.ready_for is None or waiter.model is None
-                        else _model_ready(by_model, waiter.model, self.ready_for),
+                        ready=ready,
                         ledger=ledger,
                         balance=self.balance,
                         preferred=waiter.preferred,
                         loaded=waiter.loaded,
                     )
                     if not isinstance(choice, Take):
+                        blocked = set() if blocked is None else blocked
                         blocked.add(waiter)
                         continue
                     heappop(heap)  # its client runs from now: its entry is stale
@@ -1126,20 +1130,24 @@ class SlotScheduler(Generic[T]):
                     node = choice.node  # choose_node has just found room there
                     slot = waiter.slot = ledger.take_free(node, waiter.client)
                     self.shares.took_use(use, now)
+                    handoffs = [Handoff(waiter, slot)]
                     if node == freed:
-                        return [Handoff(waiter, slot)]  # full again, as before the release
-                    handoffs.append(Handoff(waiter, slot))
+                        return handoffs  # full again, as it was before the release
                     break
                 else:  # the next idle clients, from the heap
+                    by_model = {} if by_model is None else by_model
+                    blocked = set() if blocked is None else blocked
                     found = self._next_idle_taker(
                         rank, lane, is_ready, by_model, freed, blocked, set()
                     )
                     if found is not None:
-                        given = self._give(*found, now)
-                        if given.slot.node == freed:
-                            return [given]
-                        handoffs.append(given)
+                        handoffs = [self._give(*found, now)]
+                        if handoffs[0].slot.node == freed:
+                            return handoffs
                 break
+        by_model = {} if by_model is None else by_model
+        blocked = set() if blocked is None else blocked
+        handoffs = [] if handoffs is None else handoffs
         while freed is None or not ledger.is_full(freed):
             handoff = self._hand_one_fair(is_ready, by_model, freed, now, only, blocked)
             if handoff is None:
