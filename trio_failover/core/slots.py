@@ -548,6 +548,11 @@ class Handoff(NamedTuple, Generic[T]):
     slot: Slot
 
 
+# ``Handoff(waiter, slot)`` ends in ``tuple.__new__(Handoff, (waiter, slot))``:
+# called directly, at half the cost of the class call (the fair hand-off's).
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class Granted:
     """A slot is taken for the workload: attempt ``slot.node`` now."""
@@ -1130,7 +1135,7 @@ class SlotScheduler(Generic[T]):
                     node = choice.node  # choose_node has just found room there
                     slot = waiter.slot = ledger.take_free(node, waiter.client)
                     self.shares.took_use(use, now)
-                    handoffs = [Handoff(waiter, slot)]
+                    handoffs = [_new_tuple(Handoff, (waiter, slot))]  # Handoff(waiter, slot)
                     if node == freed:
                         return handoffs  # full again, as it was before the release
                     break
