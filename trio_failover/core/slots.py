@@ -1213,10 +1213,14 @@ class SlotScheduler(Generic[T]):
         return None
 
     def _give(self, waiter: Waiter[T], node: str, now: float) -> Handoff[T]:
-        """Take ``waiter`` out of the queue and a slot at ``node`` for it."""
+        """Take ``waiter`` out of the queue and a slot at ``node`` for it.
+
+        ``choose_node`` has just answered ``Take(node)`` for it: the node has room.
+        """
         self._remove(waiter)
-        slot = waiter.slot = self._take(node, waiter.client, now)
-        return Handoff(waiter, slot)
+        slot = waiter.slot = self.ledger.take_free(node, waiter.client)
+        self.shares.took(waiter.client, now)
+        return _new_tuple(Handoff, (waiter, slot))  # Handoff(waiter, slot)
 
     def _next_idle_taker(
         self,
