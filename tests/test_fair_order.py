@@ -16,10 +16,12 @@ any of them.
 from __future__ import annotations
 
 import copy
+import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trio_failover.core.sharing import ClientUse
 from trio_failover.core.slots import (
     Granted,
     Handoff,
@@ -28,6 +30,7 @@ from trio_failover.core.slots import (
     SlotScheduler,
     Take,
     Waiter,
+    _Lane,
     choose_node,
 )
 
@@ -100,11 +103,13 @@ OPS = st.lists(
         st.tuples(st.just("release"), st.integers(0, 30), st.floats(0.0, 40.0)),
         st.tuples(st.just("release"), st.integers(0, 30), st.floats(0.0, 40.0)),
         st.tuples(st.just("leave"), st.integers(0, 30)),
+        # what the other replicas tell: per client, running there and use
         st.tuples(
             st.just("elsewhere"),
-            st.sampled_from(CLIENTS),
-            st.integers(0, 2),
-            st.floats(0.0, 300.0),
+            st.lists(
+                st.tuples(st.sampled_from(CLIENTS), st.integers(0, 2), st.floats(0.0, 60.0)),
+                max_size=3,
+            ),
         ),
         st.tuples(st.just("weights"), st.sampled_from(CLIENTS), st.sampled_from([0.5, 1.0, 3.0])),
         st.tuples(st.just("later"), st.sampled_from([0.0, 1.0, 1800.5])),
@@ -166,8 +171,9 @@ def test_each_hand_off_goes_to_the_client_a_plain_scan_would_choose(
                 if waiter.slot is not None and waiter.slot in held:
                     held.remove(waiter.slot)
                 took(s.leave(waiter, ready=READY, now=now))
-            case ("elsewhere", client, running, use):
-                if s.told_elsewhere([(now, client, running, use)], now):  # type: ignore[list-item]
+            case ("elsewhere", told):
+                figures = [(now, client, running, use) for client, running, use in told]  # type: ignore[attr-defined]
+                if s.told_elsewhere(figures, now):
                     took(s.dispatch(ready=READY, now=now))
             case ("weights", client, weight):
                 settings_[client] = (weight, settings_.get(client, (1.0, 0))[1])  # type: ignore[index]
@@ -175,3 +181,40 @@ def test_each_hand_off_goes_to_the_client_a_plain_scan_would_choose(
             case ("later", step):
                 now += step  # type: ignore[operator]
         waiters = [waiter for waiter in waiters if waiter.slot is None and not waiter.displaced]
+
+
+def test_a_client_told_of_use_elsewhere_while_running_goes_by_its_fleet_use_once_idle() -> None:
+    # The release that leaves a client idle puts its lanes in the idle order
+    # by its fleet-wide use: the other replicas' share of it counts too.
+    s: SlotScheduler[str] = SlotScheduler({"a": 2})
+    s.shares.took("w", 0.0)
+    s.shares.released("w", 100.0)  # w: about 100 slot-seconds here
+    s.configure_clients({})  # as at start: the idle order is made afresh
+    x = s.acquire("x0", ["a"], ready=READY, client="x", now=100.0)
+    z = s.acquire("z0", ["a"], ready=READY, client="z", now=100.0)
+    assert isinstance(x, Granted)
+    assert isinstance(z, Granted)
+    for token, client in (("w1", "w"), ("x1", "x")):
+        assert isinstance(s.acquire(token, ["a"], ready=READY, client=client, now=100.0), Queued)
+    # While x runs here, the other replicas tell of 5 slot-seconds of x's.
+    s.told_elsewhere([(100.0, "x", 0, 5.0)], 100.0)
+    [handoff] = s.release(x.slot, ready=READY, now=101.0)
+    assert handoff.waiter.token == "x1"  # x: about 6 in all, w about 100
+
+
+def test_stale_entries_of_the_idle_order_do_not_pile_up() -> None:
+    # A release asks whether stale entries pile up once in 64 pushes, and
+    # then makes the order afresh. Here 500 entries that never come up (a
+    # gone lane's, keyed above every other) are dropped within 64 releases.
+    s: SlotScheduler[str] = SlotScheduler({"a": 1})
+    held = s.acquire("x0", ["a"], ready=READY, client="x", now=0.0)
+    assert isinstance(held, Granted)
+    for i in range(100):
+        waiting = s.acquire(f"{i}", ["a"], ready=READY, client=("x", "y")[i % 2], now=0.0)
+        assert isinstance(waiting, Queued)
+    [handoff] = s.release(held.slot, ready=READY, now=1.0)
+    gone = _Lane[str](ClientUse(), alive=False)
+    s._idle[1].extend((math.inf, 10**9 + i, gone) for i in range(500))  # still a heap
+    for step in range(64):
+        [handoff] = s.release(handoff.slot, ready=READY, now=2.0 + step)
+    assert len(s._idle[1]) <= 2 * len(s._lanes[1]) + 64
