@@ -218,3 +218,22 @@ def test_stale_entries_of_the_idle_order_do_not_pile_up() -> None:
     for step in range(64):
         [handoff] = s.release(handoff.slot, ready=READY, now=2.0 + step)
     assert len(s._idle[1]) <= 2 * len(s._lanes[1]) + 64
+
+
+def test_after_an_idle_client_that_cannot_use_the_node_the_next_goes_by_its_use_now() -> None:
+    # p is idle and first, but waits for b only; a is freed. The next idle
+    # client is looked for among the top's children first: q's entry there
+    # is from before the other replicas told of q's use, so r goes.
+    s: SlotScheduler[str] = SlotScheduler({"a": 1, "b": 1})
+    for client, until in (("q", 1.0), ("r", 5.0)):
+        s.shares.took(client, 0.0)
+        s.shares.released(client, until)
+    s.configure_clients({})  # as at start: the idle order is made afresh
+    on_a = s.acquire("t0", ["a"], ready=READY, client="t", now=10.0)
+    assert isinstance(on_a, Granted)
+    assert isinstance(s.acquire("u0", ["b"], ready=READY, client="u", now=10.0), Granted)
+    for token, client, order in (("p1", "p", ["b"]), ("q1", "q", ["a"]), ("r1", "r", ["a"])):
+        assert isinstance(s.acquire(token, order, ready=READY, client=client, now=10.0), Queued)
+    s.told_elsewhere([(10.0, "q", 0, 100.0)], 10.0)  # q idle, at its new use: pushed again
+    [handoff] = s.release(on_a.slot, ready=READY, now=11.0)
+    assert handoff.waiter.token == "r1"  # q: about 101 slot-seconds, r about 5

@@ -1139,12 +1139,31 @@ class SlotScheduler(Generic[T]):
                     if node == freed:
                         return handoffs  # full again, as it was before the release
                     break
-                else:  # the next idle clients, from the heap
+                else:  # none of its waiters may take the slot: the next idle client
                     by_model = {} if by_model is None else by_model
                     blocked = set() if blocked is None else blocked
-                    found = self._next_idle_taker(
-                        rank, lane, is_ready, by_model, freed, blocked, set()
-                    )
+                    found = None
+                    if len(heap) > 1:
+                        # The next entry in order is the lesser of the top's two
+                        # children: if it is current and not a second entry of
+                        # the top's, its client is next (its entry then stays,
+                        # stale, until it comes up). Else the heap, one by one.
+                        key, _, child = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
+                        use = child.use
+                        if (
+                            child is not lane
+                            and child.alive
+                            and not use.running
+                            and not use.elsewhere
+                            and key == (use.scaled + use.scaled_elsewhere) / use.weight
+                        ):
+                            found = self._first_taker(
+                                child.waiters, is_ready, by_model, freed, blocked
+                            )
+                    if found is None:
+                        found = self._next_idle_taker(
+                            rank, lane, is_ready, by_model, freed, blocked, set()
+                        )
                     if found is not None:
                         handoffs = [self._give(*found, now)]
                         if handoffs[0].slot.node == freed:
