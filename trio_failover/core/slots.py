@@ -595,8 +595,9 @@ class SlotScheduler(Generic[T]):
     or of a node that was not full, is O(1) and never asks ``ready``;
     ``leave`` of a waiting workload is O(1). A FIFO hand-off scans the
     waiters in arrival order and stops as soon as the freed node is full
-    again; a fair one scans the clients that have waiters (one FIFO per
-    priority and client) for the lowest use, then that client's waiters.
+    again; a fair one takes the idle client of least use from a heap (one
+    FIFO per priority and client), then that client's waiters, and scans
+    the clients only when no idle one may take the slot.
     """
 
     def __init__(
