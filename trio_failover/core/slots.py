@@ -935,19 +935,14 @@ class SlotScheduler(Generic[T]):
             del lanes[waiter.client]
 
     def _push_idle_lanes(self, client: str) -> None:
-        """Push each lane of ``client`` (idle now) onto its priority's heap."""
+        """Push each lane of ``client`` (idle now) onto its priority's heap.
+
+        ``release`` does the same in place (it runs at nearly every hand-off).
+        """
         for rank, lanes in self._lanes.items():
             lane = lanes.get(client)
-            if lane is None:
-                continue
-            heap = self._idle.get(rank)  # (a rebuild replaces them all)
-            if heap is None or len(heap) > 2 * len(lanes) + 64:
-                self._push_idle(rank, lane)  # the same, or a rebuild first
-                continue
-            use = lane.use  # as in _push_idle, inline: once per hand-off
-            heappush(
-                heap, ((use.scaled + use.scaled_elsewhere) / use.weight, next(self._pushes), lane)
-            )
+            if lane is not None:
+                self._push_idle(rank, lane)
 
     def _push_idle(self, rank: int, lane: _Lane[T]) -> None:
         heap = self._idle.setdefault(rank, [])
