@@ -272,6 +272,11 @@ class ShareBook:
         use.scaled -= _C * factor
         use.running += 1
 
+    def took_use(self, use: ClientUse, now: float) -> None:
+        """``took`` for the record in hand (the scheduler's queue keeps its waiters' records)."""
+        use.scaled -= _C * self.factor(now)
+        use.running += 1
+
     def released(self, name: str, now: float) -> None:
         """An attempt of ``name`` gave its slot back at ``now``."""
         factor = self.factor(now)

@@ -64,11 +64,12 @@ is not empty, the shell must wake at the earliest cooldown end and dispatch.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+from itertools import count
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeAlias, TypeVar
 
 from .sharing import ANONYMOUS, NORMAL, PRIORITIES, ClientUse, ShareBook
@@ -333,6 +334,15 @@ class SlotLedger:
         self._in_flight[node] += 1
         return Slot(node, self)
 
+    def take_free(self, node: str, client: str) -> Slot:
+        """Hold one slot at ``node``, known to have room, for ``client``'s attempt.
+
+        For a node that ``choose_node`` has just answered ``Take`` with and
+        nothing taken since: ``take`` without asking ``is_full`` again.
+        """
+        self._in_flight[node] += 1
+        return Slot(node, self, False, client)
+
     def release(self, slot: Slot) -> bool:
         """Give ``slot`` back. Returns False if it was already released.
 
@@ -538,6 +548,11 @@ class Handoff(NamedTuple, Generic[T]):
     slot: Slot
 
 
+# ``Handoff(waiter, slot)`` ends in ``tuple.__new__(Handoff, (waiter, slot))``:
+# called directly, at half the cost of the class call (the fair hand-off's).
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class Granted:
     """A slot is taken for the workload: attempt ``slot.node`` now."""
@@ -580,8 +595,9 @@ class SlotScheduler(Generic[T]):
     or of a node that was not full, is O(1) and never asks ``ready``;
     ``leave`` of a waiting workload is O(1). A FIFO hand-off scans the
     waiters in arrival order and stops as soon as the freed node is full
-    again; a fair one scans the clients that have waiters (one FIFO per
-    priority and client) for the lowest use, then that client's waiters.
+    again; a fair one takes the idle client of least use from a heap (one
+    FIFO per priority and client), then that client's waiters, and scans
+    the clients only when no idle one may take the slot.
     """
 
     def __init__(
@@ -623,8 +639,8 @@ class SlotScheduler(Generic[T]):
         # An insertion-ordered dict is the FIFO: arrival order to iterate,
         # O(1) removal from the middle when a waiter leaves.
         self._waiters: dict[Waiter[T], None] = {}
-        # The same waiters by priority rank, then client, each in arrival
-        # order: fair share scans the clients, not every waiter.
+        # The same waiters by priority rank (highest first), then client,
+        # each in arrival order: fair share scans the clients, not every waiter.
         self._lanes: dict[int, dict[str, _Lane[T]]] = {}
         # Per priority, the lanes of clients with nothing running (here or
         # at the other replicas), by fleet-wide use ÷ weight (which stays
@@ -635,7 +651,8 @@ class SlotScheduler(Generic[T]):
         # (then rebuilt).
         self._idle: dict[int, list[tuple[float, int, _Lane[T]]]] = {}
         self._idle_epoch: float | None = None
-        self._pushes = 0
+        # Ties of use ÷ weight go in the order pushed.
+        self._pushes = count()
         self._arrivals = 0
         self._releases = 0
 
@@ -708,7 +725,10 @@ class SlotScheduler(Generic[T]):
             seq=self._arrivals,
         )
         self._waiters[waiter] = None
-        lanes = self._lanes.setdefault(rank, {})
+        lanes = self._lanes.get(rank)
+        if lanes is None:  # a priority new to the queue: kept in rank order
+            lanes = self._lanes[rank] = {}
+            self._lanes = dict(sorted(self._lanes.items()))
         lane = lanes.get(client)
         if lane is None:
             lane = lanes[client] = _Lane(self.shares.client(client))
@@ -735,7 +755,21 @@ class SlotScheduler(Generic[T]):
             self.shares.released(client, now)
             use = self.shares.clients[client]
             if self.fair and not use.running and not use.elsewhere:
-                self._push_idle_lanes(client)  # idle now: its lanes' keys are fixed
+                # Idle now: its lanes' keys stay put until it runs again.
+                # _push_idle_lanes, inline: this runs at nearly every hand-off.
+                for rank, lanes in self._lanes.items():
+                    lane = lanes.get(client)
+                    if lane is None:
+                        continue
+                    heap = self._idle.get(rank)  # (a rebuild replaces them all)
+                    order = next(self._pushes)
+                    # Whether stale entries pile up: asked once in 64 pushes.
+                    if heap is None or (not order % 64 and len(heap) > 2 * len(lanes) + 64):
+                        self._push_idle(rank, lane)  # the same, or a rebuild first
+                    else:
+                        held = lane.use
+                        key = (held.scaled + held.scaled_elsewhere) / held.weight
+                        heappush(heap, (key, order, lane))
             self._releases += 1
             if not self._releases % FORGET_EVERY:
                 self.shares.forget(now, self._waiting_clients())
@@ -901,20 +935,14 @@ class SlotScheduler(Generic[T]):
             del lanes[waiter.client]
 
     def _push_idle_lanes(self, client: str) -> None:
-        """Push each lane of ``client`` (idle now) onto its priority's heap."""
+        """Push each lane of ``client`` (idle now) onto its priority's heap.
+
+        ``release`` does the same in place (it runs at nearly every hand-off).
+        """
         for rank, lanes in self._lanes.items():
             lane = lanes.get(client)
-            if lane is None:
-                continue
-            heap = self._idle.get(rank)  # (a rebuild replaces them all)
-            if heap is None or len(heap) > 2 * len(lanes) + 64:
-                self._push_idle(rank, lane)  # the same, or a rebuild first
-                continue
-            use = lane.use  # as in _push_idle, inline: once per hand-off
-            heapq.heappush(
-                heap, ((use.scaled + use.scaled_elsewhere) / use.weight, self._pushes, lane)
-            )
-            self._pushes += 1
+            if lane is not None:
+                self._push_idle(rank, lane)
 
     def _push_idle(self, rank: int, lane: _Lane[T]) -> None:
         heap = self._idle.setdefault(rank, [])
@@ -922,8 +950,7 @@ class SlotScheduler(Generic[T]):
             self._rebuild_idle()  # stale entries pile up: start afresh
             heap = self._idle.setdefault(rank, [])
         use = lane.use
-        heapq.heappush(heap, ((use.scaled + use.scaled_elsewhere) / use.weight, self._pushes, lane))
-        self._pushes += 1
+        heappush(heap, ((use.scaled + use.scaled_elsewhere) / use.weight, next(self._pushes), lane))
 
     def _rebuild_idle(self) -> None:
         self._idle = {}
@@ -936,9 +963,8 @@ class SlotScheduler(Generic[T]):
                 use = lane.use
                 if not use.running and not use.elsewhere:
                     key = (use.scaled + use.scaled_elsewhere) / use.weight
-                    heap.append((key, self._pushes, lane))
-                    self._pushes += 1
-            heapq.heapify(heap)
+                    heap.append((key, next(self._pushes), lane))
+            heapify(heap)
 
     def _best_idle(self, rank: int) -> _Lane[T] | None:
         """The lane of the idle client with the lowest use ÷ weight (its waiters go first).
@@ -961,7 +987,7 @@ class SlotScheduler(Generic[T]):
                 and key == (use.scaled + use.scaled_elsewhere) / use.weight
             ):
                 return lane
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def _displace(self, rank: int) -> Waiter[T] | None:
@@ -1033,22 +1059,125 @@ class SlotScheduler(Generic[T]):
         now: float,
         only: str | None,
     ) -> list[Handoff[T]]:
-        handoffs: list[Handoff[T]] = []
-        by_model: dict[str, Callable[[str], bool]] = {}
-        # Waiters found unable to take anything: every take since only
-        # fills nodes and raises counts, so they stay unable in this call.
-        blocked: set[Waiter[T]] = set()
-        while freed is None or not self.ledger.is_full(freed):
-            picked = self._pick_fair(is_ready, by_model, freed, now, only, blocked)
-            if picked is None:
+        """Hand slots on in fair order while ``freed`` has room (None: while anyone may take one).
+
+        ``freed`` is the node a release freed, full until then: once a
+        waiter takes it again it is full as before (the same counts), so
+        the hand-off ends there without asking the ledger.
+
+        Such a hand-off runs at nearly every release, and as a rule the
+        idle client of least use takes the slot: the top of its priority's
+        heap, its first waiter that may use the node. That case is written
+        out first, without calls (``_best_idle``, ``_first_taker``,
+        ``_choose``, ``_remove`` and ``_take`` inline); any other goes on
+        to ``_hand_one_fair``, which decides every case.
+        """
+        # A predicate per model, and the waiters found unable to take
+        # anything (every take since only fills nodes and raises counts, so
+        # they stay unable in this call): made when first needed.
+        by_model: dict[str, Callable[[str], bool]] | None = None
+        blocked: set[Waiter[T]] | None = None
+        ledger = self.ledger
+        handoffs: list[Handoff[T]] | None = None
+        if freed is not None and only is None:
+            if ledger.is_full(freed):
+                return []
+            if self._idle_epoch != self.shares.epoch:  # every stored sum was scaled
+                self._rebuild_idle()
+            for rank, lanes in self._lanes.items():  # the highest priority that waits
+                if lanes:
+                    heap = self._idle.get(rank)
+                    break
+            else:
+                return []
+            while heap:
+                key, _, lane = heap[0]
+                use = lane.use
+                if not (
+                    lane.alive
+                    and not use.running
+                    and not use.elsewhere
+                    and key == (use.scaled + use.scaled_elsewhere) / use.weight
+                ):
+                    heappop(heap)
+                    continue
+                for waiter in lane.waiters:
+                    if freed not in waiter.untried:
+                        continue  # it can never use the freed node
+                    ready = is_ready
+                    if self.ready_for is not None and waiter.model is not None:
+                        by_model = {} if by_model is None else by_model
+                        ready = _model_ready(by_model, waiter.model, self.ready_for)
+                    choice = choose_node(
+                        waiter.order,
+                        tried=waiter.tried,
+                        ready=ready,
+                        ledger=ledger,
+                        balance=self.balance,
+                        preferred=waiter.preferred,
+                        loaded=waiter.loaded,
+                    )
+                    if not isinstance(choice, Take):
+                        blocked = set() if blocked is None else blocked
+                        blocked.add(waiter)
+                        continue
+                    heappop(heap)  # its client runs from now: its entry is stale
+                    del self._waiters[waiter]
+                    waiters = lane.waiters
+                    del waiters[waiter]
+                    if not waiters:
+                        lane.alive = False
+                        del lanes[waiter.client]
+                    node = choice.node  # choose_node has just found room there
+                    slot = waiter.slot = ledger.take_free(node, waiter.client)
+                    self.shares.took_use(use, now)
+                    handoffs = [_new_tuple(Handoff, (waiter, slot))]  # Handoff(waiter, slot)
+                    if node == freed:
+                        return handoffs  # full again, as it was before the release
+                    break
+                else:  # none of its waiters may take the slot: the next idle client
+                    by_model = {} if by_model is None else by_model
+                    blocked = set() if blocked is None else blocked
+                    found = None
+                    if len(heap) > 1:
+                        # The next entry in order is the lesser of the top's two
+                        # children: if it is current and not a second entry of
+                        # the top's, its client is next (its entry then stays,
+                        # stale, until it comes up). Else the heap, one by one.
+                        key, _, child = heap[1] if len(heap) == 2 or heap[1] < heap[2] else heap[2]
+                        use = child.use
+                        if (
+                            child is not lane
+                            and child.alive
+                            and not use.running
+                            and not use.elsewhere
+                            and key == (use.scaled + use.scaled_elsewhere) / use.weight
+                        ):
+                            found = self._first_taker(
+                                child.waiters, is_ready, by_model, freed, blocked
+                            )
+                    if found is None:
+                        found = self._next_idle_taker(
+                            rank, lane, is_ready, by_model, freed, blocked, set()
+                        )
+                    if found is not None:
+                        handoffs = [self._give(*found, now)]
+                        if handoffs[0].slot.node == freed:
+                            return handoffs
                 break
-            waiter, node = picked
-            self._remove(waiter)
-            waiter.slot = self._take(node, waiter.client, now)
-            handoffs.append(Handoff(waiter, waiter.slot))
+        by_model = {} if by_model is None else by_model
+        blocked = set() if blocked is None else blocked
+        handoffs = [] if handoffs is None else handoffs
+        while freed is None or not ledger.is_full(freed):
+            handoff = self._hand_one_fair(is_ready, by_model, freed, now, only, blocked)
+            if handoff is None:
+                break
+            handoffs.append(handoff)
+            if handoff.slot.node == freed:
+                break  # full again, as it was before the release
         return handoffs
 
-    def _pick_fair(
+    def _hand_one_fair(
         self,
         is_ready: Callable[[str], bool],
         by_model: dict[str, Callable[[str], bool]],
@@ -1056,55 +1185,57 @@ class SlotScheduler(Generic[T]):
         now: float,
         only: str | None,
         blocked: set[Waiter[T]],
-    ) -> tuple[Waiter[T], str] | None:
-        """The next waiter to hand a slot, and its node: by priority, use ÷ weight, arrival."""
-        shares = self.shares
-        for rank in _RANKS:
-            lanes = self._lanes.get(rank)
+    ) -> Handoff[T] | None:
+        """A slot for the next waiter by priority, use ÷ weight, arrival; None: no one may take one.
+
+        As a rule the idle client of least use takes it: the top of its
+        priority's heap, no scan. If none of its waiters may take the
+        slot, the next idle one, from the heap too. Only when no idle
+        client may take it, the best of the others, by one scan over the
+        clients; if none of its waiters may, the next best, and so on.
+        """
+        for rank, lanes in self._lanes.items():  # highest priority first
             if not lanes:
                 continue
-            if only is not None:
-                clients: Iterable[str] = (only,) if only in lanes else ()
-            elif len(lanes) == 1:
-                clients = lanes
-            else:
-                # As a rule the idle client of least use takes it: no scan.
-                # If none of its waiters may take the freed slot, the next
-                # idle one, from the heap too. Only when no idle client may
-                # take it, the best of the others, by one scan over the
-                # clients; if none of its waiters may, the next best, and so on.
-                idle = self._best_idle(rank)
-                if idle is not None:
-                    found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
+            if only is not None or len(lanes) == 1:
+                lane = lanes.get(only) if only is not None else next(iter(lanes.values()))
+                if lane is not None and not lane.use.at_limit():
+                    found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
                     if found is not None:
-                        # Its client runs from now: its entry (on top) is stale.
-                        heapq.heappop(self._idle[rank])
-                        return found
-                passed: set[_Lane[T]] = set()
-                if idle is not None:
-                    found = self._next_idle_taker(
-                        rank, idle, is_ready, by_model, freed, blocked, passed
-                    )
-                    if found is not None:
-                        return found
-                unit = shares.scale(shares.factor(now))
-                for _ in range(len(lanes)):
-                    best = _best_client(lanes, unit, passed)
-                    if best is None:
-                        break
-                    found = self._first_taker(best.waiters, is_ready, by_model, freed, blocked)
-                    if found is not None:
-                        return found
-                    passed.add(best)
+                        return self._give(*found, now)
                 continue
-            for client in clients:
-                lane = lanes[client]
-                if lane.use.at_limit():
-                    continue
-                found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
+            passed: set[_Lane[T]] = set()
+            idle = self._best_idle(rank)
+            if idle is not None:
+                found = self._first_taker(idle.waiters, is_ready, by_model, freed, blocked)
                 if found is not None:
-                    return found
+                    heappop(self._idle[rank])  # its client runs from now: its entry is stale
+                    return self._give(*found, now)
+                found = self._next_idle_taker(
+                    rank, idle, is_ready, by_model, freed, blocked, passed
+                )
+                if found is not None:
+                    return self._give(*found, now)
+            unit = self.shares.scale(self.shares.factor(now))
+            for _ in range(len(lanes)):
+                best = _best_client(lanes, unit, passed)
+                if best is None:
+                    break
+                found = self._first_taker(best.waiters, is_ready, by_model, freed, blocked)
+                if found is not None:
+                    return self._give(*found, now)
+                passed.add(best)
         return None
+
+    def _give(self, waiter: Waiter[T], node: str, now: float) -> Handoff[T]:
+        """Take ``waiter`` out of the queue and a slot at ``node`` for it.
+
+        ``choose_node`` has just answered ``Take(node)`` for it: the node has room.
+        """
+        self._remove(waiter)
+        slot = waiter.slot = self.ledger.take_free(node, waiter.client)
+        self.shares.took(waiter.client, now)
+        return _new_tuple(Handoff, (waiter, slot))  # Handoff(waiter, slot)
 
     def _next_idle_taker(
         self,
@@ -1129,7 +1260,7 @@ class SlotScheduler(Generic[T]):
         found = None
         while found is None:
             passed.add(lane)
-            popped.append(heapq.heappop(heap))  # lane's: _best_idle left it on top
+            popped.append(heappop(heap))  # lane's: _best_idle left it on top
             next_lane = self._best_idle(rank)
             if next_lane is None:
                 break
@@ -1137,7 +1268,7 @@ class SlotScheduler(Generic[T]):
             if lane not in passed:  # else a second entry of one passed
                 found = self._first_taker(lane.waiters, is_ready, by_model, freed, blocked)
         for entry in popped:
-            heapq.heappush(heap, entry)
+            heappush(heap, entry)
         return found
 
     def _first_taker(
