@@ -291,6 +291,30 @@ async def test_a_stream_at_a_moved_node_does_not_pool_its_connection(
         assert proxy.pool.idle_count("a") == 1  # a connection of the current definition
 
 
+async def test_a_stream_at_a_removed_node_does_not_pool_its_connection(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A workload that outlives its node's removal closes its connection at its end.
+
+    Pooled, it would wait under the removed name, and a later reload that
+    adds a node of that name at another address would be handed it.
+    """
+    async with Fleet({"a": FakeNode(healthy()), "b": FakeNode(slow_head(10.0))}) as fleet:
+        proxy = make_proxy(fleet, capacity=0)
+        async with trio.open_nursery() as nursery:
+            pinned = functools.partial(
+                request, proxy, body=BODY, headers=[("x-failover-node", "b")]
+            )
+            nursery.start_soon(pinned)
+            await trio.sleep(1)  # b is answering it
+            assert (await proxy.reload(attrs.evolve(proxy.config, upstreams=nodes(fleet, "a")))).ok
+        await trio.testing.wait_all_tasks_blocked()
+        b = fleet["b"]
+        assert [r.target for r in b.received] == [b"/v1/chat/completions"]
+        assert proxy.pool.idle_count("b") == 0  # the stream ended after the removal
+        assert len(b.closed_at) == b.connections  # and its connection is closed
+
+
 async def test_a_failover_after_a_reload_takes_the_new_list(
     autojump_clock: trio.abc.Clock,
 ) -> None:

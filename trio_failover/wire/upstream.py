@@ -325,8 +325,10 @@ class UpstreamResponse:
             return
         self._open = False
         origins = self._pool.origins if self._pool is not None else None
-        if origins is not None and origins.get(self.node.name, self.node) != self.node:
-            await trio.aclose_forcefully(self._stream)  # a reload moved or removed the node
+        if origins is not None and origins.get(self.node.name) != self.node:
+            # A reload moved or removed the node: pooled under its name, the
+            # connection could be handed to a node added later by that name.
+            await trio.aclose_forcefully(self._stream)
         elif self._pool is not None:  # it checks that the exchange ended cleanly
             await self._pool.release(self.node.name, self._stream, self._conn)
         else:
