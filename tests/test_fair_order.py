@@ -88,6 +88,39 @@ def acceptable(s: SlotScheduler[int], freed: str, now: float) -> set[int]:
     return set()
 
 
+def place_range(s: SlotScheduler[int], newcomer: Waiter[int], now: float) -> tuple[int, int]:
+    """The places ``newcomer``, just queued, may rightly report: (first, last), 1 = next.
+
+    Behind every waiter of a higher priority and its own client's earlier
+    ones, and those of the clients of its priority that go before its client
+    by the order of ``acceptable``; a client whose figures equal its client's
+    may go either side.
+    """
+    shares = s.shares
+
+    def standing(client: str) -> tuple[bool, float]:
+        use = shares.client(client)
+        return bool(use.running + use.elsewhere), shares.fleet_use(client, now) / use.weight
+
+    busy, mine = standing(newcomer.client)
+    near = 1e-9 * max(abs(mine), 1.0)
+    before = tied = 0
+    for waiter in s.waiting():
+        if waiter is newcomer or waiter.rank > newcomer.rank:
+            continue
+        if waiter.rank < newcomer.rank or waiter.client == newcomer.client:
+            before += 1
+            continue
+        their_busy, theirs = standing(waiter.client)
+        if their_busy != busy:
+            before += their_busy < busy
+        elif abs(theirs - mine) <= near:
+            tied += 1
+        elif theirs < mine:
+            before += 1
+    return 1 + before, 1 + before + tied
+
+
 OPS = st.lists(
     st.one_of(
         # acquire: client, rank, order (b only, a only or either), time step
@@ -125,7 +158,7 @@ OPS = st.lists(
     limits=st.dictionaries(st.sampled_from(CLIENTS), st.integers(0, 2), max_size=3),
     ops=OPS,
 )
-def test_each_hand_off_goes_to_the_client_a_plain_scan_would_choose(
+def test_each_hand_off_and_place_is_what_a_plain_scan_would_choose(
     caps: tuple[int, int], limits: dict[str, int], ops: list[tuple[object, ...]]
 ) -> None:
     s: SlotScheduler[int] = SlotScheduler(dict(zip(NODES, caps, strict=True)))
@@ -147,6 +180,8 @@ def test_each_hand_off_goes_to_the_client_a_plain_scan_would_choose(
                     held.append(result.slot)
                 elif isinstance(result, Queued):
                     waiters.append(result.waiter)
+                    first, last = place_range(s, result.waiter, now)
+                    assert first <= result.waiter.position <= last, (first, last)
             case ("release", pick, step) if held:
                 now += step  # type: ignore[operator]
                 slot = held.pop(pick % len(held))  # type: ignore[operator]

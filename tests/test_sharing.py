@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
-from test_queue import BODY, in_flight
+from test_queue import BODY, Traffic, ids, in_flight, run_traffic
 
 from trio_failover import Config
 from trio_failover.core.client_key import ClientKey
@@ -231,6 +231,25 @@ async def test_a_request_lowers_its_own_priority_with_x_priority_low(
                 await until_queued(proxy, 2)
     # "idle" has used nothing, yet its request said low: x's normal one goes first.
     assert (log.started["normal"], log.started["low"]) == (1.5, 3.0)
+
+
+async def test_a_queued_event_tells_the_place_in_the_fair_order(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A client running nothing waits ahead of a busy client's waiters: its event says 1."""
+    async with Fleet({"a": FakeNode(slow_head(5.0))}) as fleet:
+        proxy = make_proxy(fleet, capacity=1)
+
+        async def script(t: Traffic) -> None:
+            busy = (("x-client", "busy"),)
+            await t.start("b1", headers=busy)  # a's one slot
+            places = [(await t.start(rid, "queued", headers=busy))["position"] for rid in "23"]
+            assert places == [1, 2]
+            idle = await t.start("i1", "queued", headers=(("x-client", "idle"),))
+            assert idle["position"] == 1
+
+        await run_traffic(proxy, script)
+        assert ids(fleet["a"]) == ["b1", "i1", "2", "3"]
 
 
 async def test_a_full_queue_turns_away_the_newest_lower_waiter_for_a_higher_newcomer(

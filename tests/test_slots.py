@@ -360,6 +360,32 @@ def test_no_limit_on_the_queue() -> None:
     assert positions == list(range(1, 51))
 
 
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_waiters_place_is_its_turn_in_the_order_slots_go(fair: bool) -> None:
+    # Fair: a higher priority first, then a client running nothing, then
+    # the client's own earlier waiters; not fair: arrival order.
+    s = _scheduler("a1", fair=fair)
+    x = _granted(s.acquire("x", "a", ready=READY_ALL, client="A"))  # A runs
+    places = {}
+    for token, client, rank in [
+        ("a1", "A", 1),
+        ("a2", "A", 1),
+        ("b1", "B", 1),  # B runs nothing: before A's
+        ("a3", "A", 1),
+        ("h1", "A", 0),  # high priority: before all
+        ("l1", "C", 2),  # low priority: after all
+        ("b2", "B", 1),
+    ]:
+        places[token] = _queued(s.acquire(token, "a", ready=READY_ALL, client=client, rank=rank))
+    expected = {
+        True: {"a1": 1, "a2": 2, "b1": 1, "a3": 4, "h1": 1, "l1": 6, "b2": 3},
+        False: {"a1": 1, "a2": 2, "b1": 3, "a3": 4, "h1": 5, "l1": 6, "b2": 7},
+    }[fair]
+    assert {token: waiter.position for token, waiter in places.items()} == expected
+    # The one that said 1 last (of the fair order, h1) is the next served.
+    assert _handed(s.release(x, ready=READY_ALL)) == [("h1" if fair else "a1", "a")]
+
+
 def test_waiter_removed_mid_queue() -> None:
     s = _scheduler("a1")
     on_a = _granted(s.acquire("x", "a", ready=READY_ALL))

@@ -717,7 +717,7 @@ class SlotScheduler(Generic[T]):
             order=tuple(order),
             tried=tried,
             preferred=preferred,
-            position=len(self._waiters) + 1,
+            position=self._place(client, rank, now),
             untried=frozenset(order) - tried,
             loaded=frozenset(loaded),
             client=client,
@@ -915,6 +915,37 @@ class SlotScheduler(Generic[T]):
         return None
 
     # -- inside ----------------------------------------------------------------------
+
+    def _place(self, client: str, rank: int, now: float) -> int:
+        """The place a newcomer of ``client`` and ``rank`` takes in the queue now, 1 = next.
+
+        First come, first served: behind every waiter. Fair: behind the
+        waiters of the higher priorities, its own client's, and those of
+        each client of its priority that goes before its client now, as
+        ``_best_client`` ranks them (nothing running before work running,
+        then the lower use ÷ weight; a tie to the client that began waiting
+        first). The order of a fair queue moves as the clients' use does:
+        this is the place as the queue stands when the newcomer joins it.
+        """
+        if not self.fair:
+            return len(self._waiters) + 1
+        unit = self.shares.scale(self.shares.factor(now))
+        mine = _client_key(self.shares.client(client), unit)
+        ahead = 0
+        for lane_rank, lanes in self._lanes.items():
+            if lane_rank < rank:
+                ahead += sum(len(lane.waiters) for lane in lanes.values())
+            elif lane_rank == rank:
+                tie_goes_first = True  # lanes that began before its client's
+                for name, lane in lanes.items():
+                    if name == client:
+                        tie_goes_first = False
+                        ahead += len(lane.waiters)
+                        continue
+                    theirs = _client_key(lane.use, unit)
+                    if theirs < mine or (tie_goes_first and theirs == mine):
+                        ahead += len(lane.waiters)
+        return ahead + 1
 
     def _take(self, node: str, client: str, now: float) -> Slot:
         slot = self.ledger.take(node)
@@ -1337,6 +1368,15 @@ def _best_client(
             if best_busy or key < best_key:
                 best, best_busy, best_key = lane, False, key
     return best
+
+
+def _client_key(use: ClientUse, unit: float) -> tuple[bool, float]:
+    """Where a client stands in the fair order (lower first): running anything, use ÷ weight.
+
+    ``_best_client``'s two keys, as one value.
+    """
+    running = use.running + use.elsewhere
+    return bool(running), (use.scaled + use.scaled_elsewhere + running * unit) / use.weight
 
 
 # The priorities' ranks, highest first (``sharing.PRIORITIES``).
