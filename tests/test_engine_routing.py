@@ -169,6 +169,24 @@ async def test_an_ollama_node_with_the_model_loaded_wins_over_one_without(
     assert (cold.loads, warm.loads) == ([], [])
 
 
+async def test_x_failover_node_stands_before_a_node_with_the_model_loaded(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The client's choice is served, with the cold start, while it has a free slot."""
+    cold = FakeOllama(models=["qwen3:latest"], load_delay=30.0)
+    warm = FakeOllama(models=["qwen3:latest"], loaded=["qwen3:latest"], load_delay=30.0)
+    async with Fleet({"cold": FakeNode(cold), "warm": FakeNode(warm)}) as fleet:
+        with trio.fail_after(LIMIT):
+            async with running(fleet) as proxy:
+                body = stream_of("qwen3")
+                pinned = await request(proxy, body=body, headers=[("x-failover-node", "cold")])
+                unpinned = await request(proxy, body=body)
+    assert pinned is not None
+    assert unpinned is not None
+    assert (node_of(pinned), node_of(unpinned)) == ("cold", "warm")
+    assert (cold.loads, warm.loads) == (["qwen3:latest"], [])
+
+
 async def test_a_cold_load_within_the_cold_start_timeout_is_served_and_demotes_nothing(
     autojump_clock: trio.abc.Clock,
 ) -> None:

@@ -66,6 +66,7 @@ class Plan:
     client_address: str | None
     scheme: str
     affine: Affine | None = None  # its prompt's chain, with cache affinity on
+    pinned: bool = False  # ``preferred`` is the client's ``X-Failover-Node``
 
 
 # What ``take_slot`` returns for a waiter a reload took out of the queue.
@@ -147,11 +148,14 @@ class Attempts:
         first = candidates[0].name if candidates else None
         preferred = first if selected is not None and first == selected else None
         affine = None
+        pinned = preferred is not None
         if self.affinity is not None and self.config.affinity == "prefix":
             affine = self.affinity.choose(document, candidates, self.queue)
             if preferred is None and affine is not None:  # X-Failover-Node wins over it
                 preferred = affine.preferred
-        return Plan(request, document, model, candidates, preferred, client_address, scheme, affine)
+        return Plan(
+            request, document, model, candidates, preferred, client_address, scheme, affine, pinned
+        )
 
     async def serve(self, client: ClientConnection, work: Workload, plan: Plan) -> bool:
         """Run the attempts of ``plan`` and answer the client; returns keep-alive."""
@@ -167,6 +171,10 @@ class Attempts:
         loaded: frozenset[str] = frozenset()
         if engines is not None and engines.signals:  # nothing to ask without
             loaded = engines.loaded(plan.model)
+            if loaded and plan.pinned and preferred is not None:
+                # The client's choice of node stands before the nodes that
+                # hold the model loaded (while it has a free slot).
+                loaded |= {preferred}
         resolved, first = self.config, True
         while len(tried) < limit:
             if self.config is not resolved:  # a reload: the same request, the new node list
