@@ -199,7 +199,7 @@ def _table_headers(
             mistakes.add(error("headers", header, "not a valid header name", header))
             continue
         if not isinstance(template, str):
-            mistakes.add(error("headers", header, "a header value must be a string", header))
+            mistakes.add(error("headers", template, "a header value must be a string", header))
             continue
         try:
             value = expand(template, environ, f"{whose} needs it for its {header} header")
