@@ -339,6 +339,13 @@ def _check_endpoint(
         valid = False
     if value is not None and not valid:
         raise ConfigError(attribute.name, value, "expected an http:// or https:// URL with a host")
+    if isinstance(value, str):
+        try:
+            url_port(value)
+        except ValueError:  # urlsplit reads "http://h:99999" and fails only when asked its port
+            raise ConfigError(
+                attribute.name, value, "expected a URL whose port, if any, is from 1 to 65535"
+            ) from None
 
 
 MiB = 1024 * 1024
