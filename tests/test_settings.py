@@ -1139,6 +1139,24 @@ def test_secrets_never_in_errors() -> None:
     assert "sk-123" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("flags", "environ", "url"),
+    [
+        ({"upstream": ["http://u:pw@h:99999"]}, {}, "http://***@h:99999"),
+        ({"upstream": ["a=ftp://u:pw@h"]}, {}, "a=ftp://***@h"),
+        ({**NODE, "otel_endpoint": "http://u:pw@h:99999"}, {}, "http://***@h:99999"),
+        (NODE, {"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://u:pw@h"}, "grpc://***@h"),
+    ],
+)
+def test_url_passwords_are_masked_in_errors(
+    flags: dict[str, Any], environ: dict[str, str], url: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(flags, environ)
+    assert "pw" not in str(info.value)
+    assert repr(url) in str(info.value)
+
+
 # --- describe(): what `check` prints --------------------------------------------------------------
 
 
