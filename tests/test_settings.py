@@ -546,12 +546,12 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
     ),
     (
         "whole number in full-width digits",
-        {**NODE, "workers": "２"},
+        {**NODE, "workers": "\uff12"},
         {},
         None,
         "--workers",
         "workers",
-        "２",
+        "\uff12",
         "whole number",
     ),
     (

@@ -27,6 +27,13 @@ def redact_url(url: str) -> str:
     return scheme + sep + authority + slash + path
 
 
+def _masked(value: object) -> object:
+    # A value already masked (a Redis URL shows "user:***@") stays as it is.
+    if not isinstance(value, str) or "://" not in value or ":***@" in value:
+        return value
+    return redact_url(value)
+
+
 class ConfigError(FailoverError, ValueError):
     """A setting is invalid; names the option, where it came from and the value.
 
@@ -39,7 +46,7 @@ class ConfigError(FailoverError, ValueError):
         self.value = value
         self.expected = expected
         self.source = source or option
-        shown = redact_url(value) if isinstance(value, str) and "://" in value else value
+        shown = _masked(value)
         super().__init__(f"{self.source}: invalid value {shown!r} for {option}: {expected}")
 
 
