@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trustme
 
 from trio_failover.cli.settings import (
     OPTIONS,
@@ -282,8 +283,10 @@ def test_docs_example_resolves(tmp_path: Path) -> None:
     assert blocks, "docs/configuration.md has no ```toml block"
     example = max(blocks, key=len)
     pem = tmp_path / "file.pem"
-    pem.write_text("")
-    # The example's paths are illustrations; any existing file will do here.
+    leaf = trustme.CA().issue_cert("127.0.0.1")
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(pem))
+    # The example's paths are illustrations; one file that loads as a CA, a
+    # certificate and a key will do for all of them here.
     text = re.sub(r'"/[^"]+\.pem"', f'"{pem}"', example)
     environ = {"GPU_A_KEY": "k", "REMOTE_KEY": "r", "ALICE_KEY": "a", "CI_KEY": "c"}
     config, sources = resolve({}, environ, ConfigFile.parse(text))
@@ -1117,12 +1120,65 @@ def test_unknown_flag_names_are_a_bug() -> None:
 
 def test_tls_needs_both(tmp_path: Path) -> None:
     cert = tmp_path / "cert.pem"
-    cert.write_text("not checked here")
+    trustme.CA().issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))
     with pytest.raises(ConfigError, match="give --tls-key as well") as info:
         resolve({**NODE, "tls_cert": str(cert)}, {})
     assert info.value.source == "--tls-cert"
     config, _ = resolve({**NODE, "tls_cert": str(cert)}, {"TRIO_FAILOVER_TLS_KEY": str(cert)})
     assert (config.tls_cert, config.tls_key) == (str(cert), str(cert))
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "text", "source", "option_"),
+    [
+        ({"tls_cert": "JUNK", "tls_key": "JUNK"}, {}, None, "--tls-cert", "tls-cert"),
+        (
+            {"tls_key": "JUNK"},
+            {"TRIO_FAILOVER_TLS_CERT": "JUNK"},
+            None,
+            "TRIO_FAILOVER_TLS_CERT",
+            "tls-cert",
+        ),
+        ({}, {}, 'tls_cert = "JUNK"\ntls_key = "JUNK"\n', "config.toml:1", "tls_cert"),
+    ],
+)
+def test_a_tls_pair_that_cannot_be_loaded_names_its_source(
+    tmp_path: Path,
+    given: dict[str, str],
+    environ: dict[str, str],
+    text: str | None,
+    source: str,
+    option_: str,
+) -> None:
+    # check refuses what serving would refuse, naming where the certificate was set.
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk")
+    flags = {**NODE, **{name: str(junk) for name in given}}
+    environ = {name: str(junk) for name in environ}
+    file = (
+        None if text is None else ConfigFile.parse(text.replace("JUNK", str(junk)), "config.toml")
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve(flags, environ, file)
+    assert (info.value.source, info.value.option, info.value.value) == (source, option_, str(junk))
+    assert "cannot load the certificate and key" in str(info.value)
+
+
+def test_an_unloadable_ca_file_of_an_https_node_names_its_line(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk")
+    text = f'[[upstream]]\nurl = "http://h:1"\nca_file = "{junk}"\n\n'
+    text += f'[[upstream]]\nurl = "https://h:2"\nca_file = "{junk}"\n'
+    with pytest.raises(ConfigError) as info:
+        resolve({}, {}, ConfigFile.parse(text, "config.toml"))
+    # The http:// node's is ignored when serving (with a warning), so here too.
+    error = info.value
+    assert (error.source, error.option, error.value) == (
+        "config.toml:7",
+        "upstream.ca_file",
+        str(junk),
+    )
+    assert "cannot load CA certificates" in error.expected
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
