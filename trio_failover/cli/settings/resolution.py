@@ -24,7 +24,7 @@ from .options import BY_FIELD, BY_NAME, OPTIONS, Option
 from .sources import DEFAULT, Mistakes, Source
 from .toml_file import ConfigFile
 
-__all__ = ["resolve"]
+__all__ = ["place", "resolve"]
 
 _FIELDS = attrs.fields_dict(Config)
 
@@ -67,6 +67,20 @@ def _relabel(exc: ConfigError, sources: Mapping[str, Source]) -> ConfigError:
     source = sources.get(opt.field, DEFAULT)
     value = exc.value if source.raw is None else source.raw
     return ConfigError(_label(opt, source), value, exc.expected, source.where or opt.flag)
+
+
+def place(exc: ConfigError, sources: Mapping[str, Source]) -> ConfigError:
+    """An error raised while serving, which knows only its option, naming the value's source.
+
+    Serving refuses some values only when it uses them (an address already
+    taken); its error names the flag (``--listen``). With the ``sources`` of
+    ``resolve`` it names where the value came from, as every other error does.
+    """
+    if exc.source not in (exc.option, "--" + exc.option):
+        return exc
+    return _relabel(
+        ConfigError(exc.option.replace("-", "_"), exc.value, exc.expected, exc.source), sources
+    )
 
 
 def _resolve_options(
