@@ -354,6 +354,32 @@ KEY_LINES: list[tuple[str, tuple[str | int, ...], str]] = [
     ("a = '''\nlisten = 'x'\n'''\nlisten = 'y'\n", ("listen",), "c.toml:4"),
     ('a = """one line"""\nlisten = "y"\n', ("listen",), "c.toml:2"),
     ('listen = "x"\n', ("nothing",), "c.toml"),
+    # Inline values over several lines: each element and key on its own line.
+    (
+        'client = [ { name = "a" },\n  { name = "b", bogus = 1 } ]\n',
+        ("client", 1, "bogus"),
+        "c.toml:2",
+    ),
+    (
+        'client = [ { name = "a" },\n  { name = "b", bogus = 1 } ]\n',
+        ("client", 0, "name"),
+        "c.toml:1",
+    ),
+    ('upstream = [\n  { url = "a" },\n  { url = "b" },\n]\n', ("upstream", 1, "url"), "c.toml:3"),
+    ('upstream = [\n  { url = "a" },\n  {\n    url = "b" },\n]\n', ("upstream", 1), "c.toml:3"),
+    (
+        'upstream = [\n  { url = "a" },\n  {\n    url = "b" },\n]\n',
+        ("upstream", 1, "url"),
+        "c.toml:4",
+    ),
+    (
+        '[[upstream]]\nheaders = {\n  A = "1", B = "]" }\n'
+        'models = [\n "x", # ]\n "y"]\nurl = "u"\n',
+        ("upstream", 0, "url"),
+        "c.toml:7",
+    ),
+    ('a = [\n"""\nlisten = 1\n""", 2]\nlisten = "y"\n', ("listen",), "c.toml:5"),
+    ('a = [ [1,\n 2], [3,\n 4] ]\nlisten = "y"\n', ("a", 1, 1), "c.toml:3"),
 ]
 
 
@@ -361,6 +387,23 @@ KEY_LINES: list[tuple[str, tuple[str | int, ...], str]] = [
 def test_key_lines(text: str, path: tuple[str | int, ...], where: str) -> None:
     file = ConfigFile("c.toml", {}, _key_lines(text))
     assert file.where(*path) == where
+
+
+def test_a_mistake_inside_a_multi_line_array_names_its_own_line() -> None:
+    text = (
+        'client = [ { name = "a", key = "k1" },\n'
+        '  { name = "b", key = "k2", bogus = 1 } ]\n'
+        "upstream = [\n"
+        '  { name = "x", url = "http://127.0.0.1:1" },\n'
+        '  { name = "y", url = "http://127.0.0.1:99999" },\n'
+        "]\n"
+    )
+    with pytest.raises(ConfigErrors) as info:
+        resolve({}, {}, ConfigFile.parse(text, "config.toml"))
+    assert [(error.source, error.option) for error in info.value.errors] == [
+        ("config.toml:2", "client.bogus"),
+        ("config.toml:5", "upstream.url"),
+    ]
 
 
 def test_config_file_read(tmp_path: Path) -> None:
