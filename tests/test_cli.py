@@ -500,6 +500,46 @@ def test_subprocess_cannot_listen_exits_2_naming_the_listener(
     ]
 
 
+@pytest.mark.parametrize(
+    ("how", "listener", "workers"),
+    [
+        ("env", "client", "1"),
+        ("file", "client", "1"),
+        ("env", "admin", "1"),
+        ("file", "admin", "1"),
+        ("file", "client", "2"),  # the supervisor binds for its workers
+        ("env", "admin", "2"),
+    ],
+)
+def test_subprocess_cannot_listen_names_where_the_address_was_set(
+    tmp_path: Path, how: str, listener: str, workers: str
+) -> None:
+    key = "listen" if listener == "client" else "admin_listen"
+    other = {"listen": "127.0.0.1:0", "admin_listen": "off"}
+    del other[key]
+    args = ["serve", "--upstream", "http://127.0.0.1:9001", "--workers", workers]
+    args += ["--state", "redis://127.0.0.1:9"] if workers != "1" else []  # workers share one
+    args += [f"--{name.replace('_', '-')}={value}" for name, value in other.items()]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        if how == "env":
+            source, label = f"TRIO_FAILOVER_{key.upper()}", key.replace("_", "-")
+            env = _clean_env(**{source: address})
+        else:
+            config = tmp_path / "config.toml"
+            config.write_text(f'# taken\n\n{key} = "{address}"\n')
+            source, label = f"{config}:3", key
+            env = _clean_env(TRIO_FAILOVER_CONFIG=str(config))
+        result, _ = _run(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"trio-failover: error: {source}: invalid value {address!r} for {label}: "
+        f"cannot listen ({listener} listener): Address already in use"
+    ]
+
+
 def test_subprocess_check_shows_all_four_sources(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(

@@ -152,7 +152,8 @@ async def test_a_renewed_certificate_is_loaded_for_new_handshakes(tmp_path: Path
     key.write_text("not a key")
     broken = await reloader.reload()
     assert not broken.ok
-    assert "tls-cert" in (broken.error or "")
+    assert f"{path}:1: " in (broken.error or "")  # where the certificate was set
+    assert "tls_cert" in (broken.error or "")
     assert reloader.tls.context is not first  # the renewed one stays
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+import trustme
 
 from trio_failover.cli.settings import (
     OPTIONS,
@@ -282,8 +283,10 @@ def test_docs_example_resolves(tmp_path: Path) -> None:
     assert blocks, "docs/configuration.md has no ```toml block"
     example = max(blocks, key=len)
     pem = tmp_path / "file.pem"
-    pem.write_text("")
-    # The example's paths are illustrations; any existing file will do here.
+    leaf = trustme.CA().issue_cert("127.0.0.1")
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(pem))
+    # The example's paths are illustrations; one file that loads as a CA, a
+    # certificate and a key will do for all of them here.
     text = re.sub(r'"/[^"]+\.pem"', f'"{pem}"', example)
     environ = {"GPU_A_KEY": "k", "REMOTE_KEY": "r", "ALICE_KEY": "a", "CI_KEY": "c"}
     config, sources = resolve({}, environ, ConfigFile.parse(text))
@@ -351,6 +354,32 @@ KEY_LINES: list[tuple[str, tuple[str | int, ...], str]] = [
     ("a = '''\nlisten = 'x'\n'''\nlisten = 'y'\n", ("listen",), "c.toml:4"),
     ('a = """one line"""\nlisten = "y"\n', ("listen",), "c.toml:2"),
     ('listen = "x"\n', ("nothing",), "c.toml"),
+    # Inline values over several lines: each element and key on its own line.
+    (
+        'client = [ { name = "a" },\n  { name = "b", bogus = 1 } ]\n',
+        ("client", 1, "bogus"),
+        "c.toml:2",
+    ),
+    (
+        'client = [ { name = "a" },\n  { name = "b", bogus = 1 } ]\n',
+        ("client", 0, "name"),
+        "c.toml:1",
+    ),
+    ('upstream = [\n  { url = "a" },\n  { url = "b" },\n]\n', ("upstream", 1, "url"), "c.toml:3"),
+    ('upstream = [\n  { url = "a" },\n  {\n    url = "b" },\n]\n', ("upstream", 1), "c.toml:3"),
+    (
+        'upstream = [\n  { url = "a" },\n  {\n    url = "b" },\n]\n',
+        ("upstream", 1, "url"),
+        "c.toml:4",
+    ),
+    (
+        '[[upstream]]\nheaders = {\n  A = "1", B = "]" }\n'
+        'models = [\n "x", # ]\n "y"]\nurl = "u"\n',
+        ("upstream", 0, "url"),
+        "c.toml:7",
+    ),
+    ('a = [\n"""\nlisten = 1\n""", 2]\nlisten = "y"\n', ("listen",), "c.toml:5"),
+    ('a = [ [1,\n 2], [3,\n 4] ]\nlisten = "y"\n', ("a", 1, 1), "c.toml:3"),
 ]
 
 
@@ -358,6 +387,23 @@ KEY_LINES: list[tuple[str, tuple[str | int, ...], str]] = [
 def test_key_lines(text: str, path: tuple[str | int, ...], where: str) -> None:
     file = ConfigFile("c.toml", {}, _key_lines(text))
     assert file.where(*path) == where
+
+
+def test_a_mistake_inside_a_multi_line_array_names_its_own_line() -> None:
+    text = (
+        'client = [ { name = "a", key = "k1" },\n'
+        '  { name = "b", key = "k2", bogus = 1 } ]\n'
+        "upstream = [\n"
+        '  { name = "x", url = "http://127.0.0.1:1" },\n'
+        '  { name = "y", url = "http://127.0.0.1:99999" },\n'
+        "]\n"
+    )
+    with pytest.raises(ConfigErrors) as info:
+        resolve({}, {}, ConfigFile.parse(text, "config.toml"))
+    assert [(error.source, error.option) for error in info.value.errors] == [
+        ("config.toml:2", "client.bogus"),
+        ("config.toml:5", "upstream.url"),
+    ]
 
 
 def test_config_file_read(tmp_path: Path) -> None:
@@ -513,6 +559,56 @@ BAD: list[tuple[str, dict[str, Any], dict[str, str], str | None, str, str, objec
         "max-connections",
         "many",
         "whole number",
+    ),
+    (
+        "whole number with underscores",
+        {**NODE, "max_queue": "1_000"},
+        {},
+        None,
+        "--max-queue",
+        "max-queue",
+        "1_000",
+        "whole number",
+    ),
+    (
+        "whole number with a plus sign",
+        {**NODE, "max_attempts": "+5"},
+        {},
+        None,
+        "--max-attempts",
+        "max-attempts",
+        "+5",
+        "whole number",
+    ),
+    (
+        "whole number in Arabic-Indic digits",
+        {**NODE, "max_connections": "٣"},
+        {},
+        None,
+        "--max-connections",
+        "max-connections",
+        "٣",
+        "whole number",
+    ),
+    (
+        "whole number in full-width digits",
+        {**NODE, "workers": "\uff12"},
+        {},
+        None,
+        "--workers",
+        "workers",
+        "\uff12",
+        "whole number",
+    ),
+    (
+        "a node header value that is not a string",
+        {},
+        {},
+        '[[upstream]]\nurl = "http://127.0.0.1:9001"\nheaders = { A = 1 }\n',
+        "config.toml:3",
+        "upstream.headers.A",
+        1,
+        "must be a string",
     ),
     (
         "unknown choice, flag",
@@ -1067,12 +1163,65 @@ def test_unknown_flag_names_are_a_bug() -> None:
 
 def test_tls_needs_both(tmp_path: Path) -> None:
     cert = tmp_path / "cert.pem"
-    cert.write_text("not checked here")
+    trustme.CA().issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))
     with pytest.raises(ConfigError, match="give --tls-key as well") as info:
         resolve({**NODE, "tls_cert": str(cert)}, {})
     assert info.value.source == "--tls-cert"
     config, _ = resolve({**NODE, "tls_cert": str(cert)}, {"TRIO_FAILOVER_TLS_KEY": str(cert)})
     assert (config.tls_cert, config.tls_key) == (str(cert), str(cert))
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "text", "source", "option_"),
+    [
+        ({"tls_cert": "JUNK", "tls_key": "JUNK"}, {}, None, "--tls-cert", "tls-cert"),
+        (
+            {"tls_key": "JUNK"},
+            {"TRIO_FAILOVER_TLS_CERT": "JUNK"},
+            None,
+            "TRIO_FAILOVER_TLS_CERT",
+            "tls-cert",
+        ),
+        ({}, {}, 'tls_cert = "JUNK"\ntls_key = "JUNK"\n', "config.toml:1", "tls_cert"),
+    ],
+)
+def test_a_tls_pair_that_cannot_be_loaded_names_its_source(
+    tmp_path: Path,
+    given: dict[str, str],
+    environ: dict[str, str],
+    text: str | None,
+    source: str,
+    option_: str,
+) -> None:
+    # check refuses what serving would refuse, naming where the certificate was set.
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk")
+    flags = {**NODE, **{name: str(junk) for name in given}}
+    environ = {name: str(junk) for name in environ}
+    file = (
+        None if text is None else ConfigFile.parse(text.replace("JUNK", str(junk)), "config.toml")
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve(flags, environ, file)
+    assert (info.value.source, info.value.option, info.value.value) == (source, option_, str(junk))
+    assert "cannot load the certificate and key" in str(info.value)
+
+
+def test_an_unloadable_ca_file_of_an_https_node_names_its_line(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("junk")
+    text = f'[[upstream]]\nurl = "http://h:1"\nca_file = "{junk}"\n\n'
+    text += f'[[upstream]]\nurl = "https://h:2"\nca_file = "{junk}"\n'
+    with pytest.raises(ConfigError) as info:
+        resolve({}, {}, ConfigFile.parse(text, "config.toml"))
+    # The http:// node's is ignored when serving (with a warning), so here too.
+    error = info.value
+    assert (error.source, error.option, error.value) == (
+        "config.toml:7",
+        "upstream.ca_file",
+        str(junk),
+    )
+    assert "cannot load CA certificates" in error.expected
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
@@ -1087,6 +1236,24 @@ def test_secrets_never_in_errors() -> None:
     with pytest.raises(ConfigError) as info:
         resolve({}, {}, ConfigFile.parse(text))
     assert "sk-123" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "url"),
+    [
+        ({"upstream": ["http://u:pw@h:99999"]}, {}, "http://***@h:99999"),
+        ({"upstream": ["a=ftp://u:pw@h"]}, {}, "a=ftp://***@h"),
+        ({**NODE, "otel_endpoint": "http://u:pw@h:99999"}, {}, "http://***@h:99999"),
+        (NODE, {"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://u:pw@h"}, "grpc://***@h"),
+    ],
+)
+def test_url_passwords_are_masked_in_errors(
+    flags: dict[str, Any], environ: dict[str, str], url: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve(flags, environ)
+    assert "pw" not in str(info.value)
+    assert repr(url) in str(info.value)
 
 
 # --- describe(): what `check` prints --------------------------------------------------------------

@@ -75,20 +75,33 @@ BAD = [
     ({}, {THEIRS: "collector:4318"}, THEIRS, "collector:4318"),
     ({"otel_endpoint": "http://[::1"}, {}, "--otel-endpoint", "http://[::1"),
 ]
+NO_HOST = "expected an http:// or https:// URL with a host"
+BAD_PORT = "expected a URL whose port, if any, is from 1 to 65535"
 
 
-@pytest.mark.parametrize(("flags", "environ", "source", "value"), BAD)
+@pytest.mark.parametrize(
+    ("flags", "environ", "source", "value", "expected"),
+    [
+        *((*case, NO_HOST) for case in BAD),
+        (
+            {"otel_endpoint": "http://127.0.0.1:99999"},
+            {},
+            "--otel-endpoint",
+            "http://127.0.0.1:99999",
+            BAD_PORT,
+        ),
+        ({}, {OURS: "http://h:0"}, OURS, "http://h:0", BAD_PORT),
+        ({}, {THEIRS: "https://h:x1"}, THEIRS, "https://h:x1", BAD_PORT),
+    ],
+)
 def test_bad_urls_name_the_option_source_and_value(
-    flags: dict[str, str], environ: dict[str, str], source: str, value: str
+    flags: dict[str, str], environ: dict[str, str], source: str, value: str, expected: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
         resolve({**NODE, **flags}, environ)
     error = info.value
     assert (error.source, error.option, error.value) == (source, "otel-endpoint", value)
-    assert str(error) == (
-        f"{source}: invalid value {value!r} for otel-endpoint: "
-        "expected an http:// or https:// URL with a host"
-    )
+    assert str(error) == (f"{source}: invalid value {value!r} for otel-endpoint: {expected}")
 
 
 def test_a_file_value_must_be_a_string() -> None:

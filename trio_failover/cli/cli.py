@@ -166,7 +166,7 @@ def serve(**flags: Any) -> None:
     config, sources = _settings(flags)
     # SIGHUP and --watch-config read the same sources again.
     path = sources["config"].raw
-    loader = SettingsLoader(_given(flags), str(path) if path is not None else None)
+    loader = SettingsLoader(_given(flags), str(path) if path is not None else None, sources)
     if _as_program:
         from .reexec import exec_serve
 

@@ -17,7 +17,8 @@ from typing import Any
 import attrs
 
 from ..core.config import Config
-from .settings import resolve
+from ..core.errors import ConfigError
+from .settings import Source, place, resolve
 
 __all__ = ["SettingsLoader"]
 
@@ -29,6 +30,8 @@ class SettingsLoader:
     flags: Mapping[str, Any]
     path: str | None = None
     """The config file (``--config`` or its variable), the one ``--watch-config`` watches."""
+    sources: Mapping[str, Source] = attrs.field(factory=dict)
+    """Where each value of the startup settings came from, for ``placed``."""
 
     def __call__(self) -> Config:
         """The settings as they read now.
@@ -38,3 +41,7 @@ class SettingsLoader:
         """
         config, _ = resolve(dict(self.flags), os.environ)
         return config
+
+    def placed(self, error: ConfigError) -> ConfigError:
+        """``error`` from serving (an address that cannot be bound), naming the value's source."""
+        return place(error, self.sources)

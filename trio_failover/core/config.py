@@ -20,6 +20,7 @@ from .client_key import NAME_RE, SECRET_RE, check_clients, key_tuple
 from .client_key import ClientKey as ClientKey  # re-exported: part of the settings
 from .engines import check_engine_kind
 from .errors import ConfigError
+from .errors import redact_url as redact_url  # re-exported: where callers found it
 from .names import WILDCARD, accepts, node_model_name
 from .redis_url import StateSettings
 from .slots import BALANCE_MODES, Balance
@@ -121,15 +122,6 @@ def _check_headers(
             raise ConfigError(
                 "headers", f"{name}: ***", "a header value holds no control characters"
             )
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any ``user:password@`` shown as ``***@``."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return scheme + sep + authority + slash + path
 
 
 def _hide_values(value: Mapping[str, str]) -> str:
@@ -339,6 +331,13 @@ def _check_endpoint(
         valid = False
     if value is not None and not valid:
         raise ConfigError(attribute.name, value, "expected an http:// or https:// URL with a host")
+    if isinstance(value, str):
+        try:
+            url_port(value)
+        except ValueError:  # urlsplit reads "http://h:99999" and fails only when asked its port
+            raise ConfigError(
+                attribute.name, value, "expected a URL whose port, if any, is from 1 to 65535"
+            ) from None
 
 
 MiB = 1024 * 1024

@@ -18,15 +18,36 @@ class FailoverError(Exception):
     """Base class of every error raised by trio-failover."""
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any ``user:password@`` shown as ``***@``."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return scheme + sep + authority + slash + path
+
+
+def _masked(value: object) -> object:
+    # A value already masked (a Redis URL shows "user:***@") stays as it is.
+    if not isinstance(value, str) or "://" not in value or ":***@" in value:
+        return value
+    return redact_url(value)
+
+
 class ConfigError(FailoverError, ValueError):
-    """A setting is invalid; names the option, where it came from and the value."""
+    """A setting is invalid; names the option, where it came from and the value.
+
+    The message shows a URL's ``user:password@`` as ``***@``, as ``check``
+    lists it; ``value`` keeps what was given.
+    """
 
     def __init__(self, option: str, value: object, expected: str, source: str = "") -> None:
         self.option = option
         self.value = value
         self.expected = expected
         self.source = source or option
-        super().__init__(f"{self.source}: invalid value {value!r} for {option}: {expected}")
+        shown = _masked(value)
+        super().__init__(f"{self.source}: invalid value {shown!r} for {option}: {expected}")
 
 
 class ConfigErrors(ConfigError):

@@ -53,6 +53,10 @@ class Loader(Protocol):
         """The settings now; raises ``ConfigError`` (or ``ConfigErrors``)."""
         ...
 
+    def placed(self, error: ConfigError) -> ConfigError:
+        """``error`` (serving's, naming only its flag) naming where the value was set."""
+        ...
+
 
 ContextMaker = Callable[[Config], "ssl.SSLContext | None"]
 

@@ -332,6 +332,8 @@ def run_server(
     except* OSError as group:
         cannot_listen = next(exc for exc in _leaves(group) if isinstance(exc, OSError))
     if bad_setting is not None:
+        if loader is not None:  # name where the value was set, not only its flag
+            bad_setting = loader.placed(bad_setting)
         print(f"trio-failover: error: {bad_setting}", file=sys.stderr)
         return 2
     logger.error("cannot listen", extra={"fields": {"error": str(cannot_listen)}})

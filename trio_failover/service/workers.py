@@ -330,7 +330,7 @@ def run_workers(config: Config, loader: Loader | None = None) -> int:
         server_ssl_context(config)
         listeners = bind_listeners(config)
     except ConfigError as exc:
-        print(f"trio-failover: error: {exc}", file=sys.stderr)
+        print(f"trio-failover: error: {loader.placed(exc) if loader else exc}", file=sys.stderr)
         return 2
     settings_fd = os.memfd_create("trio-failover-config", 0)
     lifeline, lifeline_end = os.pipe()  # not inherited: the workers get only the read end
@@ -375,6 +375,9 @@ class _WorkerLoader:
     def __call__(self) -> Config:
         new = self.load()
         return worker_reload_config(self.program, new, self.index)
+
+    def placed(self, error: ConfigError) -> ConfigError:
+        return self.load.placed(error)
 
 
 def _current_settings(loader: _WorkerLoader, started_with: Config) -> Config:

@@ -33,7 +33,7 @@ from .expand import expand_env
 from .kinds import Kind
 from .listing import describe
 from .options import ENV_PREFIX, OPTIONS, Option, option
-from .resolution import resolve
+from .resolution import place, resolve
 from .sources import Source
 from .toml_file import ConfigFile
 
@@ -47,5 +47,6 @@ __all__ = [
     "describe",
     "expand_env",
     "option",
+    "place",
     "resolve",
 ]

@@ -84,10 +84,13 @@ def _duration_toml(value: object) -> float:
 
 
 def _int_text(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueError("expected a whole number") from None
+    # ASCII digits only, as for --capacity: int() would also read "1_000",
+    # "+5" and "٣". A leading minus is read so the range check can say
+    # "must not be negative".
+    text = text.strip()
+    if not DIGITS.fullmatch(text.removeprefix("-")):
+        raise ValueError("expected a whole number")
+    return int(text)
 
 
 class QuotedNumber(ValueError):

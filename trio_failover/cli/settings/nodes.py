@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -135,12 +136,23 @@ def _node_from_table(
         except ConfigError as url_exc:
             mistakes.add(error("url", url_exc.value, url_exc.expected))
         return None
+    if node.scheme == "https" and isinstance(ca_file, str) and len(mistakes) == before:
+        with mistakes.catch():
+            _load_ca_file(ca_file, error)
     if len(mistakes) > before:
         return None
     node = attrs.evolve(
         node, models=models, headers=headers, ca_file=ca_file, insecure_skip_verify=insecure
     )
     return Node(node, Source("file", file.where(UPSTREAM, index)), capacity, engine)
+
+
+def _load_ca_file(ca_file: str, error: Callable[..., ConfigError]) -> None:
+    """Load an https:// node's CA file as serving does, so ``check`` refuses what serving would."""
+    try:
+        ssl.create_default_context(cafile=ca_file)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise error("ca_file", ca_file, f"cannot load CA certificates ({exc})") from None
 
 
 def _own_setting(
@@ -199,7 +211,7 @@ def _table_headers(
             mistakes.add(error("headers", header, "not a valid header name", header))
             continue
         if not isinstance(template, str):
-            mistakes.add(error("headers", header, "a header value must be a string", header))
+            mistakes.add(error("headers", template, "a header value must be a string", header))
             continue
         try:
             value = expand(template, environ, f"{whose} needs it for its {header} header")

@@ -6,6 +6,7 @@ source overrides, and every mistake is collected before one error is raised.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,7 @@ from .options import BY_FIELD, BY_NAME, OPTIONS, Option
 from .sources import DEFAULT, Mistakes, Source
 from .toml_file import ConfigFile
 
-__all__ = ["resolve"]
+__all__ = ["place", "resolve"]
 
 _FIELDS = attrs.fields_dict(Config)
 
@@ -66,6 +67,20 @@ def _relabel(exc: ConfigError, sources: Mapping[str, Source]) -> ConfigError:
     source = sources.get(opt.field, DEFAULT)
     value = exc.value if source.raw is None else source.raw
     return ConfigError(_label(opt, source), value, exc.expected, source.where or opt.flag)
+
+
+def place(exc: ConfigError, sources: Mapping[str, Source]) -> ConfigError:
+    """An error raised while serving, which knows only its option, naming the value's source.
+
+    Serving refuses some values only when it uses them (an address already
+    taken); its error names the flag (``--listen``). With the ``sources`` of
+    ``resolve`` it names where the value came from, as every other error does.
+    """
+    if exc.source not in (exc.option, "--" + exc.option):
+        return exc
+    return _relabel(
+        ConfigError(exc.option.replace("-", "_"), exc.value, exc.expected, exc.source), sources
+    )
 
 
 def _resolve_options(
@@ -165,7 +180,10 @@ def resolve(
 
 
 def _check_tls_pair(kwargs: Mapping[str, Any], sources: Mapping[str, Source]) -> None:
-    if (kwargs.get("tls_cert") is None) == (kwargs.get("tls_key") is None):
+    cert, key = kwargs.get("tls_cert"), kwargs.get("tls_key")
+    if cert is not None and key is not None:
+        _load_tls_pair(cert, key, sources)
+    if (cert is None) == (key is None):
         return
     given_opt, missing = (
         ("tls_cert", "--tls-key") if "tls_cert" in kwargs else ("tls_key", "--tls-cert")
@@ -177,3 +195,19 @@ def _check_tls_pair(kwargs: Mapping[str, Any], sources: Mapping[str, Source]) ->
         f"TLS needs both a certificate and a key; give {missing} as well",
         source.where,
     )
+
+
+def _load_tls_pair(cert: str, key: str, sources: Mapping[str, Source]) -> None:
+    """Load the listener's certificate and key as serving does: ``check`` refuses what it would."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        # An empty passphrase: an encrypted key fails here instead of prompting.
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        source = sources["tls_cert"]
+        raise ConfigError(
+            _label(BY_NAME["tls_cert"], source),
+            source.raw,
+            f"cannot load the certificate and key ({exc})",
+            source.where,
+        ) from None

@@ -7,6 +7,7 @@ grammar to say which line wrote which key: an error can then point at
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import json
 import re
@@ -87,12 +88,23 @@ def _split_key(dotted: str) -> tuple[str, ...]:
 
 
 def key_lines(text: str) -> dict[KeyPath, int]:
-    """Map each key path (``("upstream", 1, "url")``) to the line that wrote it."""
+    """Map each key path (``("upstream", 1, "url")``) to the line that wrote it.
+
+    Inside an inline value (``client = [ {...},`` then ``{...} ]`` on the
+    next line, ``headers = { A = "1" }``) each element and key has the line
+    it stands on.
+    """
     lines: dict[KeyPath, int] = {}
     table: KeyPath = ()
     arrays: dict[tuple[str, ...], int] = {}  # [[name]] -> how many seen so far
     multiline: str | None = None
+    starts = [0]  # the offset in text of each line's start
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    inside_until = 0  # lines up to this one are an inline value read already
     for number, line in enumerate(text.splitlines(), start=1):
+        if number <= inside_until:
+            continue
         if multiline is not None:
             if line.count(multiline) % 2 == 1:
                 multiline = None
@@ -118,13 +130,92 @@ def key_lines(text: str) -> dict[KeyPath, int]:
             continue
         key = _KEY_LINE.match(line)
         if key is not None:
-            lines.setdefault(table + _split_key(key.group(1)), number)
+            key_path = table + _split_key(key.group(1))
+            lines.setdefault(key_path, number)
             rest = line[key.end() :]
+            value = rest.lstrip()
+            if value[:1] in ("[", "{"):
+                start = starts[number - 1] + len(line) - len(value)
+                end = _inline_value(text, start, key_path, lines, starts)
+                inside_until = bisect.bisect_right(starts, end - 1)
+                continue
             for quotes in ('"""', "'''"):
                 if rest.count(quotes) % 2 == 1:
                     multiline = quotes
                     break
     return lines
+
+
+_INLINE_KEY = re.compile(rf"({_DOTTED})[ \t]*=")
+_BASIC_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"?')
+_SCALAR = re.compile(r"[^,\]}\s#]+")
+
+
+def _skip_scalar(text: str, pos: int) -> int:
+    """Where the string, number, boolean or date at ``pos`` ends (one further at least)."""
+    for quotes in ('"""', "'''"):
+        if text.startswith(quotes, pos):
+            end = text.find(quotes, pos + 3)
+            return len(text) if end < 0 else end + 3
+    if text[pos] == "'":
+        end = text.find("'", pos + 1)
+        return len(text) if end < 0 else end + 1
+    match = _BASIC_STRING.match(text, pos) or _SCALAR.match(text, pos)
+    return match.end() if match else pos + 1
+
+
+def _inline_value(
+    text: str, pos: int, path: KeyPath, lines: dict[KeyPath, int], starts: list[int]
+) -> int:
+    """Record the line of each element and key of the inline array or table at ``pos``.
+
+    Returns the offset where the value ends. Each step moves on one
+    character at least, so text that is not TOML ends it too (``tomllib``
+    says what is wrong with it).
+    """
+
+    def line_at(offset: int) -> int:
+        return bisect.bisect_right(starts, offset)
+
+    stack: list[tuple[str, KeyPath, int]] = []  # each open "[" or "{": its path, elements seen
+    expecting: KeyPath | None = path  # the path of the value that starts next
+    while pos < len(text):
+        char = text[pos]
+        if char in " \t\r\n,":
+            pos += 1
+            continue
+        if char == "#":
+            end = text.find("\n", pos)
+            pos = len(text) if end < 0 else end
+            continue
+        if expecting is None:
+            kind, outer, count = stack[-1]
+            if char in "]}":
+                stack.pop()
+                pos += 1
+                if not stack:
+                    return pos
+                continue
+            if kind == "{":
+                key = _INLINE_KEY.match(text, pos)
+                if key is None:
+                    return pos
+                expecting = outer + _split_key(key.group(1))
+                lines.setdefault(expecting, line_at(pos))
+                pos = key.end()
+                continue
+            stack[-1] = (kind, outer, count + 1)
+            expecting = (*outer, count)
+            lines.setdefault(expecting, line_at(pos))
+        if char in "[{":
+            stack.append((char, expecting, 0))
+            pos += 1
+        else:
+            pos = _skip_scalar(text, pos)
+            if not stack:
+                return pos
+        expecting = None
+    return pos
 
 
 def _words(key: str) -> tuple[str, ...]:
