@@ -140,6 +140,46 @@ async def test_a_stream_frozen_after_commit_ends_after_one_interval_and_one_chec
         assert status_of(proxy, "a")["state"] == "down"
 
 
+async def test_a_stream_silent_at_a_node_marked_down_just_after_its_last_byte_ends_at_a_question(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Marked down while its last byte was recent, the stream was alive; silent a period, it ends.
+
+    The mark (discovery's check answered 503 at 5 s) comes within the proof
+    window of the byte at 0 s, so it ends nothing then; at 10 s the
+    stream's silence comes to a question, and the node is still down: the
+    stream ends there, not at the 5-minute stream-idle timeout (a check
+    would pass: a 503 is an answer).
+    """
+    healths = 0
+
+    async def one_event_then_silence(io: NodeIO, received: ReceivedRequest) -> None:
+        nonlocal healths
+        if is_health(received):
+            healths += 1
+            await healthy(b"{}", status=200 if healths == 1 else 503)(io, received)
+            return
+        await io.send(
+            h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
+        )
+        await io.send(h11.Data(data=b"data: 0\n\n"))
+        await io.wait_closed()
+
+    async with Fleet({"a": FakeNode(one_event_then_silence)}) as fleet:
+        proxy = make_proxy(fleet, discovery_interval=5.0)
+        async with proxy:
+            with trio.fail_after(LIMIT):
+                response = await request(proxy, body=STREAMED)
+            assert response is not None
+            assert (response.status, response.complete) == (200, False)
+            assert response.body == b"data: 0\n\n"
+            checks = health_times(fleet["a"])
+            assert 0.0 < checks[1] < 10.0  # down then, within the proof window of the byte
+            assert response.at == 10.0
+            assert outcomes(proxy) == [[("a", "unresponsive")]]
+            assert status_of(proxy, "a")["reason"] == "health_check"
+
+
 async def test_a_node_whose_health_answers_keeps_a_long_prefill(
     autojump_clock: trio.abc.Clock,
 ) -> None:

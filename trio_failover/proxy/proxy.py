@@ -112,6 +112,7 @@ class Proxy:
         # GET /health of a node a wait has found silent; with discovery on or off.
         self.liveness = LivenessChecker(live, self.connector, self.board, self.report, self.silence)
         self.silence.ask = self.liveness.ask
+        self.silence.down_because = self.board.down_because
         # A node marked down, by any check, ends every wait on it.
         self.board.listen(self.silence.board_changed)
         # The engines' signals: read by engine_reader, kept by the

@@ -150,6 +150,13 @@ class NodeBoard:
         """Whether the node's last health check failed (and nothing served since)."""
         return self.nodes[name].down
 
+    def down_because(self, name: str) -> str | None:
+        """Why the node is down (its ``down_reason``); None while it is not, or unknown."""
+        state = self.nodes.get(name)
+        if state is None or not state.down:
+            return None
+        return state.down_reason or "down"
+
     def down_count(self) -> int:
         """How many nodes are down now."""
         return sum(node.down for node in self.nodes.values())

@@ -38,6 +38,9 @@ arrives in the very pass in which the timer fires finds the scope cancelled
 Ending a wait is the watch's only act: it asks the checker when a question
 is due (``ask``), and ends the waits at a node when the checker says the node
 did not answer, or when the board marks the node down (``board_changed``).
+A committed stream that relayed a byte just before the mark is alive then,
+and keeps its wait; if the node is still down when that stream's silence
+comes to a question (``down_because``), the stream ends instead of asking.
 """
 
 from __future__ import annotations
@@ -198,6 +201,7 @@ class SilenceWatch:
         "_timers",
         "_wake",
         "ask",
+        "down_because",
         "running",
     )
 
@@ -210,6 +214,9 @@ class SilenceWatch:
         self._wake = trio.Event()  # set when the watch must look before it meant to
         self.running = False
         self.ask = ask
+        # Why a node is down now, None while it is not (the proxy's board): a
+        # committed stream silent a period at a down node ends, unasked.
+        self.down_because: Callable[[str], str | None] | None = None
         self._settings = None if config is None else live_config(config)
         # Every registered wait, in the order of registration.
         self._timers: dict[SilenceTimer, None] = {}
@@ -415,6 +422,13 @@ class SilenceWatch:
                 continue
             question = timer.question_due(now)
             if question <= now:
+                down = None
+                if timer.committed and self.down_because is not None:
+                    down = self.down_because(timer.node)
+                if down is not None:  # marked down while its last bytes still came
+                    timer.ended_by = f"node down ({down})"
+                    timer.scope.cancel()
+                    continue
                 timer.asking, timer.last_question = True, question
                 asked.add(timer.node)
             due = self._due(timer, now)
