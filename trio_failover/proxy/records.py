@@ -46,7 +46,7 @@ class Workload:
     status: int | None = None
     body_bytes: int = 0
     checks: int = 0  # liveness checks its attempts waited on (docs/failover.md)
-    resends: int = 0  # requests sent again because a pooled connection was stale
+    resends: int = 0  # requests sent on a fresh connection: a pooled one refused the write
     client_left: Closed | None = None
     # Its client (docs/sharing.md): the key's name, else the client header's
     # value, else "anonymous".

@@ -243,7 +243,7 @@ class Metrics:
         )
         self.stale_resends = Counter(
             "trio_failover_stale_resends",
-            "Requests sent again on a fresh connection: the node closed a pooled one at once",
+            "Requests sent on a fresh connection: a pooled one the node closed refused the write",
             ["node"],
             registry=r,
         )

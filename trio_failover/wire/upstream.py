@@ -85,14 +85,6 @@ ERROR_BODY_LIMIT = 65536
 HELD_LIMIT = 65536
 
 
-# A pooled connection that the node closes (or resets) within this long of
-# the request written, before any byte of the answer, was closed by the
-# node's idle timer crossing the request (RFC 9112 section 9.3.1): nothing
-# of it was processed, and it goes out again on a fresh connection. A close
-# any later is the node's answer to the request: the attempt failed.
-STALE_WINDOW = 0.25
-
-
 # The errors: Trio, OS, TLS and h11 errors of one phase become the
 # ``UpstreamError`` subclass that names the outcome, here and nowhere else.
 
@@ -220,7 +212,7 @@ class _Unwatched:
 
 
 class _StaleConnection(Exception):
-    """A pooled connection was closed by the node before any byte of the answer."""
+    """A pooled connection the node had closed: the request's write failed, nothing reached it."""
 
 
 @attrs.frozen
@@ -372,12 +364,13 @@ async def open_response(
     """Run one attempt up to the commit point.
 
     With a ``pool``, the newest idle connection to the node is used first.
-    If the node closes it (EOF or reset) on the write, or within
-    ``STALE_WINDOW`` of it before any byte of the answer, the request goes
-    out once more on a fresh connection, within the same attempt: not a
-    node failure, no cooldown (counted in ``progress.resends``). The
-    response-header deadline runs from the request written on the
-    connection actually used.
+    If the node had closed it, so that the write itself fails (its idle
+    timer crossed the request: nothing of it reached the node), the request
+    goes out on a fresh connection, within the same attempt: not a node
+    failure, no cooldown (counted in ``progress.resends``). Once the request
+    is written it is never sent to the node again: a close before the
+    answer fails the attempt, as on a fresh connection. The response-header
+    deadline runs from the request written on the connection actually used.
 
     ``started``: when the attempt began, if the caller read the Trio clock
     since its last checkpoint (else read here).
@@ -558,13 +551,11 @@ async def _request_and_head(
         scope = progress.scope
         scope.deadline = written + head_wait(request, config)
         try:
-            if reused:  # a pooled connection's first read tells a stale one
-                await _receive_answer_start(name, stream, conn, written)
             event = await next_event(stream, conn)
             while isinstance(event, h11.InformationalResponse):
                 event = await next_event(stream, conn)
         finally:
-            scope.deadline = math.inf  # lifted: a stale connection's resend starts without it
+            scope.deadline = math.inf  # lifted: the head's wait is over, whichever way
     except (trio.BrokenResourceError, OSError) as exc:
         if reused and phase == "write" and not sockopts.is_dead_peer_error(exc):
             raise _StaleConnection("broken on write") from exc
@@ -655,35 +646,6 @@ async def _error_body(
     detail = f"answered {response.status_code}{words}"
     kind = errors.ModelNotFound if not_found else errors.RetryableResponse
     raise kind(name, "head", detail, response.status_code, headers, saved)
-
-
-async def _receive_answer_start(
-    name: str, stream: trio.abc.Stream, conn: h11.Connection, written: float
-) -> None:
-    """First read on a pooled connection: an EOF or reset at once means it went stale.
-
-    A node closes an idle keep-alive connection whenever its own timer says
-    so; if that crosses our request, nothing of it was processed and the
-    request can go out again on a fresh connection (RFC 9112 section 9.3.1).
-    Only within ``STALE_WINDOW`` of the write: a node that held the request
-    longer and then closed had it, and is not sent it twice.
-
-    Raises:
-        _StaleConnection: EOF or reset before the first byte, at once.
-        UpstreamError: EOF or reset later (the attempt's failure).
-    """
-    try:
-        data = await http1.receive(stream, RECEIVE_SIZE)
-    except (trio.BrokenResourceError, OSError) as exc:
-        if sockopts.is_dead_peer_error(exc) or trio.current_time() - written > STALE_WINDOW:
-            raise map_error(name, "head", exc) from exc
-        raise _StaleConnection("reset before the answer") from exc
-    if not data:
-        if trio.current_time() - written > STALE_WINDOW:
-            closed = EarlyClose("connection closed before the head")
-            raise map_error(name, "head", closed) from None
-        raise _StaleConnection("closed before the answer")
-    conn.receive_data(bytes(data))
 
 
 # The wait for a committing response's first body bytes (docs/failover.md):
