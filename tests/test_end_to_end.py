@@ -13,7 +13,7 @@ import openai
 import pytest
 import trio
 
-from trio_failover import Config, Upstream
+from trio_failover import Config, ConfigError, Upstream
 from trio_failover.service.server import serve
 from trio_failover.testing import FakeNode, Fleet, healthy
 from trio_failover.testing import openai as openai_node
@@ -183,3 +183,22 @@ async def test_bad_requests_get_json_errors_and_the_proxy_keeps_serving(
         async with httpx.AsyncClient() as client:
             after = await client.post(url + "/", content=b"{}")
         assert after.text == "fine"
+
+
+@pytest.mark.parametrize("field", ["listen", "admin_listen"])
+async def test_a_taken_port_is_a_config_error_from_nursery_start(field: str) -> None:
+    """Either listener: ``ConfigError`` naming its option, the ``OSError`` its cause."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addresses = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0"}
+        addresses[field] = f"127.0.0.1:{taken.getsockname()[1]}"
+        config = Config(
+            upstreams=[Upstream("a", "http://127.0.0.1:9")], discovery_interval=0, **addresses
+        )
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                with pytest.raises(ConfigError) as caught:
+                    await nursery.start(serve, config)
+    assert caught.value.option == field.replace("_", "-")
+    assert isinstance(caught.value.__cause__, OSError)

@@ -131,6 +131,14 @@ async def serve(
     )
     try:
         await _serve_listeners(serving, loader, reloads, task_status)
+    except BaseExceptionGroup as group:
+        # The admin listener binds inside the services' nursery, which hands
+        # its ConfigError (a taken port) out wrapped: given to ``start`` as
+        # the client listener's is, alone and with its cause.
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], ConfigError):
+            raise leaves[0] from leaves[0].__cause__
+        raise
     finally:
         # Cancelled from outside (an embedder's scope, a test): still no leak.
         for listener in listeners:
