@@ -141,3 +141,19 @@ def test_mockclock_example_runs_in_virtual_time(tmp_path: Path) -> None:
     run = run_block(block, tmp_path)
     assert "virtual time: 20.0" in run.stdout
     print(f"the MockClock example took {run.seconds * 1000:.0f} ms of real time")
+
+
+def test_cooldown_example_prints_what_its_comment_says(tmp_path: Path) -> None:
+    """The ``open_proxy`` example's ready time, in its comment, is the one it prints.
+
+    stuck gives no head by the 0.5 s response-header timeout and cools for
+    one such timeout more: ready again at 1.0.
+    """
+    (block,) = [
+        b for b in ALL_BLOCKS if b.document == "embedding.md" and '"ready again at"' in b.code
+    ]
+    said = re.search(r'"ready again at", trio\.current_time\(\)\)  # ([0-9.]+)$', block.code, re.M)
+    assert said is not None, "the print line lost its comment"
+    assert said.group(1) == "1.0"
+    run = run_block(block, tmp_path)
+    assert f"stuck ready again at {said.group(1)}\n" in run.stdout

@@ -280,18 +280,29 @@ async def request_node(
 
     For the work of other clients that an engine's own signals show and the
     proxy's count does not, and to read a fake engine's answers in tests.
-    ``leave_after`` as for ``request``.
+    ``leave_after`` as for ``request``: it returns None once the client has
+    left, and the node's side of that connection ends then too (a behaviour
+    that would hold the request on, as ``HeldRequests()`` does, is cancelled).
     """
     events = _request_events(method, target, b"node.test", headers, body)
-    return await _exchange_in_memory(node.serve_connection, events, leave_after)
+    return await _exchange_in_memory(
+        node.serve_connection, events, leave_after, end_server_on_leave=True
+    )
 
 
 async def _exchange_in_memory(
     serve: Callable[[trio.abc.Stream], Awaitable[object]],
     events: Sequence[h11.Event],
     leave_after: float | None,
+    *,
+    end_server_on_leave: bool = False,
 ) -> ClientResponse | None:
-    """One request over an in-memory connection that ``serve`` answers (None: the client left)."""
+    """One request over an in-memory connection that ``serve`` answers (None: the client left).
+
+    A proxy ends its side of a connection whose client left by itself, and
+    is waited for; with ``end_server_on_leave`` (a fake node, which may hold
+    a request past its client) the server's task is cancelled instead.
+    """
     client, server = trio.testing.memory_stream_pair()
     conn = h11.Connection(h11.CLIENT)
     async with trio.open_nursery() as nursery:
@@ -300,6 +311,8 @@ async def _exchange_in_memory(
         if leave_after is not None:
             await trio.sleep(leave_after)
             await client.aclose()
+            if end_server_on_leave:
+                nursery.cancel_scope.cancel()
             return None
         response = await read_response(client, conn)
         await client.aclose()

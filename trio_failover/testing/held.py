@@ -71,6 +71,7 @@ class HeldRequests:
             self.most = max(self.most, self.now)
             self.started.append(trio.current_time())
             self._told()
+            released = False
             try:
                 async with trio.open_nursery() as nursery:
                     if self.leave_with_client:
@@ -81,11 +82,16 @@ class HeldRequests:
 
                         nursery.start_soon(left)
                     await release.wait()
+                    released = True
+                    nursery.cancel_scope.cancel()
+                # The answer goes out past the nursery: a client gone by now
+                # fails the send with a bare BrokenResourceError, which ends
+                # this connection as it would a real engine's.
+                if released:
                     body = b'{"ok": true}'
                     head = [(b"content-length", b"%d" % len(body))]
                     await io.send(h11.Response(status_code=200, headers=head))
                     await io.send(h11.Data(data=body), h11.EndOfMessage())
-                    nursery.cancel_scope.cancel()
             finally:
                 self.now -= 1
                 self.ended.append(trio.current_time())
