@@ -147,3 +147,66 @@ async def test_the_other_replicas_figures_count_while_fresh_and_joined_only(
         await trio.sleep(3.5)
         assert books.fleet_use("A", trio.current_time()) == 0.0
         nursery.cancel_scope.cancel()
+
+
+def two_node_replica(origin: str, channel: Channel) -> tuple[SlotQueue, FleetFairShare]:
+    upstreams = [Upstream(name, "http://127.0.0.1:9", capacity=4) for name in ("a", "b")]
+    config = Config(upstreams=upstreams, admin_listen=None, balance="least-loaded")
+    queue = SlotQueue(config, lambda node, now, model=None: False)  # none demoted
+    fair = FleetFairShare(queue, cast(SharedState, State(origin, channel)))
+    channel.replicas[origin] = fair
+    return queue, fair
+
+
+async def test_the_other_replicas_attempts_count_in_least_loaded_while_fresh_and_joined(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """One runs an attempt at a: two sends its next one to b, and counts a's in its own."""
+    channel = Channel()
+    one, one_fair = two_node_replica("one", channel)
+    two, two_fair = two_node_replica("two", channel)
+
+    def next_node(queue: SlotQueue) -> str:
+        result = queue.acquire(("a", "b"), tried=(), preferred=None, client="c")
+        assert isinstance(result, Granted), result
+        queue.release(result.slot)
+        return result.slot.node
+
+    async with trio.open_nursery() as nursery:
+        publishing = trio.CancelScope()
+
+        async def publish_one() -> None:
+            with publishing:
+                await one_fair.publish_all()
+
+        nursery.start_soon(publish_one)
+        nursery.start_soon(two_fair.publish_all)
+        assert next_node(two) == "a"  # nothing anywhere: a, the first
+        held = take_at(one, "a")
+        await trio.sleep(2 * PERIOD)
+        ledger = two.scheduler.ledger
+        assert (ledger.in_flight("a"), ledger.fleet_in_flight("a")) == (0, 1)
+        assert next_node(two) == "b"  # a has one attempt, at one
+        one.release(held)
+        await trio.sleep(2 * PERIOD)
+        assert ledger.fleet_in_flight("a") == 0
+        assert next_node(two) == "a"
+        take_at(one, "a")
+        await trio.sleep(2 * PERIOD)
+        state = cast(State, two_fair.state)
+        state.connected = False  # Redis away: two alone
+        await trio.sleep(2 * PERIOD)
+        assert ledger.fleet_in_flight("a") == 0
+        state.connected = True
+        await trio.sleep(2 * PERIOD)
+        assert ledger.fleet_in_flight("a") == 1
+        publishing.cancel()  # one is gone: its last summary goes stale
+        await trio.sleep(3.5)
+        assert ledger.fleet_in_flight("a") == 0
+        nursery.cancel_scope.cancel()
+
+
+def take_at(queue: SlotQueue, node: str) -> Slot:
+    result = queue.acquire((node,), tried=(), preferred=None, client="c")
+    assert isinstance(result, Granted), result
+    return result.slot

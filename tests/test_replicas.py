@@ -192,6 +192,42 @@ async def test_capacity_one_holds_across_two_replicas_and_the_waiter_runs_at_onc
             assert state == {"backend": "redis", "connected": True, "replicas": 2}
 
 
+async def test_an_attempt_at_one_replica_counts_in_the_others_status_and_least_loaded(
+    redis_server: RedisServer,
+) -> None:
+    """In flight is the fleet's: b shows a's attempt at gpu-1 and sends its own to gpu-2."""
+    gate = HeldRequests()
+    fleet_nodes = {"gpu-1": FakeNode(gate.behaviour()), "gpu-2": FakeNode(healthy(b"two"))}
+    with trio.fail_after(LIMIT):
+        async with Fleet(fleet_nodes) as fleet:
+            upstreams = [attrs.evolve(up, capacity=4) for up in fleet.upstreams()]
+            settings = {"upstreams": upstreams, "balance": "least-loaded"}
+            async with (
+                replicas(fleet, redis_server.address, **settings) as (a, b),
+                trio.open_nursery() as nursery,
+            ):
+                assert b.fleet is not None
+                heard = b.fleet.fair.on_record
+                told = trio.Event()
+
+                def on_record(record: RemoteRecord) -> None:  # a's summaries, as b hears them
+                    heard(record)
+                    if b.queue.scheduler.ledger.fleet_in_flight("gpu-1"):
+                        told.set()
+
+                b.fleet.fair.on_record = on_record  # type: ignore[method-assign]
+                nursery.start_soon(functools.partial(request, a, body=STREAM))
+                await gate.wait_for(lambda: gate.now == 1)
+                await told.wait()
+                in_flight = {n["name"]: n["in_flight"] for n in b.status()["nodes"]}
+                assert in_flight == {"gpu-1": 1, "gpu-2": 0}
+                answer = await request(b, body=STREAM)
+                assert answer is not None
+                assert (answer.status, answer.header("x-failover-node")) == (200, "gpu-2")
+                gate.let_go()
+            assert len(fleet["gpu-1"].received) == 1
+
+
 async def test_status_state_with_memory_is_the_backend_alone() -> None:
     async with Fleet({"gpu-1": FakeNode(healthy())}) as fleet:
         proxy = Proxy(Config(upstreams=fleet.upstreams(), admin_listen=None), connector=None)

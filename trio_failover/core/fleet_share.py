@@ -26,6 +26,7 @@ __all__ = [
     "Standing",
     "defer_to_fleet",
     "fleet_standing",
+    "in_flight_by_replicas",
     "told_by_replicas",
 ]
 
@@ -53,13 +54,16 @@ class ClientShare:
 class ShareSummary:
     """One replica's clients that wait or run (``core/fleet_records.py``'s ``share`` kind).
 
-    ``node`` is always None (a replica's record, not a node's); ``origin``
-    the replica that wrote it (None: this one).
+    ``in_flight``: that replica's attempts holding a slot, per node (the
+    nodes with none left out): the other replicas add them to their own
+    (``least-loaded``, ``/status``). ``node`` is always None (a replica's
+    record, not a node's); ``origin`` the replica that wrote it (None: this one).
     """
 
     clients: tuple[ClientShare, ...]
     node: str | None = None
     origin: str | None = None
+    in_flight: Mapping[str, int] = attrs.field(factory=dict, hash=False)
 
 
 @attrs.frozen
@@ -99,6 +103,15 @@ def fleet_standing(
         client: Standing(running, use, *settings.get(client, (1.0, 0)))
         for client, (running, use) in sums.items()
     }
+
+
+def in_flight_by_replicas(summaries: Iterable[ShareSummary]) -> dict[str, int]:
+    """Each node's attempts at the replicas of ``summaries``, summed."""
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        for node, count in summary.in_flight.items():
+            counts[node] = counts.get(node, 0) + count
+    return counts
 
 
 def told_by_replicas(

@@ -190,6 +190,10 @@ class SlotLedger:
         # Nodes full across the replicas: the shared state refused
         # a slot there, until a freed one is announced. Empty without one.
         self.elsewhere: set[str] = set()
+        # node -> the other replicas' attempts there, as they last told
+        # (``fair_share.py``): counted in ``load`` and ``fleet_in_flight``,
+        # never in ``is_full`` (the slot take in Redis decides that). Empty without one.
+        self.in_flight_elsewhere: dict[str, int] = {}
 
     def note_reading(self, node: str) -> None:
         """``node``'s reading in ``signals`` was just taken: anchor it to the count now."""
@@ -286,6 +290,11 @@ class SlotLedger:
         """This proxy's attempts holding a slot at ``node`` now."""
         return self._in_flight[node]
 
+    def fleet_in_flight(self, node: str) -> int:
+        """The attempts at ``node`` of this proxy and of the other replicas (as they told)."""
+        elsewhere = self.in_flight_elsewhere
+        return self._in_flight[node] + (elsewhere.get(node, 0) if elsewhere else 0)
+
     def is_full(self, node: str) -> bool:
         """Whether ``node`` is at its capacity; never true with capacity 0.
 
@@ -312,15 +321,20 @@ class SlotLedger:
 
         ``in_flight / max(capacity, 1)`` without a signal; with one,
         ``(max(in_flight, busy) + waiting) / max(capacity, 1)``, ``busy``
-        moved as in ``engine_busy``. Float division is exact enough for
+        moved as in ``engine_busy``; ``in_flight`` with the other replicas'
+        attempts (``in_flight_elsewhere``). Float division is exact enough for
         ties: two equal ratios of small ints round to the same float, so
         "ties in resolved order" holds.
         """
         reading = self.signals.get(node) if self.signals else None
+        in_flight = self._in_flight[node]
+        if self.in_flight_elsewhere:  # replicas: theirs too
+            in_flight += self.in_flight_elsewhere.get(node, 0)
         if reading is None:
-            return self._in_flight[node] / max(self._capacity[node], 1)
+            return in_flight / max(self._capacity[node], 1)
         busy = self.engine_busy(node)
-        in_flight = self._in_flight[node] if busy is None else busy
+        if busy is not None and busy > in_flight:
+            in_flight = busy
         return (in_flight + (reading.waiting or 0)) / max(self._capacity[node], 1)
 
     def take(self, node: str) -> Slot:

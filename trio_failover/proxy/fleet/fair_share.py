@@ -3,7 +3,9 @@
 With ``--state redis://…`` every replica keeps its own queue, and a slot it
 frees used to go to its own best waiter, which reaches Redis first. Here
 each replica publishes a ``share`` record (``core/fleet_share.ShareSummary``:
-per priority and client, its waiting workloads, running attempts and use)
+per priority and client, its waiting workloads, running attempts and use;
+per node, its attempts in flight, which the others' ``least-loaded`` and
+``/status`` add to their own)
 when it changes, at most every ``PERIOD`` seconds and again every
 ``REFRESH`` seconds while it names anyone, from a task of its own (never on
 the request path). The others' latest records make the mirror; one older
@@ -35,6 +37,7 @@ from ...core.fleet_share import (
     ShareSummary,
     defer_to_fleet,
     fleet_standing,
+    in_flight_by_replicas,
     told_by_replicas,
 )
 from ..nodes.queue import SlotQueue
@@ -76,6 +79,12 @@ class FleetFairShare:
         heard: list[tuple[ShareSummary, float]] = []
         if self.state.connected:
             heard = [(summary, at) for summary, at in self.remote.values() if now - at <= STALE]
+        ledger = self.scheduler.ledger
+        ledger.in_flight_elsewhere = {
+            node: count
+            for node, count in in_flight_by_replicas(summary for summary, _ in heard).items()
+            if node in ledger.nodes
+        }
         if self.scheduler.told_elsewhere(told_by_replicas(heard), now):
             self.queue.dispatch()
 
@@ -106,16 +115,21 @@ class FleetFairShare:
 
     async def publish_all(self) -> None:
         """Tell this replica's summary when it changes (its own task, for the proxy's lifetime)."""
-        told: tuple[object, ...] | None = None
+        told: tuple[tuple[object, ...], ...] | None = None
         told_at = -REFRESH
         while True:
             await trio.sleep(PERIOD)
             now = trio.current_time()
             self.count_elsewhere(now)  # a summary gone stale, or Redis gone, counts no more
             clients = tuple(ClientShare(*entry) for entry in self.scheduler.share_summary(now))
-            shape = tuple((c.client, c.rank, c.waiting, c.running) for c in clients)
-            if shape == told and (not shape or now - told_at < REFRESH):
+            ledger = self.scheduler.ledger
+            in_flight = {node: n for node in ledger.nodes if (n := ledger.in_flight(node))}
+            shape = (
+                tuple((c.client, c.rank, c.waiting, c.running) for c in clients),
+                tuple(in_flight.items()),
+            )
+            if shape == told and (not any(shape) or now - told_at < REFRESH):
                 continue
-            record = fleet_records.encode(ShareSummary(clients), now)
+            record = fleet_records.encode(ShareSummary(clients, in_flight=in_flight), now)
             if await self.state.publish(record):
                 told, told_at = shape, now

@@ -81,7 +81,7 @@ class StatusView:
                         model: {"remaining_s": round(cool.remaining(now), 3), "reason": cool.reason}
                         for model, cool in board.model_cooldowns.of_node(node.name, now).items()
                     },
-                    "in_flight": ledger.in_flight(node.name),
+                    "in_flight": ledger.fleet_in_flight(node.name),  # every replica's
                     "capacity": ledger.capacity(node.name),  # auto: as resolved now
                     "served": known.served,
                     "failed": known.failed,
