@@ -57,6 +57,21 @@ def replica(origin: str, channel: Channel, capacity: int) -> tuple[SlotQueue, Fl
     return queue, fair
 
 
+def start_publishing(
+    nursery: trio.Nursery, one: FleetFairShare, two: FleetFairShare
+) -> trio.CancelScope:
+    """Both replicas publish their summaries; cancelling the scope returned stops ``one``'s."""
+    publishing = trio.CancelScope()
+
+    async def publish_one() -> None:
+        with publishing:
+            await one.publish_all()
+
+    nursery.start_soon(publish_one)
+    nursery.start_soon(two.publish_all)
+    return publishing
+
+
 def take(queue: SlotQueue, client: str) -> Slot:
     result = queue.acquire(("n",), tried=(), preferred=None, client=client)
     assert isinstance(result, Granted), result
@@ -123,14 +138,7 @@ async def test_the_other_replicas_figures_count_while_fresh_and_joined_only(
     one, one_fair = replica("one", channel, 2)
     two, two_fair = replica("two", channel, 2)
     async with trio.open_nursery() as nursery:
-        publishing = trio.CancelScope()
-
-        async def publish_one() -> None:
-            with publishing:
-                await one_fair.publish_all()
-
-        nursery.start_soon(publish_one)
-        nursery.start_soon(two_fair.publish_all)
+        publishing = start_publishing(nursery, one_fair, two_fair)
         take(one, "A")
         await trio.sleep(10.0)
         books = two.scheduler.shares
@@ -173,14 +181,7 @@ async def test_the_other_replicas_attempts_count_in_least_loaded_while_fresh_and
         return result.slot.node
 
     async with trio.open_nursery() as nursery:
-        publishing = trio.CancelScope()
-
-        async def publish_one() -> None:
-            with publishing:
-                await one_fair.publish_all()
-
-        nursery.start_soon(publish_one)
-        nursery.start_soon(two_fair.publish_all)
+        publishing = start_publishing(nursery, one_fair, two_fair)
         assert next_node(two) == "a"  # nothing anywhere: a, the first
         held = take_at(one, "a")
         await trio.sleep(2 * PERIOD)
