@@ -38,7 +38,9 @@ RUN groupadd --system --gid 10001 trio-failover \
 # below asks it there); to publish /status and /metrics, set
 # TRIO_FAILOVER_ADMIN_LISTEN=0.0.0.0:8081 and TRIO_FAILOVER_ADMIN_TOKEN.
 # The environment beats a config file's listen keys: change the addresses
-# here, with -e or with the flags.
+# here, with -e or with the flags. The health check reads the admin
+# address from TRIO_FAILOVER_ADMIN_LISTEN: move the admin listener with
+# that variable, not with --admin-listen, or the check asks the old one.
 ENV PATH=/opt/trio-failover/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     TRIO_FAILOVER_LISTEN=0.0.0.0:8080 \

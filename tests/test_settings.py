@@ -301,6 +301,30 @@ def test_docs_example_resolves(tmp_path: Path) -> None:
             assert shown, f"the complete example lacks {opt.toml_key}"
 
 
+def test_docs_check_sample_is_what_check_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/configuration.md's ``check`` table is the output for its complete example file."""
+    from trio_failover.cli.cli import format_table
+
+    docs = DOCS.read_text()
+    example = max(re.findall(r"```toml\n(.*?)```", docs, re.DOTALL), key=len)
+    # As the page says: saved as fleet.toml, the ca_file pointing to a real file.
+    trustme.CA().cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "fleet.toml").write_text(
+        re.sub(r'ca_file = "[^"]+"', 'ca_file = "ca.pem"', example)
+    )
+    monkeypatch.chdir(tmp_path)
+    environ = {"GPU_A_KEY": "k", "REMOTE_KEY": "r", "ALICE_KEY": "a", "CI_KEY": "c"}
+    environ["TRIO_FAILOVER_LOG_LEVEL"] = "debug"
+    flags = {"config": "fleet.toml", "listen": "127.0.0.1:9000", "capacity": ["2"]}
+    config, sources = resolve(flags, environ)
+    printed = format_table(describe(config, sources))
+    sample = re.search(r"--capacity 2\n(option .*?)\n```", docs, re.DOTALL)
+    assert sample is not None, "the check sample of docs/configuration.md"
+    assert printed.rstrip() == sample.group(1).rstrip()
+
+
 def _docs_table() -> dict[str, list[str]]:
     """The options table of the docs: flag -> its cells, backticks removed."""
     rows: dict[str, list[str]] = {}
