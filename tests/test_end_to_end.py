@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -202,3 +205,39 @@ async def test_a_taken_port_is_a_config_error_from_nursery_start(field: str) -> 
                     await nursery.start(serve, config)
     assert caught.value.option == field.replace("_", "-")
     assert isinstance(caught.value.__cause__, OSError)
+
+
+def test_run_server_with_an_embedders_loader_reports_a_taken_port() -> None:
+    """A loader is any callable with a ``path``: exit 2 with the error line, whatever it lacks.
+
+    In a process of its own: ``run_server`` sets the process's collector and logging.
+    """
+    program = textwrap.dedent(
+        """
+        import sys
+        from trio_failover import Config, Upstream
+        from trio_failover.service.server import run_server
+
+        config = Config(
+            upstreams=[Upstream("a", "http://127.0.0.1:9")],
+            listen="127.0.0.1:0",
+            admin_listen="127.0.0.1:" + sys.argv[1],
+            discovery_interval=0,
+        )
+
+        def loader():
+            return config
+
+        loader.path = None
+        sys.exit(run_server(config, loader=loader))
+        """
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-c", program, port], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 2, done.stderr
+    assert "cannot listen (admin listener)" in done.stderr

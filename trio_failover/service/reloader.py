@@ -53,12 +53,18 @@ class Loader(Protocol):
         """The settings now; raises ``ConfigError`` (or ``ConfigErrors``)."""
         ...
 
-    def placed(self, error: ConfigError) -> ConfigError:
-        """``error`` (serving's, naming only its flag) naming where the value was set."""
-        ...
-
 
 ContextMaker = Callable[[Config], "ssl.SSLContext | None"]
+
+
+def placed(loader: Loader | None, error: ConfigError) -> ConfigError:
+    """``error`` (serving's, naming only its flag) naming where the value was set.
+
+    The command line's loader knows each value's source (``SettingsLoader.placed``);
+    an embedder's loader, any callable with a ``path``, need not: then ``error`` as it is.
+    """
+    place = getattr(loader, "placed", None)
+    return place(error) if place is not None else error
 
 
 @attrs.define

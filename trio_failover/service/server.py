@@ -46,7 +46,7 @@ from .listener_setup import (
 from .listener_setup import (
     server_ssl_context as server_ssl_context,
 )
-from .reloader import ListenerTLS, Loader, Reloader, tls_digest
+from .reloader import ListenerTLS, Loader, Reloader, placed, tls_digest
 
 # Errors of accept() that mean "out of resources, try again later" rather
 # than "this listener is broken" (as trio.serve_listeners treats them).
@@ -340,8 +340,7 @@ def run_server(
     except* OSError as group:
         cannot_listen = next(exc for exc in _leaves(group) if isinstance(exc, OSError))
     if bad_setting is not None:
-        if loader is not None:  # name where the value was set, not only its flag
-            bad_setting = loader.placed(bad_setting)
+        bad_setting = placed(loader, bad_setting)  # where the value was set, not only its flag
         print(f"trio-failover: error: {bad_setting}", file=sys.stderr)
         return 2
     logger.error("cannot listen", extra={"fields": {"error": str(cannot_listen)}})

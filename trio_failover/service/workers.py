@@ -38,7 +38,7 @@ from ..core.errors import ConfigError
 from ..core.workers import STEADY_AFTER, restart_delay, worker_config, worker_reload_config
 from ..telemetry.logs import configure_logging, logger
 from ..telemetry.metrics import share_in
-from .reloader import Loader
+from .reloader import Loader, placed
 from .roster import Roster, WorkerEntry, encode, install, send
 from .server import BoundAddresses, InheritedSockets, run_server, server_ssl_context
 
@@ -330,7 +330,7 @@ def run_workers(config: Config, loader: Loader | None = None) -> int:
         server_ssl_context(config)
         listeners = bind_listeners(config)
     except ConfigError as exc:
-        print(f"trio-failover: error: {loader.placed(exc) if loader else exc}", file=sys.stderr)
+        print(f"trio-failover: error: {placed(loader, exc)}", file=sys.stderr)
         return 2
     settings_fd = os.memfd_create("trio-failover-config", 0)
     lifeline, lifeline_end = os.pipe()  # not inherited: the workers get only the read end
@@ -377,7 +377,7 @@ class _WorkerLoader:
         return worker_reload_config(self.program, new, self.index)
 
     def placed(self, error: ConfigError) -> ConfigError:
-        return self.load.placed(error)
+        return placed(self.load, error)
 
 
 def _current_settings(loader: _WorkerLoader, started_with: Config) -> Config:
