@@ -152,11 +152,17 @@ async def test_work_sent_straight_to_an_engine_sends_the_next_request_to_the_oth
     assert not [r for r in fleet["a"].received if r.method == b"POST"]
 
 
+def cold_and_warm() -> tuple[FakeOllama, FakeOllama]:
+    """Two Ollamas serving qwen3: the first must load it (30 s), the second holds it loaded."""
+    cold = FakeOllama(models=["qwen3:latest"], load_delay=30.0)
+    warm = FakeOllama(models=["qwen3:latest"], loaded=["qwen3:latest"], load_delay=30.0)
+    return cold, warm
+
+
 async def test_an_ollama_node_with_the_model_loaded_wins_over_one_without(
     autojump_clock: trio.abc.Clock,
 ) -> None:
-    cold = FakeOllama(models=["qwen3:latest"], load_delay=30.0)
-    warm = FakeOllama(models=["qwen3:latest"], loaded=["qwen3:latest"], load_delay=30.0)
+    cold, warm = cold_and_warm()
     async with Fleet({"cold": FakeNode(cold), "warm": FakeNode(warm)}) as fleet:
         with trio.fail_after(LIMIT):
             async with running(fleet) as proxy:
@@ -173,8 +179,7 @@ async def test_x_failover_node_stands_before_a_node_with_the_model_loaded(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     """The client's choice is served, with the cold start, while it has a free slot."""
-    cold = FakeOllama(models=["qwen3:latest"], load_delay=30.0)
-    warm = FakeOllama(models=["qwen3:latest"], loaded=["qwen3:latest"], load_delay=30.0)
+    cold, warm = cold_and_warm()
     async with Fleet({"cold": FakeNode(cold), "warm": FakeNode(warm)}) as fleet:
         with trio.fail_after(LIMIT):
             async with running(fleet) as proxy:
