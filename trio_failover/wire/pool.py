@@ -40,7 +40,9 @@ import h11
 import trio
 
 __all__ = [
+    "CLOSED_AFTER_ANSWER",
     "ConnectionPool",
+    "closed_after_answer",
     "is_reusable",
     "next_expiry",
     "put_idle",
@@ -165,14 +167,30 @@ def is_reusable(conn: h11.Connection) -> bool:
     return conn.our_state is h11.DONE and conn.their_state is h11.DONE and not data and not closed
 
 
+# A node that closes a pooled connection this soon after the answer it
+# carried does not keep such connections alive, whatever its headers said
+# (llama-server closes each one after a streamed answer, an instant after
+# its last chunk): from then on the pool closes them at release.
+CLOSED_AFTER_ANSWER = 1.0
+
+
+def closed_after_answer(idle_for: float) -> bool:
+    """Whether a node's close of a connection ``idle_for`` seconds after its answer ended it."""
+    return idle_for < CLOSED_AFTER_ANSWER
+
+
 @attrs.define(slots=True)
 class IdleConnection:
-    """A connection to a node, with its h11 state, kept for the next request."""
+    """A connection to a node, with its h11 state, kept for the next request.
+
+    ``chunked``: its last answer came in chunks (a stream, nearly always).
+    """
 
     stream: trio.abc.Stream
     conn: h11.Connection
     idle_since: float
     fd: int = -1  # its socket's descriptor while the watcher watches it
+    chunked: bool = False
 
 
 # How long a released connection may wait, unwatched, for the watcher's next
@@ -209,6 +227,9 @@ class ConnectionPool:
         self.max_idle, self.idle_timeout = max_idle, idle_timeout
         self.on_stray = on_stray
         self._idle: dict[str, list[IdleConnection]] = {}
+        # (node, chunked): the answers after which the node closes the
+        # connection (``closed_after_answer``); those are not pooled.
+        self._closed_after: set[tuple[str, bool]] = set()
         # One poll object for the checkout look: registering an fd in it is
         # no system call, and its poll(0) is the only one.
         self._poller = select.poll() if hasattr(select, "poll") else None
@@ -253,6 +274,8 @@ class ConnectionPool:
                 if waiting is not None:
                     if waiting == "bytes":
                         self._stray(node)
+                    else:
+                        self.closed_by_node(node, entry, now)
                     expired.append(entry)
                     entry = None
             try:
@@ -274,22 +297,42 @@ class ConnectionPool:
         if self.on_stray is not None:
             self.on_stray(node)
 
-    async def release(self, node: str, stream: trio.abc.Stream, conn: h11.Connection) -> None:
+    def closed_by_node(self, node: str, entry: IdleConnection, now: float) -> None:
+        """``node`` closed ``entry``, pooled, at ``now``: soon after its answer, it is learnt.
+
+        Called by the pool's own looks (at checkout, by the watcher) and by
+        an attempt whose write on a pooled connection the node answered
+        with a close. A node that closes connections right after one kind
+        of answer (chunked or not) gets no such connection pooled again.
+        """
+        kind = (node, entry.chunked)
+        if kind in self._closed_after or not closed_after_answer(now - entry.idle_since):
+            return
+        self._closed_after.add(kind)
+        logger.info(
+            "node closes its connections after its answers: they are not pooled",
+            extra={"fields": {"node": node, "chunked": entry.chunked}},
+        )
+
+    async def release(
+        self, node: str, stream: trio.abc.Stream, conn: h11.Connection, *, chunked: bool = False
+    ) -> None:
         """Keep a connection whose exchange ended cleanly, or close it.
 
         Args:
             node: the node's name.
             stream: the connection.
             conn: its client-side h11 state, after a complete response.
+            chunked: the answer came in chunks (``Transfer-Encoding: chunked``).
         """
-        if not self.enabled or not is_reusable(conn):
+        if not self.enabled or not is_reusable(conn) or (node, chunked) in self._closed_after:
             if conn.their_state is h11.DONE and conn.trailing_data[0]:
                 self._stray(node)  # came in the same read as the answer's end
             await trio.aclose_forcefully(stream)
             return
         conn.start_next_cycle()
         now = trio.current_time()
-        entry = IdleConnection(stream, conn, now)
+        entry = IdleConnection(stream, conn, now, chunked=chunked)
         discarded = put_idle(
             self._idle.setdefault(node, []),
             entry,
@@ -360,8 +403,12 @@ class ConnectionPool:
                 entries, now=now, idle_timeout=self.idle_timeout, dead=lambda e: e.fd in ready
             )
             for entry in closing:
-                if entry.fd in ready and unread(entry.stream, self._poller) == "bytes":
+                if entry.fd not in ready:
+                    continue
+                if unread(entry.stream, self._poller) == "bytes":
                     self._stray(node)
+                else:
+                    self.closed_by_node(node, entry, now)
             doomed += closing
         for fd in ready:  # one that is no longer idle must not wake the watcher again
             readiness.forget(fd)
@@ -381,6 +428,7 @@ class ConnectionPool:
     async def aclose(self, node: str | None = None) -> None:
         """Close every idle connection (at shutdown), or ``node``'s (a reload removed it)."""
         idle = self._idle if node is None else {node: self._idle.pop(node, [])}
+        self._closed_after = {kind for kind in self._closed_after if node not in (None, kind[0])}
         entries = [entry for listed in idle.values() for entry in listed]
         idle.clear()
         await self._close_all(entries)

@@ -322,7 +322,8 @@ class UpstreamResponse:
             # connection could be handed to a node added later by that name.
             await trio.aclose_forcefully(self._stream)
         elif self._pool is not None:  # it checks that the exchange ended cleanly
-            await self._pool.release(self.node.name, self._stream, self._conn)
+            chunked = b"chunked" in (get(self.headers, b"transfer-encoding") or b"").lower()
+            await self._pool.release(self.node.name, self._stream, self._conn, chunked=chunked)
         else:
             await trio.aclose_forcefully(self._stream)
 
@@ -425,6 +426,11 @@ async def open_response(
                 )
             except _StaleConnection:
                 pass  # closed below, outside the handler; then a fresh connection
+            except (errors.UpstreamClosedEarly, errors.UpstreamReset) as exc:
+                if exc.phase == "head":  # the node closed it as the request came
+                    pool.closed_by_node(node.name, idle, trio.current_time())
+                await trio.aclose_forcefully(idle.stream)
+                raise
             except BaseException:
                 await trio.aclose_forcefully(idle.stream)
                 raise
