@@ -16,6 +16,7 @@ import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import attrs
 import h11
@@ -486,8 +487,15 @@ class KeepAliveServer:
             self._closing = trio.Event()
 
 
+class NodeServer(Protocol):
+    """A node on 127.0.0.1 that serves each accepted connection with ``handle``."""
+
+    async def handle(self, stream: trio.SocketStream) -> None: ...
+
+
 @asynccontextmanager
-async def proxy_to(server: KeepAliveServer, **settings: object) -> AsyncIterator[tuple[str, int]]:
+async def proxy_to(server: NodeServer, **settings: object) -> AsyncIterator[tuple[str, int]]:
+    """A proxy (real sockets) in front of ``server``, one node, no health checks."""
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(
             functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")

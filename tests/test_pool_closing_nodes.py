@@ -11,19 +11,13 @@ comes, the race that made a waiting request fail over in the field.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import attrs
 import h11
 import pytest
 import trio
 import trio.testing
-from test_pool import OK_HEAD, exchanged, idle_pair
+from test_pool import OK_HEAD, exchanged, idle_pair, proxy_to
 
-from trio_failover import Config, Upstream
-from trio_failover.service.server import serve
 from trio_failover.testing import request_tcp
 from trio_failover.wire.pool import (
     CLOSED_AFTER_ANSWER,
@@ -49,13 +43,18 @@ def test_a_close_soon_after_the_answer_is_the_answer_s_doing(idle_for: float, le
     assert closed_after_answer(idle_for) is learnt
 
 
-async def test_checkout_learns_a_close_right_after_a_chunked_answer() -> None:
-    pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
+async def closed_at_checkout(pool: ConnectionPool) -> None:
+    """Node "a" closes a connection pooled after a chunked answer; the next checkout sees it."""
     stream, node = idle_pair()
     await pool.release("a", stream, exchanged(CHUNKED_HEAD), chunked=True)
     node.close()
     await trio.lowlevel.wait_readable(stream.socket)
     assert await pool.acquire("a") is None  # closed, never used
+
+
+async def test_checkout_learns_a_close_right_after_a_chunked_answer() -> None:
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
+    await closed_at_checkout(pool)
     # From now on a's connections close after a chunked answer; others stay.
     after_stream, after_stream_node = idle_pair()
     after_json, after_json_node = idle_pair()
@@ -110,11 +109,7 @@ async def test_a_close_long_after_the_answer_teaches_nothing(
 
 async def test_a_reload_that_removes_the_node_forgets_it() -> None:
     pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
-    stream, node = idle_pair()
-    await pool.release("a", stream, exchanged(CHUNKED_HEAD), chunked=True)
-    node.close()
-    await trio.lowlevel.wait_readable(stream.socket)
-    assert await pool.acquire("a") is None
+    await closed_at_checkout(pool)
     await pool.aclose("a")  # a reload removed "a"; a later "a" is another server
     again, again_node = idle_pair()
     with again_node:
@@ -174,29 +169,10 @@ def answer(conn: h11.Connection, chunked: bool) -> bytes:
     )
 
 
-@asynccontextmanager
-async def proxy_to(node: ClosesAfterStreams) -> AsyncIterator[tuple[str, int]]:
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(
-            functools.partial(trio.serve_tcp, node.handle, 0, host="127.0.0.1")
-        )
-        port = listeners[0].socket.getsockname()[1]
-        config = Config(
-            upstreams=[Upstream("node", f"http://127.0.0.1:{port}")],
-            listen="127.0.0.1:0",
-            admin_listen=None,
-            discovery_interval=0,  # the node counts its connections: no checks
-            pool_idle_timeout=30.0,
-        )
-        addresses = await nursery.start(serve, config)
-        yield addresses.client
-        nursery.cancel_scope.cancel()
-
-
 async def test_after_the_first_close_streams_go_out_on_new_connections() -> None:
     node = ClosesAfterStreams()
     with trio.fail_after(10):
-        async with proxy_to(node) as address:
+        async with proxy_to(node, pool_idle_timeout=30.0) as address:
             first = await request_tcp(address, target="/stream", body=b"{}")
             assert first is not None
             assert first.status == 200
