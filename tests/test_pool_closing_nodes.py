@@ -24,6 +24,7 @@ from trio_failover.wire.pool import (
     WATCH_DELAY,
     ConnectionPool,
     closed_after_answer,
+    reusable_now,
 )
 
 CHUNKED_HEAD = h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")])
@@ -44,28 +45,30 @@ def test_a_close_soon_after_the_answer_is_the_answer_s_doing(idle_for: float, le
 
 
 async def closed_at_checkout(pool: ConnectionPool) -> None:
-    """Node "a" closes a connection pooled after a chunked answer; the next checkout sees it."""
+    """Node "a" closes a connection pooled after an answer with a length; the next
+    checkout (at once: such connections are reused at once) sees it."""
     stream, node = idle_pair()
-    await pool.release("a", stream, exchanged(CHUNKED_HEAD), chunked=True)
+    await pool.release("a", stream, exchanged(OK_HEAD))
     node.close()
     await trio.lowlevel.wait_readable(stream.socket)
     assert await pool.acquire("a") is None  # closed, never used
 
 
-async def test_checkout_learns_a_close_right_after_a_chunked_answer() -> None:
+async def test_checkout_learns_a_close_right_after_an_answer() -> None:
     pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
     await closed_at_checkout(pool)
-    # From now on a's connections close after a chunked answer; others stay.
-    after_stream, after_stream_node = idle_pair()
+    # From now on a's connections close after an answer with a length;
+    # those of streamed answers are pooled still.
     after_json, after_json_node = idle_pair()
+    after_stream, after_stream_node = idle_pair()
     with after_stream_node, after_json_node:
-        await pool.release("a", after_stream, exchanged(CHUNKED_HEAD), chunked=True)
-        assert after_stream.socket.fileno() == -1
         await pool.release("a", after_json, exchanged(OK_HEAD))
+        assert after_json.socket.fileno() == -1
+        await pool.release("a", after_stream, exchanged(CHUNKED_HEAD), chunked=True)
         assert pool.idle_count("a") == 1
         other, other_node = idle_pair()  # another node is not tarred with a's brush
         with other_node:
-            await pool.release("b", other, exchanged(CHUNKED_HEAD), chunked=True)
+            await pool.release("b", other, exchanged(OK_HEAD))
             assert pool.idle_count("b") == 1
         await pool.aclose()
 
@@ -95,14 +98,14 @@ async def test_a_close_long_after_the_answer_teaches_nothing(
     # close is no sign that it closes after every answer.
     pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
     stream, node = idle_pair()
-    await pool.release("a", stream, exchanged(CHUNKED_HEAD), chunked=True)
+    await pool.release("a", stream, exchanged(OK_HEAD))
     mock_clock.jump(CLOSED_AFTER_ANSWER + 1)
     node.close()
     await trio.lowlevel.wait_readable(stream.socket)
     assert await pool.acquire("a") is None
     again, again_node = idle_pair()
     with again_node:
-        await pool.release("a", again, exchanged(CHUNKED_HEAD), chunked=True)
+        await pool.release("a", again, exchanged(OK_HEAD))
         assert pool.idle_count("a") == 1
         await pool.aclose()
 
@@ -113,47 +116,59 @@ async def test_a_reload_that_removes_the_node_forgets_it() -> None:
     await pool.aclose("a")  # a reload removed "a"; a later "a" is another server
     again, again_node = idle_pair()
     with again_node:
-        await pool.release("a", again, exchanged(CHUNKED_HEAD), chunked=True)
+        await pool.release("a", again, exchanged(OK_HEAD))
         assert pool.idle_count("a") == 1
         await pool.aclose()
 
 
-# -- through the proxy: the node closes as the next request arrives -----------------------
+# -- through the proxy: a node that closes after its streams, at the worst moment -------
 
 
 @attrs.define
 class ClosesAfterStreams:
     """An HTTP/1.1 node that answers ``/stream`` in chunks, anything else with a length.
 
-    After a chunked answer it says keep-alive but closes the connection: as
-    the next request arrives on it, the worst moment (llama-server closes an
-    instant after its last chunk; a request taken from the pool in that
-    instant meets the close).
+    After a chunked answer it says keep-alive but closes the connection, as
+    llama-server does an instant after its last chunk; here at the worst
+    moment for the proxy: only when the next request arrives, on that
+    connection (read and dropped, as llama-server's HTTP library drains
+    what comes before it closes) or on another one.
     """
 
+    closes_after: frozenset[bytes] = frozenset({b"/stream"})  # the targets it closes after
     connections: int = 0
     requests: int = 0
+    dropped: int = 0  # requests that met a close
+    _streamed: list[trio.SocketStream] = attrs.Factory(list)  # idle after a stream
 
     async def handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
         conn = h11.Connection(h11.SERVER)
-        chunked = False
         try:
             while True:
                 data = await stream.receive_some(65536)
-                if not data or chunked:
-                    break  # after a chunked answer: the next request meets a close
+                if not data:
+                    break
+                if stream in self._streamed:  # the next request: drained, then the close
+                    self.dropped += 1
+                    break
+                for other in self._streamed:  # a request elsewhere: now the close
+                    await trio.aclose_forcefully(other)
+                self._streamed.clear()
                 conn.receive_data(data)
                 event = conn.next_event()
                 while event is not h11.NEED_DATA:
                     if isinstance(event, h11.Request):
                         self.requests += 1
-                        chunked = event.target == b"/stream"
+                        target = event.target
+                        chunked = target == b"/stream"
                     elif isinstance(event, h11.EndOfMessage):
                         await stream.send_all(answer(conn, chunked))
                         conn.start_next_cycle()
+                        if target in self.closes_after:
+                            self._streamed.append(stream)
                     event = conn.next_event()
-        except (trio.BrokenResourceError, h11.ProtocolError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             pass
         finally:
             await trio.aclose_forcefully(stream)
@@ -169,29 +184,76 @@ def answer(conn: h11.Connection, chunked: bool) -> bytes:
     )
 
 
-async def test_after_the_first_close_streams_go_out_on_new_connections() -> None:
+async def test_a_stream_s_connection_is_not_reused_at_once_by_a_node_not_seen_keeping_one() -> None:
     node = ClosesAfterStreams()
     with trio.fail_after(10):
         async with proxy_to(node, pool_idle_timeout=30.0) as address:
-            first = await request_tcp(address, target="/stream", body=b"{}")
-            assert first is not None
-            assert first.status == 200
-            # The pooled connection meets the node's close: the request may
-            # have reached it, so it is not sent to that node again (one
-            # node: the answer is the proxy's 502). The pool has learnt.
-            second = await request_tcp(address, target="/stream", body=b"{}")
-            assert second is not None
-            assert second.status == 502
-            for _ in range(3):
-                later = await request_tcp(address, target="/stream", body=b"{}")
-                assert later is not None
-                assert later.status == 200
-                assert later.header("x-failover-attempts") == "1"
-            assert node.connections == 4  # the first two shared one; then one each
-            for _ in range(2):  # answers with a length are still pooled
+            # Back to back, as a queued request takes the slot a stream
+            # frees: each goes out on a new connection, none meets a close.
+            for _ in range(4):
+                streamed = await request_tcp(address, target="/stream", body=b"{}")
+                assert streamed is not None
+                assert streamed.status == 200
+                assert streamed.header("x-failover-attempts") == "1"
+            assert node.connections == 4
+            for _ in range(2):  # answers with a length are pooled as before
                 plain = await request_tcp(address, target="/json", body=b"{}")
                 assert plain is not None
                 assert plain.status == 200
-            assert node.connections == 5  # one for both
-    # The second request never reached the node's parser: it met the close.
-    assert node.requests == 6
+            assert node.connections == 5
+    assert (node.requests, node.dropped) == (6, 0)
+
+
+# -- a stream's connection, before and after its node was seen keeping one --------------
+
+
+@pytest.mark.parametrize(
+    ("chunked", "idle_for", "kept_before", "reusable"),
+    [
+        (False, 0.0, False, True),  # an answer with a length: at once, as always
+        (True, 0.0, True, True),  # the node kept one before
+        (True, 0.0, False, False),  # it may be closing it now
+        (True, CLOSED_AFTER_ANSWER - 0.001, False, False),
+        (True, CLOSED_AFTER_ANSWER, False, True),  # it lived through the second
+    ],
+)
+def test_reusable_now(chunked: bool, idle_for: float, kept_before: bool, reusable: bool) -> None:
+    assert reusable_now(chunked, idle_for, kept_before) is reusable
+
+
+async def test_a_stream_s_connection_alive_a_second_later_earns_its_node_reuse_at_once(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    pool = ConnectionPool(max_idle=4, idle_timeout=60.0)
+    first, first_node = idle_pair()
+    second, second_node = idle_pair()
+    with first_node, second_node:
+        await pool.release("a", first, exchanged(CHUNKED_HEAD), chunked=True)
+        assert await pool.acquire("a") is None  # too young: a new connection instead
+        mock_clock.jump(CLOSED_AFTER_ANSWER)
+        await pool.release("a", second, exchanged(CHUNKED_HEAD), chunked=True)
+        entry = await pool.acquire("a")  # the older one, now a second old
+        assert entry is not None
+        assert entry.stream is first
+        entry = await pool.acquire("a")  # a kept it alive: the young one goes at once
+        assert entry is not None
+        assert entry.stream is second
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_a_request_that_met_the_close_teaches_the_pool() -> None:
+    # After answers with a length, which are reused at once: the request
+    # on the pooled connection meets the close. It may have reached the
+    # node, so it is not sent there again (one node: the proxy's 502);
+    # from then on such connections are not pooled.
+    node = ClosesAfterStreams(closes_after=frozenset({b"/json"}))
+    with trio.fail_after(10):
+        async with proxy_to(node, pool_idle_timeout=30.0) as address:
+            statuses = []
+            for _ in range(4):
+                plain = await request_tcp(address, target="/json", body=b"{}")
+                assert plain is not None
+                statuses.append(plain.status)
+            assert statuses == [200, 502, 200, 200]
+    assert (node.connections, node.dropped) == (3, 1)

@@ -1,7 +1,9 @@
 """Keep-alive connections to nodes: per node, bounded, last in, first out.
 
 The rules (only a clean exchange is pooled, LIFO, at most ``max_idle`` per
-node, expiry at ``idle_timeout``, a stale connection retried once) are told
+node, expiry at ``idle_timeout``, a stale connection retried once, a
+stream's connection kept a second until its node has kept one, a node that
+closes after its answers learnt) are told
 in docs/performance.md ("Keep-alive connections to nodes"), and the stray
 bytes check at checkout in docs/reliability.md ("Stray bytes on pooled
 connections"). What the code adds to them:
@@ -26,6 +28,7 @@ The decisions (``take_idle``, ``put_idle``, ``sweep_idle``, ``next_expiry``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -46,6 +49,7 @@ __all__ = [
     "is_reusable",
     "next_expiry",
     "put_idle",
+    "reusable_now",
     "sweep_idle",
     "take_idle",
     "unread",
@@ -77,7 +81,11 @@ def _expired_prefix(idle: Sequence[_Idle], now: float, idle_timeout: float) -> i
 
 
 def take_idle(
-    idle: list[IdleT], *, now: float, idle_timeout: float
+    idle: list[IdleT],
+    *,
+    now: float,
+    idle_timeout: float,
+    usable: Callable[[IdleT], bool] | None = None,
 ) -> tuple[IdleT | None, list[IdleT]]:
     """Check out the newest usable connection of one node.
 
@@ -85,6 +93,8 @@ def take_idle(
         idle: the node's idle connections, oldest first; changed in place.
         now: the current Trio time.
         idle_timeout: seconds after which an idle connection is not reused.
+        usable: which unexpired ones may be taken now (None: all); the
+            others stay.
 
     Returns:
         ``(connection or None, expired connections to close)``.
@@ -92,7 +102,14 @@ def take_idle(
     expired = _expired_prefix(idle, now, idle_timeout)
     discarded = idle[:expired]
     del idle[:expired]
-    return (idle.pop() if idle else None), discarded
+    if not idle:
+        return None, discarded
+    if usable is None or usable(idle[-1]):
+        return idle.pop(), discarded
+    for index in range(len(idle) - 2, -1, -1):  # newest first
+        if usable(idle[index]):
+            return idle.pop(index), discarded
+    return None, discarded
 
 
 def put_idle(
@@ -170,13 +187,26 @@ def is_reusable(conn: h11.Connection) -> bool:
 # A node that closes a pooled connection this soon after the answer it
 # carried does not keep such connections alive, whatever its headers said
 # (llama-server closes each one after a streamed answer, an instant after
-# its last chunk): from then on the pool closes them at release.
+# its last chunk): from then on the pool closes them at release. Until a
+# node has kept one connection of a streamed answer alive this long, such
+# connections are not reused sooner (``reusable_now``).
 CLOSED_AFTER_ANSWER = 1.0
 
 
 def closed_after_answer(idle_for: float) -> bool:
     """Whether a node's close of a connection ``idle_for`` seconds after its answer ended it."""
     return idle_for < CLOSED_AFTER_ANSWER
+
+
+def reusable_now(chunked: bool, idle_for: float, kept_alive_before: bool) -> bool:
+    """Whether an idle connection may carry a request now.
+
+    One whose answer was streamed (chunked) waits out ``CLOSED_AFTER_ANSWER``
+    unless its node has kept such a connection alive before: the node may
+    be about to close it, and a request that met the close could not be
+    sent to that node again (the node may have read it).
+    """
+    return not chunked or kept_alive_before or idle_for >= CLOSED_AFTER_ANSWER
 
 
 @attrs.define(slots=True)
@@ -230,6 +260,9 @@ class ConnectionPool:
         # (node, chunked): the answers after which the node closes the
         # connection (``closed_after_answer``); those are not pooled.
         self._closed_after: set[tuple[str, bool]] = set()
+        # Nodes seen keeping a connection of a streamed answer alive for
+        # ``CLOSED_AFTER_ANSWER``: theirs are reused at once (``reusable_now``).
+        self._streams_kept: set[str] = set()
         # One poll object for the checkout look: registering an fd in it is
         # no system call, and its poll(0) is the only one.
         self._poller = select.poll() if hasattr(select, "poll") else None
@@ -266,8 +299,10 @@ class ConnectionPool:
             return None
         if now is None:
             now = trio.current_time()
+        kept = node in self._streams_kept
+        usable = None if kept else functools.partial(_usable, now)
         for _ in range(self.max_idle + 1):  # each turn takes one out: bounded
-            entry, expired = take_idle(idle, now=now, idle_timeout=self.idle_timeout)
+            entry, expired = take_idle(idle, now=now, idle_timeout=self.idle_timeout, usable=usable)
             if entry is not None:
                 self._unwatch(entry)  # in use now: its bytes are the answer's
                 waiting = unread(entry.stream, self._poller)
@@ -278,6 +313,8 @@ class ConnectionPool:
                         self.closed_by_node(node, entry, now)
                     expired.append(entry)
                     entry = None
+                elif entry.chunked and not kept:  # alive a second after a stream
+                    self._streams_kept.add(node)
             try:
                 if expired:  # nearly always none: no coroutine to make and await
                     await self._close_all(expired)
@@ -429,9 +466,15 @@ class ConnectionPool:
         """Close every idle connection (at shutdown), or ``node``'s (a reload removed it)."""
         idle = self._idle if node is None else {node: self._idle.pop(node, [])}
         self._closed_after = {kind for kind in self._closed_after if node not in (None, kind[0])}
+        self._streams_kept = set() if node is None else self._streams_kept - {node}
         entries = [entry for listed in idle.values() for entry in listed]
         idle.clear()
         await self._close_all(entries)
+
+
+def _usable(now: float, entry: IdleConnection) -> bool:
+    """``reusable_now`` for a node not yet seen keeping a stream's connection alive."""
+    return reusable_now(entry.chunked, now - entry.idle_since, kept_alive_before=False)
 
 
 def _close_abandoned(idle: dict[str, list[IdleConnection]]) -> None:
