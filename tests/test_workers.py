@@ -6,6 +6,8 @@ Every wait is for a log line or a process's exit, bounded by ``trio.fail_after``
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.testing
 from conftest import RedisServer
 from support import Lines
 
@@ -201,6 +205,133 @@ async def test_the_first_workers_status_lists_the_workers(redis_server: RedisSer
             assert [(w["pid"], w["restarts"]) for w in listed] == [(first, 1), (second, 1)]
 
 
+@attrs.define
+class HoldingNode:
+    """A node on 127.0.0.1 that answers ``/health`` at once and holds every other
+    request until ``release`` is set; ``held`` counts the requests it holds now."""
+
+    release: trio.Event = attrs.Factory(trio.Event)
+    held: int = 0
+    changed: trio.Event = attrs.Factory(trio.Event)
+
+    def _tell(self, change: int) -> None:
+        self.held += change
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_held(self, count: int) -> None:
+        while self.held != count:  # each change sets the event: bounded by the caller
+            await self.changed.wait()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            request += chunk
+        if not request.startswith(b"GET /health "):
+            self._tell(+1)
+            try:
+                with trio.CancelScope() as scope:
+                    # The proxy closes it when its client leaves: stop holding.
+                    async def closed() -> None:
+                        await stream.receive_some(1)
+                        scope.cancel()
+
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(closed)
+                        await self.release.wait()
+                        nursery.cancel_scope.cancel()
+            finally:
+                self._tell(-1)
+            if scope.cancelled_caught:
+                return
+        body = b'{"ok": true}'
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        head += b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(head + body)
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` holds."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def accepted_by(pid: int, server_port: int, client_port: int) -> bool:
+    """Whether process ``pid`` holds the accepted end of 127.0.0.1:client_port -> server_port."""
+    inodes = socket_inodes(pid)
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if (
+            int(local.rpartition(":")[2], 16) == server_port
+            and int(remote.rpartition(":")[2], 16) == client_port
+            and inode in inodes
+        ):
+            return True
+    return False
+
+
+async def test_the_admin_listener_says_503_until_the_last_worker_has_drained(
+    redis_server: RedisServer,
+) -> None:
+    # The first worker serves the fleet's admin listener. Drained before
+    # another worker is, it keeps that listener while the other drains:
+    # a load balancer's /healthz gets 503, not a refusal or silence.
+    state = f"--state=redis://127.0.0.1:{redis_server.port}"
+    node = HoldingNode()
+    async with trio.open_nursery() as nodes:
+        listeners = await nodes.start(
+            functools.partial(trio.serve_tcp, node.handle, 0, host="127.0.0.1")
+        )
+        upstream = f"--upstream=a=http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        with trio.fail_after(LIMIT):
+            async with supervisor(upstream, "--workers=2", state, "--shutdown-timeout=60s") as sup:
+                client = await sup.address("listening")
+                admin = await sup.address("admin")
+                second = await sup.worker_pid(1)
+                await sup.worker_pid(0)
+                # A request held at the node by worker 1: the kernel spreads
+                # connections by their ports, so try until one lands there.
+                held = None
+                for _ in range(64):  # each lands on worker 1 one time in two
+                    stream = await trio.open_tcp_stream(*client)
+                    body = b'{"model": "m"}'
+                    await stream.send_all(
+                        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                    )
+                    await node.wait_held(1)
+                    port = stream.socket.getsockname()[1]
+                    if accepted_by(second, client[1], port):
+                        held = stream
+                        break
+                    await stream.aclose()  # worker 0's: the client leaves, so does its attempt
+                    await node.wait_held(0)
+                assert held is not None
+                async with held:
+                    sup.process.send_signal(signal.SIGTERM)
+                    await sup.lines.wait_for("the admin listener stays until the other workers end")
+                    answer = await http_get(admin, "/healthz")
+                    assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+                    node.release.set()
+                    answer = b""
+                    while chunk := await held.receive_some(65536):
+                        answer += chunk
+                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+                assert await sup.process.wait() == 0
+        nodes.cancel_scope.cancel()
+
+
 async def test_a_single_proxys_status_has_no_workers() -> None:
     with trio.fail_after(LIMIT):
         async with supervisor("--upstream=a=http://127.0.0.1:9") as sup:
@@ -297,3 +428,33 @@ def test_a_roster_line_is_dropped_when_the_pipe_is_full_and_the_last_whole_line_
         for fd in (read_end, write_end):
             if fd >= 0:
                 os.close(fd)
+
+
+async def test_others_gone_waits_for_a_line_that_lists_no_other_process() -> None:
+    roster = Roster()
+    both = [WorkerEntry(0, pid=10, serving=True), WorkerEntry(1, pid=11, serving=True)]
+    roster.take(encode(both))
+    assert roster.others_running()
+    read_end, write_end = os.pipe()
+    follower = threading.Thread(target=roster.follow, args=(read_end,), daemon=True)
+    follower.start()
+    try:
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                gone = trio.Event()
+
+                async def wait() -> None:
+                    await roster.others_gone()
+                    gone.set()
+
+                nursery.start_soon(wait)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not gone.is_set()
+                # The first worker's own exit is no news: the others are what count.
+                first_only = [WorkerEntry(0, pid=None), WorkerEntry(1, pid=None)]
+                os.write(write_end, encode(first_only))
+                await gone.wait()
+        assert not roster.others_running()
+    finally:
+        os.close(write_end)
+        follower.join(LIMIT)

@@ -17,10 +17,12 @@ import contextlib
 import json
 import os
 import select
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 __all__ = ["Roster", "WorkerEntry", "encode", "install", "listed", "send"]
 
@@ -77,6 +79,7 @@ class Roster:
 
     def __init__(self) -> None:
         self._latest: list[dict[str, Any]] = []
+        self._on_take: Callable[[], None] | None = None  # ``others_gone``'s wake-up
 
     def take(self, line: bytes) -> None:
         """One line from the supervisor; a line that does not parse is ignored."""
@@ -84,6 +87,40 @@ class Roster:
             entries = json.loads(line)
             if isinstance(entries, list):
                 self._latest = entries  # one assignment: the admin thread sees old or new
+                wake = self._on_take
+                if wake is not None:
+                    wake()
+
+    def others_running(self) -> bool:
+        """Whether the supervisor lists a process for any worker but the first."""
+        return any(
+            entry.get("pid") is not None
+            for entry in self._latest
+            if isinstance(entry, dict) and entry.get("index") != 0
+        )
+
+    async def others_gone(self) -> None:
+        """Return once no worker but the first has a process (the caller bounds the wait).
+
+        The first worker, drained, keeps the fleet's admin listener while
+        the others drain (``/healthz`` says ``503``, not a refusal). Each
+        line the follower thread takes wakes this task through Trio.
+        """
+        token = trio.lowlevel.current_trio_token()
+        try:
+            while True:  # one turn per roster line, until the caller's deadline
+                changed = trio.Event()
+
+                def wake(changed: trio.Event = changed) -> None:
+                    with contextlib.suppress(trio.RunFinishedError):
+                        trio.from_thread.run_sync(changed.set, trio_token=token)
+
+                self._on_take = wake
+                if not self.others_running():  # also a line taken before the hook was set
+                    return
+                await changed.wait()
+        finally:
+            self._on_take = None
 
     def follow(self, fd: int) -> None:
         """In a thread: read lines from ``fd`` until the supervisor's end closes."""

@@ -18,7 +18,7 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -75,10 +75,16 @@ class BoundAddresses:
 
 @attrs.frozen
 class InheritedSockets:
-    """A ``--workers`` worker's listeners, bound and listening by its supervisor."""
+    """A ``--workers`` worker's listeners, bound and listening by its supervisor.
+
+    ``admin_until``: for the worker that serves the fleet's admin listener,
+    what it awaits, once drained, before closing that listener (the other
+    workers' end), within what is left of ``--shutdown-timeout``.
+    """
 
     client: socket.socket
     admin: socket.socket | None = None
+    admin_until: Callable[[], Awaitable[None]] | None = None
 
 
 def _url_host(host: str) -> str:
@@ -127,7 +133,14 @@ async def serve(
     except OSError as exc:
         raise _cannot_listen("client", "listen", config.listen, exc) from exc
     serving = _Serving(
-        proxy, config, listeners, tls, shutdown, history, sockets.admin if sockets else None
+        proxy,
+        config,
+        listeners,
+        tls,
+        shutdown,
+        history,
+        sockets.admin if sockets else None,
+        sockets.admin_until if sockets else None,
     )
     try:
         await _serve_listeners(serving, loader, reloads, task_status)
@@ -156,6 +169,7 @@ class _Serving:
     shutdown: trio.Event | None
     history: History | None
     admin_sock: socket.socket | None
+    admin_until: Callable[[], Awaitable[None]] | None
 
 
 async def _serve_listeners(
@@ -212,7 +226,11 @@ async def _serve_listeners(
                 timeout = proxy.config.shutdown_timeout  # a reload may have changed it
                 logger.info("draining", extra={"fields": {"timeout_s": timeout}})
                 proxy.begin_drain()
-                connections.cancel_scope.deadline = trio.current_time() + timeout
+                deadline = connections.cancel_scope.deadline = trio.current_time() + timeout
+            if admin is not None and serving.admin_until is not None:
+                # The fleet's admin listener says 503 until its last worker ends.
+                with trio.move_on_at(deadline):
+                    await serving.admin_until()
         services.cancel_scope.cancel()
 
 

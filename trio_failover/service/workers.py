@@ -28,6 +28,7 @@ import socket
 import sys
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -408,6 +409,19 @@ def _watch_lifeline(fd: int, gone: threading.Event) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _admin_until(roster: Roster | None) -> Callable[[], Awaitable[None]] | None:
+    """What the first worker, drained, awaits before it closes the fleet's admin listener."""
+    if roster is None:
+        return None
+
+    async def others_gone() -> None:
+        if roster.others_running():
+            logger.info("drained: the admin listener stays until the other workers end")
+            await roster.others_gone()
+
+    return others_gone
+
+
 def main(argv: list[str]) -> int:
     """A worker: ``python -m trio_failover.service.workers FD FD FD FD FD FD INDEX``.
 
@@ -420,6 +434,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(
         target=_watch_lifeline, args=(lifeline_fd, supervisor_gone), daemon=True
     ).start()
+    roster = None
     if roster_fd >= 0:  # the supervisor's list of workers, for /status
         roster = Roster()
         install(roster)
@@ -441,7 +456,9 @@ def main(argv: list[str]) -> int:
         os.write(ready_fd, READY)
         os.close(ready_fd)
 
-    sockets = InheritedSockets(client=client, admin=admin)
+    sockets = InheritedSockets(
+        client=client, admin=admin, admin_until=_admin_until(roster) if admin else None
+    )
     try:
         return run_server(config, loader=loader, sockets=sockets, on_listening=served)
     finally:
