@@ -57,6 +57,7 @@ STREAMED = b'{"model": "m", "stream": true}'
 class Idle:
     name: str
     idle_since: float
+    chunked: bool = False
 
 
 def names(entries: list[Idle]) -> list[str]:

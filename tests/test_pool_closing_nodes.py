@@ -25,6 +25,7 @@ from trio_failover.wire.pool import (
     ConnectionPool,
     closed_after_answer,
     reusable_now,
+    take_idle,
 )
 
 CHUNKED_HEAD = h11.Response(status_code=200, headers=[("transfer-encoding", "chunked")])
@@ -219,6 +220,33 @@ async def test_a_stream_s_connection_is_not_reused_at_once_by_a_node_not_seen_ke
 )
 def test_reusable_now(chunked: bool, idle_for: float, kept_before: bool, reusable: bool) -> None:
     assert reusable_now(chunked, idle_for, kept_before) is reusable
+
+
+@attrs.define
+class Idle:
+    name: str
+    idle_since: float
+    chunked: bool = False
+
+
+@pytest.mark.parametrize(
+    ("entries", "kept", "taken", "left"),
+    [
+        # name, idle since, chunked; taken at now=10 with a 4 s idle timeout
+        ([("a", 9.0, False), ("b", 9.9, True)], True, "b", ["a"]),  # the newest
+        ([("a", 9.0, False), ("b", 9.9, True)], False, "a", ["b"]),  # "b" waits
+        ([("a", 8.5, True), ("b", 9.9, True)], False, "a", ["b"]),  # "a" lived 1.5 s
+        ([("a", 9.5, True), ("b", 9.9, True)], False, None, ["a", "b"]),
+        ([("a", 5.0, False), ("b", 9.9, True)], False, None, ["b"]),  # "a" expired
+    ],
+)
+def test_take_idle_leaves_a_young_stream_connection_of_an_untried_node(
+    entries: list[tuple[str, float, bool]], kept: bool, taken: str | None, left: list[str]
+) -> None:
+    idle = [Idle(name, since, chunked) for name, since, chunked in entries]
+    entry, _ = take_idle(idle, now=10.0, idle_timeout=4.0, streams_kept=kept)
+    assert (entry.name if entry else None) == taken
+    assert [remaining.name for remaining in idle] == left
 
 
 async def test_a_stream_s_connection_alive_a_second_later_earns_its_node_reuse_at_once(

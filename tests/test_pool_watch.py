@@ -29,6 +29,7 @@ BODY = b'{"model": "m"}'
 class Idle:
     name: str
     idle_since: float
+    chunked: bool = False
     dead: bool = False
 
 

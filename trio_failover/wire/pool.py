@@ -28,7 +28,6 @@ The decisions (``take_idle``, ``put_idle``, ``sweep_idle``, ``next_expiry``,
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import os
@@ -62,6 +61,9 @@ class _Idle(Protocol):
     @property
     def idle_since(self) -> float: ...
 
+    @property
+    def chunked(self) -> bool: ...
+
 
 IdleT = TypeVar("IdleT", bound=_Idle)
 
@@ -81,11 +83,7 @@ def _expired_prefix(idle: Sequence[_Idle], now: float, idle_timeout: float) -> i
 
 
 def take_idle(
-    idle: list[IdleT],
-    *,
-    now: float,
-    idle_timeout: float,
-    usable: Callable[[IdleT], bool] | None = None,
+    idle: list[IdleT], *, now: float, idle_timeout: float, streams_kept: bool = True
 ) -> tuple[IdleT | None, list[IdleT]]:
     """Check out the newest usable connection of one node.
 
@@ -93,8 +91,9 @@ def take_idle(
         idle: the node's idle connections, oldest first; changed in place.
         now: the current Trio time.
         idle_timeout: seconds after which an idle connection is not reused.
-        usable: which unexpired ones may be taken now (None: all); the
-            others stay.
+        streams_kept: the node has kept a streamed answer's connection alive
+            (``reusable_now``); else such connections younger than
+            ``CLOSED_AFTER_ANSWER`` stay where they are.
 
     Returns:
         ``(connection or None, expired connections to close)``.
@@ -102,12 +101,9 @@ def take_idle(
     expired = _expired_prefix(idle, now, idle_timeout)
     discarded = idle[:expired]
     del idle[:expired]
-    if not idle:
-        return None, discarded
-    if usable is None or usable(idle[-1]):
-        return idle.pop(), discarded
-    for index in range(len(idle) - 2, -1, -1):  # newest first
-        if usable(idle[index]):
+    for index in range(len(idle) - 1, -1, -1):  # newest first; nearly always the first
+        entry = idle[index]
+        if reusable_now(entry.chunked, now - entry.idle_since, streams_kept):
             return idle.pop(index), discarded
     return None, discarded
 
@@ -300,9 +296,10 @@ class ConnectionPool:
         if now is None:
             now = trio.current_time()
         kept = node in self._streams_kept
-        usable = None if kept else functools.partial(_usable, now)
         for _ in range(self.max_idle + 1):  # each turn takes one out: bounded
-            entry, expired = take_idle(idle, now=now, idle_timeout=self.idle_timeout, usable=usable)
+            entry, expired = take_idle(
+                idle, now=now, idle_timeout=self.idle_timeout, streams_kept=kept
+            )
             if entry is not None:
                 self._unwatch(entry)  # in use now: its bytes are the answer's
                 waiting = unread(entry.stream, self._poller)
@@ -470,11 +467,6 @@ class ConnectionPool:
         entries = [entry for listed in idle.values() for entry in listed]
         idle.clear()
         await self._close_all(entries)
-
-
-def _usable(now: float, entry: IdleConnection) -> bool:
-    """``reusable_now`` for a node not yet seen keeping a stream's connection alive."""
-    return reusable_now(entry.chunked, now - entry.idle_since, kept_alive_before=False)
 
 
 def _close_abandoned(idle: dict[str, list[IdleConnection]]) -> None:
