@@ -275,7 +275,13 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                         ),
                         "the stalled workload running on gpu-a",
                     )
-                nursery.start_soon(send_traffic, bound.client_url, 24, 3)
+                traffic_sent = trio.Event()
+
+                async def traffic() -> None:
+                    await send_traffic(bound.client_url, 24, 3)
+                    traffic_sent.set()
+
+                nursery.start_soon(traffic)
 
                 def cooling_and_served(p: dict[str, Any]) -> bool:
                     states = {n["name"]: n["state"] for n in p["nodes"]}
@@ -300,6 +306,9 @@ async def test_dashboard_shows_the_cooling_node_and_the_served_workloads(
                 completed = [w["text"] for w in chats if w["state"] == "completed"]
                 assert len(completed) >= 5, rows
                 assert all("gpu-b" in text for text in completed), rows
+                # Cancelled in the middle of a request, httpx would leave its
+                # answer's stream to the garbage collector (a ResourceWarning).
+                await traffic_sent.wait()
             nursery.cancel_scope.cancel()
 
 
